@@ -1,0 +1,56 @@
+"""autotune: pick the fastest *correct* device and precision for PyTorch training, by measuring here.
+
+>>> import autotune
+>>> cfg = autotune.best_config("cnn")      # measured once per machine, then instant from the cache
+>>> cfg.device, cfg.precision               # e.g. ('cpu', 'bf16-mixed')
+"""
+
+from __future__ import annotations
+
+import warnings
+
+# Without numpy installed, importing torch warns "Failed to initialize NumPy"; autotune needs no numpy and
+# its users should not see that warning because of us.
+with warnings.catch_warnings():
+    warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
+    import torch  # noqa: F401
+
+from autotune._api import (
+    CalibrationProgress,
+    CalibrationReport,
+    __version__,
+    best_config,
+    calibrate,
+    clear_cache,
+)
+from autotune._config import Config
+from autotune._errors import (
+    AutotuneError,
+    CalibrationError,
+    ConfigurationError,
+    FamilyRegistrationError,
+    UnknownFamilyError,
+)
+from autotune._families import Family, Workload, get_family, register_family
+from autotune._fingerprint import Fingerprint, fingerprint
+
+__all__ = [
+    "AutotuneError",
+    "CalibrationError",
+    "CalibrationProgress",
+    "CalibrationReport",
+    "Config",
+    "ConfigurationError",
+    "Family",
+    "FamilyRegistrationError",
+    "Fingerprint",
+    "UnknownFamilyError",
+    "Workload",
+    "__version__",
+    "best_config",
+    "calibrate",
+    "clear_cache",
+    "fingerprint",
+    "get_family",
+    "register_family",
+]

@@ -1,0 +1,210 @@
+"""``python -m autotune``: the fingerprint, the decisions per model kind, calibration with progress.
+
+All output decisions live here; the logic is the library's. Errors become a message on stderr and an exit
+code in one place: 0 ok, 1 failure, 2 usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from autotune._api import CalibrationProgress
+
+EPILOG = """\
+examples:
+  python -m autotune                       calibrate what is missing, show the decisions
+  python -m autotune --recalibrate         measure again (after a GPU, driver or torch change)
+  python -m autotune --family cnn --json   one model kind, machine-readable on stdout
+  python -m autotune --explain cnn         every candidate: times, intervals, numerics, failures
+  python -m autotune --prefer gpu --steps 60   decisions for a user who chose "GPU" and a short job
+  python -m autotune --doctor              GPU hardware that this torch build cannot use, and what to do
+  python -m autotune --clear               delete the stored measurements
+
+environment: AUTOTUNE_CACHE_DIR, AUTOTUNE_DEVICE, AUTOTUNE_ISOLATION, AUTOTUNE_CANDIDATE_TIMEOUT_S,
+AUTOTUNE_LOCK_TIMEOUT_S, AUTOTUNE_BUDGET_S (see README.md)
+"""
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m autotune",
+        description="Measure which device and precision train each model kind fastest, correctly, on this machine.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--family", action="append", metavar="NAME", help="model kind (repeatable; default: built-ins)")
+    parser.add_argument("--recalibrate", action="store_true", help="measure again even if results are cached")
+    parser.add_argument("--json", action="store_true", help="print JSON on stdout and nothing else there")
+    parser.add_argument("--explain", metavar="NAME", help="show every candidate measured for one model kind")
+    parser.add_argument("--prefer", choices=["auto", "gpu", "cpu"], default="auto", help="the user's device choice")
+    parser.add_argument("--steps", type=int, metavar="N", help="expected training steps (short jobs count set-up)")
+    parser.add_argument("--clear", action="store_true", help="delete all stored measurements and exit")
+    parser.add_argument("--doctor", action="store_true", help="diagnose GPUs this torch build cannot use")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log decisions and calibration steps")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.steps is not None and args.steps < 1:
+        _parser().error("--steps must be a positive integer")
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING, format="autotune: %(message)s", stream=sys.stderr
+    )
+    logging.getLogger("filelock").setLevel(logging.WARNING)
+    import autotune
+    from autotune._errors import AutotuneError
+
+    try:
+        if args.clear:
+            removed = autotune.clear_cache()
+            print(f"removed {len(removed)} file(s)", file=sys.stderr)
+            return 0
+        if args.doctor:
+            return _doctor(args)
+        if args.explain:
+            return _explain(args.explain, recalibrate=args.recalibrate, as_json=args.json)
+        return _decisions(args)
+    except AutotuneError as exc:
+        print(f"autotune: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("autotune: interrupted; nothing was stored for the family in progress", file=sys.stderr)
+        return 1
+
+
+def _calibrate_with_progress(kinds: list[str], *, force: bool, quiet: bool) -> None:
+    import autotune
+
+    if quiet or not sys.stderr.isatty():
+        autotune.calibrate(kinds, force=force, progress=_plain_progress() if not quiet else None)
+        return
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+                  TimeElapsedColumn(), transient=True) as bar:
+        task = bar.add_task("calibrating", total=1.0)
+
+        def update(p: autotune.CalibrationProgress) -> None:
+            bar.update(task, completed=p.fraction, description=f"calibrating {p.family} {p.candidate or ''}")
+
+        autotune.calibrate(kinds, force=force, progress=update)
+
+
+def _plain_progress() -> Callable[[CalibrationProgress], None]:
+    """One line per family and candidate on stderr, for logs and pipes."""
+    seen: set[tuple[str, str | None]] = set()
+
+    def report(p: CalibrationProgress) -> None:
+        key = (p.family, p.candidate)
+        if key not in seen and p.candidate is not None:
+            seen.add(key)
+            print(f"autotune: [{100 * p.fraction:3.0f}%] {p.family}: {p.candidate}", file=sys.stderr)
+
+    return report
+
+
+def _kinds(args: argparse.Namespace) -> list[str]:
+    from autotune._families import builtin_family_names, get_family
+
+    kinds = args.family or builtin_family_names()
+    for kind in kinds:
+        get_family(kind)  # unknown names fail before anything is measured
+    return kinds
+
+
+def _decisions(args: argparse.Namespace) -> int:
+    import autotune
+    from autotune._api import cached_families
+
+    kinds = _kinds(args)
+    missing = set(kinds) - set(cached_families(kinds))
+    if args.recalibrate or missing:
+        _calibrate_with_progress(kinds if args.recalibrate else [k for k in kinds if k in missing],
+                                 force=args.recalibrate, quiet=False)
+    configs = {kind: autotune.best_config(kind, prefer=args.prefer, expected_steps=args.steps) for kind in kinds}
+    fp = autotune.fingerprint()
+    if args.json:
+        print(json.dumps({"fingerprint": fp.model_dump(mode="json"),
+                          "configs": {k: c.model_dump(mode="json") for k, c in configs.items()}}, indent=1))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    console.print(f"[bold]Machine[/bold] {fp.summary()}  [dim](fingerprint {fp.digest})[/dim]")
+    table = Table()
+    for column in ("model kind", "device", "precision", "ms/step", "speed-up vs fp32 CPU", "source"):
+        table.add_column(column)
+    for kind, config in configs.items():
+        speed = f"{config.speedup_vs_fp32_cpu:.2f}x" if config.speedup_vs_fp32_cpu else "-"
+        step = f"{config.step_ms:.3g}" if config.step_ms else "-"
+        marker = " [yellow](noisy)[/yellow]" if config.noisy else ""
+        table.add_row(kind, config.device, config.precision + marker, step, speed, config.source)
+    console.print(table)
+    for kind, config in configs.items():
+        console.print(f"[bold]{kind}[/bold]: {config.reason}", highlight=False)
+    return 0
+
+
+def _explain(kind: str, *, recalibrate: bool, as_json: bool) -> int:
+    import autotune
+    from autotune._api import cached_families
+
+    autotune.get_family(kind)
+    if recalibrate or kind not in cached_families([kind]):
+        _calibrate_with_progress([kind], force=recalibrate, quiet=False)
+    measured = cached_families([kind])[kind]
+    if as_json:
+        print(measured.model_dump_json(indent=1))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    console.print(f"[bold]{kind}[/bold] measured {measured.measured_at} in {measured.wall_s:.1f} s"
+                  + ("  [yellow]noisy[/yellow]" if measured.noisy else ""))
+    table = Table()
+    for column in ("candidate", "ms/step", "rounds", "time vs fp32 CPU", "set-up s", "loss err", "update cos", "outcome"):
+        table.add_column(column, overflow="fold")
+    for r in measured.candidates:
+        t, n = r.timing, r.numerics
+        table.add_row(
+            r.candidate.label,
+            f"{t.median_ms:.3g}" if t else (f"{r.first_step_ms:.3g} (1st)" if r.first_step_ms else "-"),
+            f"{t.n} x {t.steps_per_round}" if t else "-",
+            t.vs_baseline.describe() if t and t.vs_baseline else "-",
+            f"{r.setup_s:.2f}" if r.setup_s is not None else "-",
+            f"{n.loss_error:.1e}" if n else "-",
+            f"{n.update_cosine:.3f}" if n else "-",
+            f"{r.failure.kind}: {r.failure.detail}" if r.failure else "ok",
+        )
+    console.print(table)
+    for backend, why in measured.backend_notes.items():
+        console.print(f"[dim]{backend}: {why}[/dim]")
+    console.print(f"decision: {autotune.best_config(kind).reason}")
+    return 0
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from autotune._doctor import diagnose
+
+    findings = diagnose()
+    if args.json:
+        print(json.dumps([f.model_dump() for f in findings], indent=1))
+    else:
+        for finding in findings:
+            print(f"[{finding.level}] {finding.message}")
+            if finding.fix:
+                print(f"        fix: {finding.fix}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

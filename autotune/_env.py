@@ -1,0 +1,97 @@
+"""Every ``AUTOTUNE_*`` environment variable, declared once, typed, validated at first use (never at import).
+
+An empty value means "unset", so ``AUTOTUNE_CACHE_DIR=`` in a shell script does not point the cache at ``''``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Generic, Literal, TypeVar, cast
+
+from autotune._errors import ConfigurationError
+
+T = TypeVar("T")
+
+Isolation = Literal["subprocess", "inprocess"]
+ISOLATIONS: tuple[Isolation, ...] = ("subprocess", "inprocess")
+
+
+@dataclass(frozen=True)
+class Knob(Generic[T]):
+    """One environment variable: its name, default, parser and what a valid value looks like."""
+
+    name: str
+    default: T
+    parse: Callable[[str], T]
+    expected: str
+    doc: str
+
+    def get(self) -> T:
+        raw = os.environ.get(self.name, "").strip()
+        if not raw:
+            return self.default
+        try:
+            return self.parse(raw)
+        except (TypeError, ValueError) as exc:
+            raise ConfigurationError(self.name, raw, self.expected) from exc
+
+
+def _positive_float(raw: str) -> float:
+    value = float(raw)
+    if not value > 0 or value == float("inf"):
+        raise ValueError(raw)
+    return value
+
+
+def _isolation(raw: str) -> Isolation:
+    if raw not in ISOLATIONS:
+        raise ValueError(raw)
+    return cast(Isolation, raw)
+
+
+def _device(raw: str) -> str:
+    # The string must be one torch.device accepts; parsing needs no device initialisation.
+    import torch
+
+    try:
+        device = torch.device(raw)
+    except RuntimeError as exc:
+        raise ValueError(raw) from exc
+    if device.type not in ("cpu", "cuda", "mps", "xpu"):
+        raise ValueError(raw)
+    return str(device)
+
+
+CACHE_DIR: Knob[Path | None] = Knob(
+    "AUTOTUNE_CACHE_DIR", None, lambda raw: Path(raw).expanduser(), "a directory path",
+    "where measurements are stored (default: the platform's user cache dir, e.g. ~/.cache/autotune)",
+)
+DEVICE: Knob[str | None] = Knob(
+    "AUTOTUNE_DEVICE", None, _device, "a torch device: cpu, cuda, cuda:1, mps, xpu",
+    "force this device for every model kind; the Config's source says 'forced'",
+)
+ISOLATION: Knob[Isolation] = Knob(
+    "AUTOTUNE_ISOLATION", "subprocess", _isolation, "subprocess or inprocess",
+    "run candidates in a spawned worker (safe) or in this process (unsafe against native crashes)",
+)
+CANDIDATE_TIMEOUT_S: Knob[float] = Knob(
+    "AUTOTUNE_CANDIDATE_TIMEOUT_S", 120.0, _positive_float, "seconds > 0",
+    "a candidate silent for this long is killed and recorded as 'timeout'",
+)
+LOCK_TIMEOUT_S: Knob[float] = Knob(
+    "AUTOTUNE_LOCK_TIMEOUT_S", 600.0, _positive_float, "seconds > 0",
+    "how long a process waits for another one's calibration before answering heuristically",
+)
+BUDGET_S: Knob[float] = Knob(
+    "AUTOTUNE_BUDGET_S", 8.0, _positive_float, "seconds > 0",
+    "timing budget per model kind, after set-up and verification",
+)
+
+KNOBS: tuple[Knob[object], ...] = cast(
+    "tuple[Knob[object], ...]", (CACHE_DIR, DEVICE, ISOLATION, CANDIDATE_TIMEOUT_S, LOCK_TIMEOUT_S, BUDGET_S)
+)
+
+__all__ = ["ISOLATIONS", "KNOBS", "Isolation", "Knob"]

@@ -1,0 +1,75 @@
+"""The exception tree: one root, subclasses that keep the offending values and say what to do next."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable, Sequence
+
+
+class AutotuneError(Exception):
+    """Root of every error autotune raises on purpose."""
+
+
+class UnknownFamilyError(AutotuneError, KeyError):
+    """A model kind that is neither built in nor registered, e.g. ``'cnm'``."""
+
+    def __init__(self, name: str, known: Iterable[str]) -> None:
+        self.name = name
+        self.known = sorted(known)
+        super().__init__(name, self.known)
+
+    def __str__(self) -> str:
+        close = difflib.get_close_matches(self.name, self.known, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        return f"unknown model kind {self.name!r}; {hint}known: {', '.join(self.known)}"
+
+
+class FamilyRegistrationError(AutotuneError, ValueError):
+    """``register_family`` got something the spawned worker could not import."""
+
+    def __init__(self, name: str, why: str) -> None:
+        self.name = name
+        self.why = why
+        super().__init__(name, why)
+
+    def __str__(self) -> str:
+        return f"cannot register model kind {self.name!r}: {self.why}"
+
+
+class ConfigurationError(AutotuneError, ValueError):
+    """An invalid option or ``AUTOTUNE_*`` environment variable."""
+
+    def __init__(self, variable: str, value: object, expected: str) -> None:
+        self.variable = variable
+        self.value = value
+        self.expected = expected
+        super().__init__(variable, value, expected)
+
+    def __str__(self) -> str:
+        return f"{self.variable}={self.value!r} is invalid: expected {self.expected}"
+
+
+class CalibrationError(AutotuneError, RuntimeError):
+    """Every candidate of a model kind failed; ``failures`` maps candidate to its failure."""
+
+    def __init__(self, model_kind: str, failures: Sequence[tuple[str, str]]) -> None:
+        self.model_kind = model_kind
+        self.failures = list(failures)
+        super().__init__(model_kind, self.failures)
+
+    def __str__(self) -> str:
+        lines = "; ".join(f"{candidate}: {why}" for candidate, why in self.failures)
+        return (
+            f"no candidate could train {self.model_kind!r} on this machine ({lines}). "
+            "Fix the model kind's build() or run `python -m autotune --explain "
+            f"{self.model_kind}` for details"
+        )
+
+
+__all__ = [
+    "AutotuneError",
+    "CalibrationError",
+    "ConfigurationError",
+    "FamilyRegistrationError",
+    "UnknownFamilyError",
+]

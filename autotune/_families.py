@@ -1,0 +1,219 @@
+"""Model families: what a training step looks like for each kind of model an app trains.
+
+A family is a name and a ``build()`` that returns a :class:`Workload`. ``build`` is stored as an importable
+reference (``"module:function"``) because it runs in a spawned worker process, which imports it by name.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+import sys
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Union
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from autotune._errors import FamilyRegistrationError, UnknownFamilyError
+
+LossFn = Callable[[nn.Module, tuple[Tensor, ...]], Tensor]
+OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
+
+
+def adamw(params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
+    """The default optimizer: AdamW with torch's defaults (lr 1e-3)."""
+    return torch.optim.AdamW(params)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One batch of one model's training: ``loss(model, inputs)`` is forward + loss, on CPU tensors."""
+
+    model: nn.Module
+    inputs: tuple[Tensor, ...]
+    loss: LossFn
+    optimizer: OptimizerFactory = field(default=adamw)
+
+
+BuildFn = Callable[[], Workload]
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+@dataclass(frozen=True)
+class Family:
+    """A registered model kind, e.g. ``Family(name="cnn", ref="autotune._families:build_cnn")``."""
+
+    name: str
+    ref: str
+    description: str = ""
+
+    def build(self) -> Workload:
+        """Import the build function by reference and call it."""
+        module_name, _, qualname = self.ref.partition(":")
+        target: object = importlib.import_module(module_name)
+        for part in qualname.split("."):
+            target = getattr(target, part)
+        if not callable(target):
+            raise FamilyRegistrationError(self.name, f"{self.ref} is not callable")
+        workload = target()
+        if not isinstance(workload, Workload):
+            raise FamilyRegistrationError(
+                self.name, f"{self.ref}() returned {type(workload).__name__}, expected autotune.Workload"
+            )
+        return workload
+
+
+# -- built-in families -------------------------------------------------------------------------------------
+
+
+def cross_entropy(model: nn.Module, inputs: tuple[Tensor, ...]) -> Tensor:
+    features, labels = inputs
+    return F.cross_entropy(model(features), labels)
+
+
+def build_tiny_mlp() -> Workload:
+    """The hand-gesture classifier of BACKGROUND.md fact 2: 21 hand landmarks x 3 coordinates, 10 gestures."""
+    model = nn.Sequential(nn.Linear(63, 128), nn.ReLU(), nn.Linear(128, 64), nn.ReLU(), nn.Linear(64, 10))
+    return Workload(model, (torch.randn(64, 63), torch.randint(0, 10, (64,))), cross_entropy)
+
+
+def build_mlp() -> Workload:
+    """A wider MLP on flattened features (e.g. embeddings or 28x28 images)."""
+    model = nn.Sequential(
+        nn.Linear(784, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10)
+    )
+    return Workload(model, (torch.randn(256, 784), torch.randint(0, 10, (256,))), cross_entropy)
+
+
+def _conv_block(channels_in: int, channels_out: int) -> nn.Module:
+    return nn.Sequential(
+        nn.Conv2d(channels_in, channels_out, 3, padding=1, bias=False),
+        nn.BatchNorm2d(channels_out),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+    )
+
+
+def build_cnn() -> Workload:
+    """A small image classifier: three conv + batchnorm blocks on 64x64 RGB images, batch 32."""
+    model = nn.Sequential(
+        _conv_block(3, 32), _conv_block(32, 64), _conv_block(64, 128),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(128, 10),
+    )
+    return Workload(model, (torch.randn(32, 3, 64, 64), torch.randint(0, 10, (32,))), cross_entropy)
+
+
+class TextClassifier(nn.Module):
+    """Token embedding, a small transformer encoder, mean pooling, a linear head."""
+
+    def __init__(self, vocab: int = 1000, width: int = 256, layers: int = 2, classes: int = 10) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, width)
+        layer = nn.TransformerEncoderLayer(width, nhead=4, dim_feedforward=4 * width, dropout=0.0, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.head = nn.Linear(width, classes)
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        return self.head(self.encoder(self.embed(tokens)).mean(dim=1))
+
+
+def build_transformer() -> Workload:
+    """A small text classifier: 2 encoder layers, width 256, 16 sequences of 128 tokens."""
+    return Workload(TextClassifier(), (torch.randint(0, 1000, (16, 128)), torch.randint(0, 10, (16,))), cross_entropy)
+
+
+BUILTIN_FAMILIES: tuple[Family, ...] = (
+    Family("tiny_mlp", f"{__name__}:build_tiny_mlp", "63 features -> 128 -> 64 -> 10, batch 64"),
+    Family("mlp", f"{__name__}:build_mlp", "784 -> 1024 -> 1024 -> 10, batch 256"),
+    Family("cnn", f"{__name__}:build_cnn", "3 conv+BN blocks, 32 x 3 x 64 x 64"),
+    Family("transformer", f"{__name__}:build_transformer", "2-layer encoder, width 256, 16 x 128 tokens"),
+)
+
+_registry: dict[str, Family] = {f.name: f for f in BUILTIN_FAMILIES}
+
+
+def _reference_for(name: str, build: object) -> str:
+    """An import path a spawned worker can resolve, or a FamilyRegistrationError saying what to do."""
+    if isinstance(build, str):
+        module_name, sep, qualname = build.partition(":")
+        if not sep or not module_name or not qualname:
+            raise FamilyRegistrationError(name, f"{build!r} is not of the form 'package.module:function'")
+        try:
+            family = Family(name, build)
+            module = importlib.import_module(module_name)
+            target: object = module
+            for part in qualname.split("."):
+                target = getattr(target, part)
+        except (ImportError, AttributeError) as exc:
+            raise FamilyRegistrationError(name, f"cannot import {build!r}: {exc}") from exc
+        if not callable(target):
+            raise FamilyRegistrationError(name, f"{build!r} is not callable")
+        return family.ref
+    if not callable(build):
+        raise FamilyRegistrationError(name, f"build must be a function or 'module:function', got {build!r}")
+    module_name = getattr(build, "__module__", None)
+    qualname = getattr(build, "__qualname__", "")
+    if "<lambda>" in qualname or "<locals>" in qualname or not module_name:
+        raise FamilyRegistrationError(
+            name,
+            f"{qualname or build!r} is a lambda or a nested function; calibration runs in a spawned worker "
+            "that imports build() by name, so define it at the top level of a module (or pass "
+            "'module:function')",
+        )
+    if module_name == "__main__":
+        # Like multiprocessing's spawn: the worker imports the main script as a module from its directory.
+        main = sys.modules["__main__"]
+        spec = getattr(main, "__spec__", None)
+        main_file = getattr(main, "__file__", None)
+        if spec is not None:
+            module_name = spec.name
+        elif main_file:
+            module_name = main_file.replace("\\", "/").rsplit("/", 1)[-1].removesuffix(".py")
+        else:
+            raise FamilyRegistrationError(
+                name, "functions defined in an interactive session cannot be imported by the worker; "
+                "move build() into a module and register 'module:function'",
+            )
+    return f"{module_name}:{qualname}"
+
+
+def register_family(name: str, build: Union[BuildFn, str], *, description: str = "") -> Family:
+    """Register a model kind: ``register_family("detector", "my_app.models:build_detector")``."""
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise FamilyRegistrationError(
+            str(name), "names are 1-64 letters, digits, '_', '.', '-', starting with a letter or digit"
+        )
+    family = Family(name, _reference_for(name, build), description)
+    _registry[name] = family
+    return family
+
+
+def get_family(name: str) -> Family:
+    """The family registered as ``name``; raises UnknownFamilyError with the closest known name."""
+    try:
+        return _registry[name]
+    except KeyError:
+        raise UnknownFamilyError(name, _registry) from None
+
+
+def family_names() -> list[str]:
+    return list(_registry)
+
+
+def builtin_family_names() -> list[str]:
+    return [f.name for f in BUILTIN_FAMILIES]
+
+
+__all__ = [
+    "BUILTIN_FAMILIES",
+    "Family",
+    "Workload",
+    "builtin_family_names",
+    "family_names",
+    "get_family",
+    "register_family",
+]

@@ -1,0 +1,122 @@
+"""NVIDIA CUDA (and AMD ROCm, which torch exposes as ``cuda``).
+
+bf16 is *proposed* on every card but only called native on compute capability >= 8 (Ampere):
+``torch.cuda.is_bf16_supported()`` defaults to ``including_emulation=True`` and says True on a Turing card
+where bf16 ran at 0.23x of fp32 (BACKGROUND.md fact 4). The measurement, not that flag, decides.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import subprocess
+import sys
+
+import torch
+
+from autotune._models import Precision
+from autotune.backends import Accelerator, Backend
+
+_PROC_DRIVER = "/proc/driver/nvidia"
+
+
+def nvidia_driver_version() -> str | None:
+    """The NVIDIA kernel driver's version from /proc (Linux), without touching CUDA."""
+    try:
+        with open(f"{_PROC_DRIVER}/version", encoding="utf-8") as f:
+            first = f.readline()
+    except OSError:
+        return None
+    # "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 ..."
+    parts = first.split("Kernel Module")
+    return parts[1].split()[0] if len(parts) > 1 and parts[1].split() else first.strip() or None
+
+
+def _linux_gpu_models() -> list[str]:
+    models = []
+    for info in sorted(glob.glob(f"{_PROC_DRIVER}/gpus/*/information")):
+        try:
+            with open(info, encoding="utf-8") as f:
+                for line in f:
+                    if line.startswith("Model:"):
+                        models.append(line.split(":", 1)[1].strip())
+        except OSError:
+            continue
+    return models
+
+
+def _nvidia_smi_gpus() -> list[tuple[str, str]]:
+    # Off Linux there is no /proc; nvidia-smi ships with every NVIDIA driver (Windows included).
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return []
+    try:
+        out = subprocess.run(
+            [exe, "--query-gpu=name,driver_version", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=10, check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    rows = [line.rsplit(",", 1) for line in out.splitlines() if "," in line]
+    return [(name.strip(), driver.strip()) for name, driver in rows]
+
+
+def nvidia_hardware_present() -> bool:
+    return os.path.exists(_PROC_DRIVER) or bool(sys.platform != "linux" and shutil.which("nvidia-smi"))
+
+
+class CudaBackend(Backend):
+    name = "cuda"
+    device_type = "cuda"
+
+    def host_accelerators(self) -> list[Accelerator]:
+        if torch.version.cuda is None and torch.version.hip is None:
+            return []
+        if sys.platform == "linux":
+            driver = nvidia_driver_version()
+            return [Accelerator(backend="cuda", name=m, driver=driver) for m in _linux_gpu_models()]
+        return [Accelerator(backend="cuda", name=n, driver=d) for n, d in _nvidia_smi_gpus()]
+
+    def unusable_reason(self) -> str | None:
+        if torch.version.cuda is None and torch.version.hip is None:
+            hint = "; NVIDIA driver found" if nvidia_hardware_present() else ""
+            return f"this torch build has no CUDA support{hint}"
+        if not torch.cuda.is_available():
+            return (
+                f"torch {torch.__version__} was built for CUDA {torch.version.cuda} but finds no usable GPU "
+                "(no device, or a driver older than the build needs)"
+            )
+        return None
+
+    def devices(self) -> list[str]:
+        return [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+
+    def capability(self, device: str) -> tuple[int, int]:
+        return torch.cuda.get_device_capability(torch.device(device))
+
+    def precisions(self, device: str) -> list[Precision]:
+        major, _ = self.capability(device)
+        found: list[Precision] = ["fp32"]
+        if major >= 8 and torch.version.hip is None:
+            found.append("tf32")
+        found += ["bf16-mixed", "fp16-mixed"]
+        return found
+
+    def device_name(self, device: str) -> str:
+        props = torch.cuda.get_device_properties(torch.device(device))
+        major, minor = props.major, props.minor
+        native = "native bf16" if major >= 8 else "bf16 emulated"
+        return (
+            f"{props.name}, compute capability {major}.{minor} ({native}), "
+            f"{props.total_memory / 2**30:.0f} GiB, {props.multi_processor_count} SMs"
+        )
+
+    def synchronize(self, device: str) -> None:
+        torch.cuda.synchronize(torch.device(device))
+
+    def reset_peak_memory(self, device: str) -> None:
+        torch.cuda.reset_peak_memory_stats(torch.device(device))
+
+    def peak_memory_bytes(self, device: str) -> int | None:
+        return int(torch.cuda.max_memory_allocated(torch.device(device)))

@@ -1,0 +1,64 @@
+"""Apple Metal (``mps``): the GPU behind "GPU" on every Apple Silicon Mac (BACKGROUND.md fact 1)."""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+
+import torch
+
+from autotune._models import Precision
+from autotune.backends import Accelerator, Backend
+
+FALLBACK_VAR = "PYTORCH_ENABLE_MPS_FALLBACK"
+
+
+class MpsBackend(Backend):
+    name = "mps"
+    device_type = "mps"
+
+    def host_accelerators(self) -> list[Accelerator]:
+        if sys.platform != "darwin" or not torch.backends.mps.is_built():
+            return []
+        if not torch.backends.mps.is_available():
+            return []
+        from autotune._fingerprint import cpu_brand
+
+        # The fallback variable makes unsupported ops run (and be timed) on the CPU, so it changes speed.
+        fallback = " (CPU fallback on)" if os.environ.get(FALLBACK_VAR) == "1" else ""
+        return [Accelerator(backend="mps", name=cpu_brand() + fallback, driver=f"macOS {platform.mac_ver()[0]}")]
+
+    def unusable_reason(self) -> str | None:
+        if sys.platform != "darwin":
+            return "Apple Metal exists only on macOS"
+        if not torch.backends.mps.is_built():
+            return "this torch build has no MPS support"
+        if not torch.backends.mps.is_available():
+            return f"MPS is built but not available on macOS {platform.mac_ver()[0]} (needs 12.3+ and Apple Silicon or AMD GPU)"
+        return None
+
+    def devices(self) -> list[str]:
+        return ["mps"]
+
+    def precisions(self, device: str) -> list[Precision]:
+        # bf16 on MPS needs macOS 14+; M1/M2 emulate it (slow), which the measurement will show.
+        macos_major = int((platform.mac_ver()[0] or "0").split(".")[0])
+        found: list[Precision] = ["fp32", "fp16-mixed"]
+        if macos_major >= 14:
+            found.append("bf16-mixed")
+        return found
+
+    def device_name(self, device: str) -> str:
+        from autotune._fingerprint import cpu_brand
+
+        return f"Apple Metal ({cpu_brand()}, macOS {platform.mac_ver()[0]})"
+
+    def synchronize(self, device: str) -> None:
+        torch.mps.synchronize()
+
+    def peak_memory_bytes(self, device: str) -> int | None:
+        return int(torch.mps.driver_allocated_memory())
+
+    def is_oom(self, exc: BaseException) -> bool:
+        return super().is_oom(exc) or "MPS backend out of memory" in str(exc)
