@@ -63,7 +63,9 @@ class Backend(ABC):
     def is_oom(self, exc: BaseException) -> bool:
         if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
             return True
-        return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
+        # The CPU allocator reports exhaustion as a plain RuntimeError ("DefaultCPUAllocator: can't allocate").
+        text = str(exc).lower()
+        return isinstance(exc, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)
 
 
 @functools.cache

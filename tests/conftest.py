@@ -1,0 +1,36 @@
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import autotune
+from autotune import _api, _families
+
+
+@pytest.fixture(autouse=True)
+def isolated_autotune(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """Each test gets its own cache dir, no inherited AUTOTUNE_* settings, a small budget, fresh memos."""
+    for name in list(os.environ):
+        if name.startswith("AUTOTUNE_"):
+            monkeypatch.delenv(name)
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("AUTOTUNE_CACHE_DIR", str(cache))
+    monkeypatch.setenv("AUTOTUNE_BUDGET_S", "0.3")
+    registry = dict(_families._registry)
+    _api._decisions.clear()
+    _api._stores.clear()
+    yield cache
+    _families._registry.clear()
+    _families._registry.update(registry)
+    _api._decisions.clear()
+    _api._stores.clear()
+
+
+@pytest.fixture
+def tiny_family() -> str:
+    """A healthy, very small family registered from an importable test module."""
+    autotune.register_family("tiny", "families_for_tests:build_tiny")
+    return "tiny"

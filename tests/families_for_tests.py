@@ -1,0 +1,171 @@
+"""Families used by the tests: small healthy ones, and real failing workloads.
+
+They live in an importable module because the calibration worker is a separate process that imports
+``build()`` by name (the test directory is on the host's sys.path, which the worker inherits).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from autotune import Workload
+from autotune._families import cross_entropy
+
+
+def build_tiny() -> Workload:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    return Workload(model, (torch.randn(16, 8), torch.randint(0, 4, (16,))), cross_entropy)
+
+
+def build_not_a_workload() -> tuple[nn.Module, Tensor]:
+    return nn.Linear(2, 2), torch.zeros(1, 2)
+
+
+def _failing(loss_fn) -> Workload:  # type: ignore[no-untyped-def]
+    base = build_tiny()
+    return Workload(base.model, base.inputs, loss_fn)
+
+
+def _abort(model: nn.Module, inputs: tuple[Tensor, ...]) -> Tensor:
+    os.abort()  # what an MPS graph assertion does: SIGABRT, no Python exception
+
+
+def _segfault(model: nn.Module, inputs: tuple[Tensor, ...]) -> Tensor:
+    ctypes.string_at(0)
+    raise AssertionError("unreachable")
+
+
+def _hang(model: nn.Module, inputs: tuple[Tensor, ...]) -> Tensor:
+    time.sleep(3600)
+    raise AssertionError("unreachable")
+
+
+def _cpu_allocator_oom(model: nn.Module, inputs: tuple[Tensor, ...]) -> Tensor:
+    torch.empty(2**45, dtype=torch.uint8)  # 32 TiB: the real CPU allocator refuses
+    raise AssertionError("unreachable")
+
+
+def _raise_oom(model: nn.Module, inputs: tuple[Tensor, ...]) -> Tensor:
+    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+
+
+def _value_error(model: nn.Module, inputs: tuple[Tensor, ...]) -> Tensor:
+    raise ValueError("labels have 3 classes but the model predicts 4")
+
+
+def _abort_under_bf16(model: nn.Module, inputs: tuple[Tensor, ...]) -> Tensor:
+    if torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16:
+        os.abort()
+    return cross_entropy(model, inputs)
+
+
+def build_abort() -> Workload:
+    return _failing(_abort)
+
+
+def build_segfault() -> Workload:
+    return _failing(_segfault)
+
+
+def build_hang() -> Workload:
+    return _failing(_hang)
+
+
+def build_cpu_oom() -> Workload:
+    return _failing(_cpu_allocator_oom)
+
+
+def build_raise_oom() -> Workload:
+    return _failing(_raise_oom)
+
+
+def build_value_error() -> Workload:
+    return _failing(_value_error)
+
+
+def build_abort_under_bf16() -> Workload:
+    return _failing(_abort_under_bf16)
+
+
+def build_slow() -> Workload:
+    """Healthy but slow to time: half a second per step, so a host can be killed mid-calibration."""
+
+    def slow_loss(model: nn.Module, inputs: tuple[Tensor, ...]) -> Tensor:
+        time.sleep(0.5)
+        return cross_entropy(model, inputs)
+
+    return _failing(slow_loss)
+
+
+# -- numerics ------------------------------------------------------------------------------------------------
+
+
+def build_fp16_overflow() -> Workload:
+    """Inputs around 1e5: beyond fp16's 65504, so fp16 autocast turns them into inf; fp32 and bf16 are fine."""
+    model = nn.Sequential(nn.Linear(16, 32), nn.LayerNorm(32), nn.ReLU(), nn.Linear(32, 4))
+    inputs = torch.randn(32, 16) * 1e5
+    return Workload(model, (inputs, torch.randint(0, 4, (32,))), cross_entropy)
+
+
+def _offset_regression(model: nn.Module, inputs: tuple[Tensor, ...]) -> Tensor:
+    features, target = inputs
+    return F.mse_loss(model(features).squeeze(-1), target)
+
+
+def build_precision_sensitive_regression() -> Workload:
+    """A wide regressor whose targets sit at 1000 +- 1: the signal lives below bf16's resolution at 1000
+    (spacing 4 between representable values), so bf16 matmuls erase it while fp32 learns it.
+    Wide enough that bf16 autocast is faster than fp32 on an AVX512-bf16 / AMX CPU."""
+    torch.manual_seed(1)
+    model = nn.Sequential(nn.Linear(512, 1024), nn.ReLU(), nn.Linear(1024, 1))
+    with torch.no_grad():
+        model[2].bias.fill_(1000.0)
+    features = torch.randn(256, 512)
+    target = 1000.0 + features[:, :4].sum(dim=1) * 0.25
+    return Workload(model, (features, target), _offset_regression)
+
+
+class _WrongBackwardUnderAutocast(torch.autograd.Function):
+    """Identity forward; under autocast its backward flips and scales the gradient (a miscompiled kernel)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor) -> Tensor:  # type: ignore[no-untyped-def,override]
+        ctx.broken = torch.is_autocast_enabled("cpu")
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:  # type: ignore[no-untyped-def,override]
+        return -3.0 * grad if ctx.broken else grad
+
+
+def _wrong_grad_loss(model: nn.Module, inputs: tuple[Tensor, ...]) -> Tensor:
+    features, labels = inputs
+    return F.cross_entropy(_WrongBackwardUnderAutocast.apply(model(features)), labels)
+
+
+def build_wrong_grad_under_autocast() -> Workload:
+    base = build_tiny()
+    return Workload(base.model, base.inputs, _wrong_grad_loss)
+
+
+def _sum_mse(model: nn.Module, inputs: tuple[Tensor, ...]) -> Tensor:
+    features, target = inputs
+    return F.mse_loss(model(features), target, reduction="sum")
+
+
+def build_fp16_scale_overflow() -> Workload:
+    """Sum-reduced MSE over a batch of 16: the largest gradient is ~25, which x 65536 overflows
+    fp16 in backward and x 1024 does not. GradScaler's default start skips the first steps (halving its scale
+    each time, as in BACKGROUND.md fact 5); starting at 1024 skips none."""
+    torch.manual_seed(2)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8))
+    features = torch.randn(16, 16)
+    target = torch.full((16, 8), 0.5)
+    return Workload(model, (features, target), _sum_mse)

@@ -1,0 +1,40 @@
+"""Hand-made measurement records for decision and store tests."""
+
+from __future__ import annotations
+
+import itertools
+
+from autotune._models import Candidate, CandidateResult, Failure, FamilyResult, Numerics, Timing
+
+# Seven values for six rounds: consecutive series get different noise, as real interleaved rounds do.
+_noise = itertools.cycle([1.0, 1.01, 0.99, 1.005, 0.995, 1.0, 1.008])
+
+
+def timed(device: str, precision: str, step_ms: float, *, rounds: int = 6, setup_s: float = 0.1,
+          jitter: float = 1.0, init_scale: float | None = None) -> CandidateResult:
+    round_ms = [step_ms * (1 + (next(_noise) - 1) * jitter) for _ in range(rounds)]
+    return CandidateResult(
+        candidate=Candidate(device=device, precision=precision),  # type: ignore[arg-type]
+        setup_s=setup_s,
+        first_step_ms=2 * step_ms,
+        timing=Timing(round_ms=round_ms, steps_per_round=1, median_ms=sorted(round_ms)[rounds // 2], spread=0.01),
+        numerics=Numerics(losses=[1.0], grad_norms=[1.0], loss_error=0, grad_error=0, update_cosine=1,
+                          tolerance=0.01, init_scale=init_scale),
+        num_threads=2,
+        device_name="Test CPU" if device == "cpu" else f"Test GPU {device}",
+    )
+
+
+def failed(device: str, precision: str, kind: str, detail: str) -> CandidateResult:
+    return CandidateResult(
+        candidate=Candidate(device=device, precision=precision),  # type: ignore[arg-type]
+        failure=Failure(kind=kind, detail=detail),  # type: ignore[arg-type]
+    )
+
+
+def family(kind: str, *results: CandidateResult, notes: dict[str, str] | None = None,
+           noisy: bool = False) -> FamilyResult:
+    return FamilyResult(
+        model_kind=kind, measured_at="2026-11-30T00:00:00+00:00", autotune_version="test", wall_s=1.0,
+        budget_s=1.0, candidates=list(results), backend_notes=notes or {}, noisy=noisy,
+    )

@@ -1,0 +1,111 @@
+from __future__ import annotations
+
+import logging
+import re
+
+import pytest
+
+from autotune import CalibrationError
+from autotune._decide import decide
+from samples import failed, family, timed
+
+DIGEST = "0123456789abcdef"
+
+
+def test_clear_winner_is_picked_with_numbers_in_the_reason() -> None:
+    measured = family("cnn", timed("cpu", "fp32", 110.0), timed("cpu", "bf16-mixed", 58.6))
+    config = decide(measured, digest=DIGEST)
+    assert (config.device, config.precision, config.source) == ("cpu", "bf16-mixed", "measured")
+    assert re.search(r"bf16-mixed: 1\.8\dx faster than fp32 \(5\d\.\d vs 1\d\d ms/step, interval 1\.8\d-1\.9\dx\)", config.reason)
+    assert config.speedup_vs_fp32_cpu == pytest.approx(110 / 58.6, rel=0.02)
+
+
+def test_a_difference_within_noise_is_a_tie_and_fp32_wins() -> None:
+    measured = family("mlp", timed("cpu", "fp32", 10.0, jitter=4), timed("cpu", "bf16-mixed", 9.9, jitter=4))
+    config = decide(measured, digest=DIGEST)
+    assert config.precision == "fp32"
+    assert "no measurable difference with bf16-mixed" in config.reason
+
+
+def test_a_3_percent_gap_is_not_a_win() -> None:
+    measured = family("mlp", timed("cpu", "fp32", 10.0), timed("cpu", "bf16-mixed", 9.7))
+    assert decide(measured, digest=DIGEST).precision == "fp32"
+
+
+def test_a_clear_10_percent_gap_is_a_win() -> None:
+    measured = family("mlp", timed("cpu", "fp32", 10.0), timed("cpu", "bf16-mixed", 9.0))
+    assert decide(measured, digest=DIGEST).precision == "bf16-mixed"
+
+
+def test_failed_candidate_is_never_picked_and_is_named() -> None:
+    measured = family(
+        "cnn",
+        timed("cpu", "fp32", 100.0),
+        failed("cpu", "bf16-mixed", "crashed", "SIGABRT"),
+    )
+    config = decide(measured, digest=DIGEST)
+    assert config.precision == "fp32"
+    assert "cpu bf16-mixed crashed on this machine (SIGABRT)" in config.reason
+
+
+def test_all_failed_raises_with_each_failure() -> None:
+    measured = family("x", failed("cpu", "fp32", "oom", "MemoryError"), failed("cpu", "bf16-mixed", "timeout", "hung"))
+    with pytest.raises(CalibrationError) as info:
+        decide(measured, digest=DIGEST)
+    assert info.value.failures == [("cpu fp32", "oom: MemoryError"), ("cpu bf16-mixed", "timeout: hung")]
+
+
+def test_prefer_gpu_without_a_gpu_answers_cpu_and_says_why(caplog: pytest.LogCaptureFixture) -> None:
+    measured = family("tiny_mlp", timed("cpu", "fp32", 1.0),
+                      notes={"cuda": "this torch build has no CUDA support; NVIDIA driver found"})
+    with caplog.at_level(logging.WARNING, logger="autotune"):
+        config = decide(measured, prefer="gpu", digest=DIGEST)
+    assert config.device == "cpu"
+    assert "GPU requested, but there is no usable GPU (cuda: this torch build has no CUDA support" in config.reason
+    assert "GPU requested" in caplog.text
+
+
+def test_prefer_cpu_ignores_faster_gpu() -> None:
+    measured = family("cnn", timed("cpu", "fp32", 100.0), timed("cuda:0", "fp32", 5.0))
+    assert decide(measured, prefer="cpu", digest=DIGEST).device == "cpu"
+    assert decide(measured, prefer="auto", digest=DIGEST).device == "cuda:0"
+
+
+def test_expected_steps_counts_setup_cost_at_the_exact_break_even() -> None:
+    # CPU: 0.1 s set-up + N x 2 ms; GPU: 4.1 s set-up + N x 1 ms. Break-even at N = 4000 steps.
+    measured = family("cnn", timed("cpu", "fp32", 2.0, setup_s=0.1), timed("cuda:0", "fp32", 1.0, setup_s=4.1))
+    assert decide(measured, digest=DIGEST).device == "cuda:0"
+    short = decide(measured, expected_steps=60, digest=DIGEST)
+    assert short.device == "cpu"
+    assert "for 60 steps it finishes first: cuda:0's set-up 4.1 s outweighs its 1.0 ms/step advantage" in short.reason
+    assert decide(measured, expected_steps=3800, digest=DIGEST).device == "cpu"
+    assert decide(measured, expected_steps=4300, digest=DIGEST).device == "cuda:0"
+
+
+def test_forced_device_is_marked_forced() -> None:
+    measured = family("cnn", timed("cpu", "fp32", 100.0), timed("cpu", "bf16-mixed", 50.0), timed("cuda:0", "fp32", 5.0))
+    config = decide(measured, forced_device="cpu", digest=DIGEST)
+    assert (config.device, config.precision, config.source) == ("cpu", "bf16-mixed", "forced")
+    assert "AUTOTUNE_DEVICE=cpu" in config.reason
+
+
+def test_forced_device_that_was_not_measured_uses_fp32_and_says_so() -> None:
+    measured = family("cnn", timed("cpu", "fp32", 100.0))
+    config = decide(measured, forced_device="cuda:1", digest=DIGEST)
+    assert (config.device, config.precision, config.source) == ("cuda:1", "fp32", "forced")
+    assert "did not measure" in config.reason
+
+
+def test_noisy_measurement_is_flagged_on_the_config() -> None:
+    config = decide(family("cnn", timed("cpu", "fp32", 100.0), noisy=True), digest=DIGEST)
+    assert config.noisy
+
+
+def test_fp16_pick_reports_the_lowered_init_scale() -> None:
+    fp16 = timed("cpu", "fp16-mixed", 10.0, init_scale=1024.0)
+    numerics = fp16.numerics.model_copy(update={"default_scale_skipped": 3, "losses": [1.0] * 8})
+    measured = family("det", timed("cpu", "fp32", 30.0), fp16.model_copy(update={"numerics": numerics}))
+    config = decide(measured, digest=DIGEST)
+    assert (config.precision, config.init_scale) == ("fp16-mixed", 1024.0)
+    assert "init_scale 1024: the default 65536 skipped 3 of 8 steps" in config.reason
+    assert config.grad_scaler().get_scale() == 1024.0

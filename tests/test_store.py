@@ -1,0 +1,158 @@
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+from pathlib import Path
+
+import pytest
+
+import autotune
+from autotune._store import SCHEMA_VERSION, Store, StoreFile
+from samples import family, timed
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Store:
+    return Store(tmp_path / "store")
+
+
+def _result(kind: str = "cnn"):  # type: ignore[no-untyped-def]
+    return family(kind, timed("cpu", "fp32", 100.0), timed("cpu", "bf16-mixed", 50.0))
+
+
+def test_round_trip(store: Store) -> None:
+    fp = autotune.fingerprint()
+    result = _result()
+    store.save(fp, result)
+    loaded = Store(store.root).load(fp.digest)
+    assert loaded is not None
+    assert loaded.schema_version == SCHEMA_VERSION
+    assert loaded.fingerprint == fp
+    assert loaded.families["cnn"] == result
+
+
+def test_file_is_human_readable_json(store: Store) -> None:
+    fp = autotune.fingerprint()
+    store.save(fp, _result())
+    data = json.loads(store.path(fp.digest).read_text())
+    assert data["families"]["cnn"]["candidates"][1]["candidate"] == {"device": "cpu", "precision": "bf16-mixed"}
+
+
+def test_families_written_separately_are_merged(store: Store) -> None:
+    fp = autotune.fingerprint()
+    Store(store.root).save(fp, _result("cnn"))
+    Store(store.root).save(fp, _result("mlp"))  # a second process knows nothing of the first's write
+    loaded = Store(store.root).load(fp.digest)
+    assert loaded is not None and set(loaded.families) == {"cnn", "mlp"}
+
+
+CORRUPTIONS = {
+    "garbage": b"\x00\xffnot json at all",
+    "truncated": None,  # filled from a real file below
+    "wrong-type": json.dumps({"schema_version": 1, "fingerprint": "x", "families": []}).encode(),
+    "not-an-object": b"[1, 2, 3]",
+    "empty": b"",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(CORRUPTIONS))
+def test_corrupt_file_is_quarantined_with_one_warning(store: Store, kind: str, caplog: pytest.LogCaptureFixture) -> None:
+    fp = autotune.fingerprint()
+    store.save(fp, _result())
+    path = store.path(fp.digest)
+    content = CORRUPTIONS[kind]
+    if content is None:
+        content = path.read_bytes()[:-40]
+    path.write_bytes(content)
+    fresh = Store(store.root)
+    with caplog.at_level(logging.WARNING, logger="autotune"):
+        assert fresh.load(fp.digest) is None
+    assert len([r for r in caplog.records if r.name == "autotune"]) == 1
+    assert "was corrupt" in caplog.text and "measuring again" in caplog.text
+    assert not path.exists()
+    quarantined = list(store.root.glob(f"{path.name}.corrupt-*"))
+    assert len(quarantined) == 1 and quarantined[0].read_bytes() == content
+    # and it is written again cleanly
+    fresh.save(fp, _result())
+    assert Store(store.root).load(fp.digest) is not None
+
+
+def test_future_schema_is_ignored_and_never_overwritten(store: Store, caplog: pytest.LogCaptureFixture) -> None:
+    fp = autotune.fingerprint()
+    store.root.mkdir(parents=True)
+    future = json.dumps({"schema_version": SCHEMA_VERSION + 1, "anything": "new"}).encode()
+    store.path(fp.digest).write_bytes(future)
+    with caplog.at_level(logging.WARNING, logger="autotune"):
+        assert store.load(fp.digest) is None
+        saved = store.save(fp, result := _result())
+    assert "newer autotune" in caplog.text
+    assert store.path(fp.digest).read_bytes() == future
+    # the result is still served from memory in this process
+    assert saved.families["cnn"] == result
+    assert store.load(fp.digest) == saved
+
+
+def test_disk_full_keeps_the_old_file_and_serves_from_memory(
+    store: Store, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    fp = autotune.fingerprint()
+    store.save(fp, _result("cnn"))
+    before = store.path(fp.digest).read_bytes()
+
+    def full(src: str, dst: str) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", full)  # the OS boundary, not the store
+    with caplog.at_level(logging.WARNING, logger="autotune"):
+        store.save(fp, _result("mlp"))
+    assert "No space left" in caplog.text and "keeping results in memory" in caplog.text
+    assert store.path(fp.digest).read_bytes() == before
+    assert list(store.root.glob("*.tmp")) == []
+    loaded = store.load(fp.digest)
+    assert loaded is not None and "cnn" in loaded.families
+
+
+def test_unwritable_cache_dir_degrades_to_memory(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    blocker = tmp_path / "file-not-dir"
+    blocker.write_text("x")
+    store = Store(blocker / "cache")  # mkdir under a regular file fails even for root
+    fp = autotune.fingerprint()
+    with caplog.at_level(logging.WARNING, logger="autotune"):
+        store.save(fp, _result())
+    assert "cannot write" in caplog.text
+    assert store.load(fp.digest) is not None
+
+
+def test_store_file_never_unpickles(store: Store) -> None:
+    import pickle
+
+    fp = autotune.fingerprint()
+    store.root.mkdir(parents=True)
+    store.path(fp.digest).write_bytes(pickle.dumps({"schema_version": 1}))
+    assert store.load(fp.digest) is None  # treated as corrupt, never executed
+
+
+def test_clear_removes_results(store: Store) -> None:
+    fp = autotune.fingerprint()
+    store.save(fp, _result())
+    removed = store.clear()
+    assert store.path(fp.digest) in removed
+    assert store.load(fp.digest) is None
+
+
+def test_old_fingerprints_are_pruned(store: Store) -> None:
+    from autotune._store import KEEP_FILES
+
+    base = autotune.fingerprint().model_dump(exclude={"digest"})
+    for cores in range(1, KEEP_FILES + 3):
+        fp = autotune.Fingerprint.model_validate({**base, "usable_cores": cores})
+        store.save(fp, _result())
+        os.utime(store.path(fp.digest), (cores, cores))
+    assert len(list(store.root.glob("*.json"))) == KEEP_FILES
+
+
+def test_store_file_model_rejects_missing_fields() -> None:
+    with pytest.raises(ValueError):
+        StoreFile.model_validate({"schema_version": 1})
