@@ -117,6 +117,7 @@ def calibrate(
     """
     kinds = list(model_kinds) if model_kinds is not None else builtin_family_names()
     families = [get_family(kind) for kind in kinds]  # unknown names fail before anything is measured
+    forced = _env.DEVICE.get()
     started = time.perf_counter()
     fp = fingerprint()
     store = _store()
@@ -131,7 +132,7 @@ def calibrate(
         if progress is not None:
             progress(CalibrationProgress(family.name, None, (index + 1) / len(families)))
     _decisions.clear()
-    configs = {kind: decide(m, digest=fp.digest) for kind, m in measurements.items()}
+    configs = {kind: decide(m, forced_device=forced, digest=fp.digest) for kind, m in measurements.items()}
     return CalibrationReport(
         fingerprint=fp, measurements=measurements, configs=configs,
         wall_s=time.perf_counter() - started, store_path=str(store.path(fp.digest)),

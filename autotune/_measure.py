@@ -46,6 +46,8 @@ class MeasureSettings:
     round_min_s: float = 0.015
     #: the control may drift this much (see ``_stats.drift``) before the run counts as noisy
     noise_limit: float = 0.10
+    #: a candidate this many times slower than the leader is dropped after a single round
+    far_behind: float = 4.0
     warmup_max_steps: int = 8
     warmup_stable: float = 0.15
 
@@ -114,6 +116,7 @@ def interleave(
         # The least disturbed of a few runs: interference (another job, spinning OpenMP threads) only adds time.
         control_ms.append(1000 * min(timed(control, clock) for _ in range(5)))
         rounds += 1
+        _drop_far_behind(series, active, settings, labels)
         drifting = _stats.drift(control_ms) > settings.noise_limit
         needed = settings.min_rounds * (2 if drifting else 1)
         if rounds >= needed and _settled(series, active, settings, labels):
@@ -126,6 +129,23 @@ def interleave(
     return Interleaved(series, control_ms, noisy, rounds, clock() - started)
 
 
+def _rounds(series: Series) -> str:
+    n = len(series.round_ms)
+    return f"{n} round" if n == 1 else f"{n} rounds"
+
+
+def _drop_far_behind(series: dict[K, Series], active: list[K], settings: MeasureSettings,
+                     labels: Callable[[K], str]) -> None:
+    """Drop, from the first round on, candidates so far behind that no interval is needed to see it."""
+    leader = min(active, key=lambda k: _stats.median(series[k].round_ms))
+    best = _stats.median(series[leader].round_ms)
+    for key in [k for k in active if k != leader]:
+        ratio = _stats.median(series[key].round_ms) / best
+        if ratio > settings.far_behind:
+            series[key].dropped = f"{ratio:.1f}x slower than {labels(leader)} after {_rounds(series[key])}"
+            active.remove(key)
+
+
 def _settled(series: dict[K, Series], active: list[K], settings: MeasureSettings, labels: Callable[[K], str]) -> bool:
     """Drop candidates clearly slower than the leader; True when nothing is left to resolve."""
     leader = min(active, key=lambda k: _stats.median(series[k].round_ms))
@@ -135,7 +155,7 @@ def _settled(series: dict[K, Series], active: list[K], settings: MeasureSettings
         if low > 1 + settings.margin:
             series[key].dropped = (
                 f"clearly slower than {labels(leader)} ({estimate:.2f}x, interval {low:.2f}-{high:.2f}) "
-                f"after {len(series[key].round_ms)} rounds"
+                f"after {_rounds(series[key])}"
             )
             active.remove(key)
         elif high >= 1 + settings.margin:

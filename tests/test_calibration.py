@@ -1,0 +1,162 @@
+"""Real calibrations in real worker processes: the healthy path, the cache, and progress."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import autotune
+from autotune._api import CalibrationProgress, cached_families
+from autotune._store import Store
+
+
+def test_end_to_end_calibration_of_builtin_tiny_mlp(isolated_autotune: Path) -> None:
+    config = autotune.best_config("tiny_mlp")
+    assert config.source == "measured"
+    assert config.device == "cpu"
+    assert config.precision in ("fp32", "bf16-mixed", "fp16-mixed")
+    assert config.step_ms is not None and config.step_ms > 0
+    assert config.fingerprint_digest == autotune.fingerprint().digest
+    assert "CPU (" in config.reason and "ms/step" in config.reason
+    stored = Store(isolated_autotune).load(config.fingerprint_digest)
+    assert stored is not None
+    measured = stored.families["tiny_mlp"]
+    labels = [r.candidate.label for r in measured.candidates]
+    assert labels[0] == "cpu fp32" and "cpu bf16-mixed" in labels
+    baseline = measured.candidates[0]
+    assert baseline.timing is not None and baseline.timing.n >= 3
+    assert baseline.numerics is not None and baseline.numerics.loss_error == 0.0
+    assert baseline.num_threads is not None and baseline.setup_s is not None
+    assert measured.backend_notes["cuda"] or measured.backend_notes == {}
+
+
+def test_a_second_process_is_answered_from_the_cache(tiny_family: str, isolated_autotune: Path) -> None:
+    first = autotune.best_config(tiny_family)
+    code = (
+        "import sys, autotune; sys.path.insert(0, sys.argv[1]);"
+        "autotune.register_family('tiny', 'families_for_tests:build_tiny');"
+        "print(autotune.best_config('tiny', calibrate_on_miss=False).model_dump_json())"
+    )
+    out = subprocess.run([sys.executable, "-c", code, str(Path(__file__).parent)],
+                         capture_output=True, text=True, check=True).stdout
+    again = autotune.Config.model_validate_json(out)
+    assert again.source == "measured"
+    assert again == first
+
+
+def test_repeated_calls_in_a_process_reuse_the_decision(tiny_family: str) -> None:
+    assert autotune.best_config(tiny_family) is autotune.best_config(tiny_family)
+
+
+def test_a_write_by_another_process_is_noticed(tiny_family: str, isolated_autotune: Path) -> None:
+    before = autotune.best_config(tiny_family)
+    autotune.calibrate([tiny_family], force=True)
+    after = autotune.best_config(tiny_family)
+    assert after.measured_at != before.measured_at
+
+
+def test_calibrate_reports_monotonic_progress(tiny_family: str) -> None:
+    events: list[CalibrationProgress] = []
+    report = autotune.calibrate([tiny_family, "tiny_mlp"], progress=events.append)
+    fractions = [e.fraction for e in events]
+    assert fractions == sorted(fractions)
+    assert fractions[-1] == 1.0
+    assert {e.family for e in events} == {tiny_family, "tiny_mlp"}
+    assert {e.candidate for e in events if e.candidate} >= {"cpu fp32", "cpu bf16-mixed"}
+    assert set(report.configs) == {tiny_family, "tiny_mlp"}
+    assert Path(report.store_path).exists()
+
+
+def test_calibrate_reuses_cached_families_unless_forced(tiny_family: str) -> None:
+    first = autotune.calibrate([tiny_family]).measurements[tiny_family]
+    assert autotune.calibrate([tiny_family]).measurements[tiny_family] == first
+    assert autotune.calibrate([tiny_family], force=True).measurements[tiny_family].measured_at != first.measured_at
+
+
+def test_calibrate_rejects_unknown_names_before_measuring(isolated_autotune: Path) -> None:
+    with pytest.raises(autotune.UnknownFamilyError):
+        autotune.calibrate(["tiny_mlp", "cnm"])
+    assert cached_families() == {}
+
+
+def test_calibrate_on_miss_false_answers_heuristically(tiny_family: str) -> None:
+    config = autotune.best_config(tiny_family, calibrate_on_miss=False)
+    assert (config.source, config.device, config.precision) == ("heuristic", "cpu", "fp32")
+    assert "calibrate_on_miss=False" in config.reason
+
+
+@pytest.mark.parametrize(("prefer", "steps"), [("cpu", None), ("auto", 10), ("gpu", 100)])
+def test_preferences_and_short_jobs_need_no_new_measurement(tiny_family: str, prefer: str, steps: int | None) -> None:
+    measured_at = autotune.best_config(tiny_family).measured_at
+    config = autotune.best_config(tiny_family, prefer=prefer, expected_steps=steps)  # type: ignore[arg-type]
+    assert config.measured_at == measured_at and config.device == "cpu"
+
+
+def test_prefer_gpu_on_this_cpu_only_machine_says_there_is_no_usable_gpu(tiny_family: str) -> None:
+    config = autotune.best_config(tiny_family, prefer="gpu")
+    assert config.device == "cpu"
+    assert "GPU requested, but there is no usable GPU" in config.reason
+
+
+@pytest.mark.parametrize(("kwargs", "name"), [
+    ({"prefer": "GPU"}, "prefer"), ({"expected_steps": 0}, "expected_steps"), ({"expected_steps": 2.5}, "expected_steps"),
+])
+def test_bad_arguments_are_clear_errors(kwargs: dict[str, object], name: str) -> None:
+    with pytest.raises(autotune.ConfigurationError, match=name):
+        autotune.best_config("tiny_mlp", **kwargs)  # type: ignore[arg-type]
+
+
+def test_inprocess_isolation_measures_the_same_way(tiny_family: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AUTOTUNE_ISOLATION", "inprocess")
+    config = autotune.best_config(tiny_family)
+    assert config.source == "measured"
+
+
+def test_forced_device_from_the_environment(tiny_family: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AUTOTUNE_DEVICE", "cpu")
+    config = autotune.best_config(tiny_family)
+    assert (config.device, config.source) == ("cpu", "forced")
+
+
+@pytest.mark.parametrize(("variable", "value"), [
+    ("AUTOTUNE_ISOLATION", "forkk"), ("AUTOTUNE_DEVICE", "tpu"), ("AUTOTUNE_BUDGET_S", "-1"),
+    ("AUTOTUNE_CANDIDATE_TIMEOUT_S", "soon"),
+])
+def test_invalid_environment_is_an_error_naming_the_variable(
+    tiny_family: str, monkeypatch: pytest.MonkeyPatch, variable: str, value: str
+) -> None:
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(autotune.ConfigurationError, match=variable):
+        autotune.calibrate([tiny_family], force=True)
+
+
+def test_empty_environment_values_mean_unset(tiny_family: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AUTOTUNE_DEVICE", "")
+    assert autotune.best_config(tiny_family).source == "measured"
+
+
+def test_cli_json_in_a_subprocess(isolated_autotune: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "autotune", "--family", "tiny_mlp", "--json"], capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["fingerprint"]["digest"] == autotune.fingerprint().digest
+    config = autotune.Config.model_validate(data["configs"]["tiny_mlp"])
+    assert config.source == "measured"
+    assert "NumPy" not in proc.stderr
+
+
+def test_cli_usage_error_exits_2() -> None:
+    proc = subprocess.run([sys.executable, "-m", "autotune", "--steps", "0"], capture_output=True, text=True)
+    assert proc.returncode == 2 and "--steps" in proc.stderr
+
+
+def test_cli_unknown_family_exits_1_with_suggestion() -> None:
+    proc = subprocess.run([sys.executable, "-m", "autotune", "--family", "cnm"], capture_output=True, text=True)
+    assert proc.returncode == 1
+    assert "did you mean 'cnn'?" in proc.stderr
