@@ -56,6 +56,11 @@ def plan() -> tuple[list[Candidate], dict[str, str]]:
     return candidates, notes
 
 
+def unverified(reference_failure: Failure) -> Failure:
+    """Without the fp32 CPU reference nothing can be verified: say so instead of guessing."""
+    return Failure(kind="error", detail=f"not verified: the fp32 CPU reference failed ({reference_failure.kind})")
+
+
 class CandidateFailed(Exception):
     def __init__(self, failure: Failure, **extra: Any) -> None:
         super().__init__(failure.detail)
@@ -202,25 +207,28 @@ def calibrate_family(
     ready: dict[Candidate, TrainStep] = {}
     results: dict[Candidate, CandidateResult] = {}
     recent_s: dict[Candidate, list[float]] = {}
+    reference_failure: Failure | None = None
     for index, candidate in enumerate(candidates):
         emit({"event": "begin", "candidate": candidate.model_dump(), "phase": "setup",
               "fraction": 0.5 * index / len(candidates)})
+        extra: dict[str, Any] = {}
         try:
+            if reference_failure is not None:
+                raise CandidateFailed(unverified(reference_failure))
             step, result, recent_s[candidate] = run.set_up(candidate)
         except CandidateFailed as failed:
-            emit({"event": "failed", "candidate": candidate.model_dump(), "failure": failed.failure.model_dump(),
-                  "extra": failed.extra})
-            continue
+            failure, extra = failed.failure, failed.extra
         except Exception as exc:  # noqa: BLE001 - every failure is recorded with its class, never swallowed
-            backend = backend_for(candidate.device)
-            emit({"event": "failed", "candidate": candidate.model_dump(),
-                  "failure": classify(exc, backend).model_dump(), "extra": {}})
-            if candidate.device != "cpu" and discard_on_device_error:
-                # A device error can leave the context poisoned: this worker must not measure anything else.
-                return
+            failure = classify(exc, backend_for(candidate.device))
+        else:
+            ready[candidate] = step
+            results[candidate] = result
             continue
-        ready[candidate] = step
-        results[candidate] = result
+        emit({"event": "failed", "candidate": candidate.model_dump(), "failure": failure.model_dump(), "extra": extra})
+        if candidate == BASELINE:
+            reference_failure = failure
+        elif candidate.device != "cpu" and discard_on_device_error and failure.kind not in ("numerics", "too_slow"):
+            return  # a device error can leave the context poisoned: this worker must not measure anything else
     if not ready:
         emit({"event": "done", "results": [], "control_ms": [], "noisy": False})
         return
@@ -255,4 +263,4 @@ def calibrate_family(
     emit({"event": "done", "results": final, "control_ms": timed.control_ms, "noisy": timed.noisy})
 
 
-__all__ = ["BASELINE", "Settings", "calibrate_family", "classify", "plan"]
+__all__ = ["BASELINE", "Settings", "calibrate_family", "classify", "plan", "unverified"]

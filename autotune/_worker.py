@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from autotune._calibrate_family import BASELINE, Settings, calibrate_family
+from autotune._calibrate_family import BASELINE, Settings, calibrate_family, unverified
 from autotune._errors import CalibrationError
 from autotune._families import Family
 from autotune._measure import MeasureSettings
@@ -84,12 +84,10 @@ def run_family(
     done: dict[str, Any] | None = None
     while done is None:
         remaining = None if planned is None else [c for c in planned if c not in failed]
-        if remaining is not None and BASELINE not in remaining:
-            # Without the fp32 CPU reference nothing can be verified: report instead of guessing.
-            why = failed[BASELINE].failure
+        reference = failed.get(BASELINE)
+        if remaining and reference is not None and reference.failure is not None:
             for candidate in remaining:
-                failed[candidate] = CandidateResult(candidate=candidate, failure=Failure(
-                    kind="error", detail=f"not verified: the fp32 CPU reference failed ({why.kind if why else '?'})"))
+                failed[candidate] = CandidateResult(candidate=candidate, failure=unverified(reference.failure))
             break
         attempt = _Attempt()
         outcome.worker_starts += 1

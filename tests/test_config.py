@@ -1,0 +1,65 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+import autotune
+from autotune import Config
+
+
+def _config(precision: str, init_scale: float | None = None) -> Config:
+    return Config(model_kind="cnn", device="cpu", precision=precision, source="measured",  # type: ignore[arg-type]
+                  reason="test", fingerprint_digest="d", init_scale=init_scale)
+
+
+@pytest.mark.parametrize(("precision", "dtype"), [("bf16-mixed", torch.bfloat16), ("fp16-mixed", torch.float16)])
+def test_autocast_switches_on_the_precision(precision: str, dtype: torch.dtype) -> None:
+    with _config(precision).autocast():
+        assert torch.is_autocast_enabled("cpu")
+        assert torch.get_autocast_dtype("cpu") == dtype
+        assert torch.nn.Linear(4, 4)(torch.randn(2, 4)).dtype == dtype
+    assert not torch.is_autocast_enabled("cpu")
+
+
+def test_autocast_is_a_no_op_for_fp32() -> None:
+    with _config("fp32").autocast():
+        assert not torch.is_autocast_enabled("cpu")
+
+
+def test_tf32_sets_and_restores_matmul_precision() -> None:
+    before = torch.get_float32_matmul_precision()
+    with _config("tf32").autocast():
+        assert torch.get_float32_matmul_precision() == "high"
+    assert torch.get_float32_matmul_precision() == before
+
+
+def test_grad_scaler_only_for_fp16_with_the_chosen_scale() -> None:
+    assert not _config("bf16-mixed").grad_scaler().is_enabled()
+    scaler = _config("fp16-mixed", init_scale=1024.0).grad_scaler()
+    assert scaler.is_enabled() and scaler.get_scale() == 1024.0
+    assert _config("fp16-mixed").grad_scaler().get_scale() == 65536.0
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16-mixed", "fp16-mixed"])
+def test_a_training_loop_applies_a_config(precision: str) -> None:
+    config = _config(precision)
+    workload = autotune.get_family("tiny_mlp").build()
+    model = workload.model.to(config.device)
+    optimizer = torch.optim.AdamW(model.parameters())
+    scaler = config.grad_scaler()
+    before = [p.detach().clone() for p in model.parameters()]
+    features, labels = (t.to(config.device) for t in workload.inputs)
+    with config.autocast():
+        loss = torch.nn.functional.cross_entropy(model(features), labels)
+    optimizer.zero_grad(set_to_none=True)
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
+def test_config_is_frozen_and_json_round_trips() -> None:
+    config = _config("bf16-mixed")
+    with pytest.raises(ValueError):
+        config.device = "cuda:0"  # type: ignore[misc]
+    assert Config.model_validate_json(config.model_dump_json()) == config

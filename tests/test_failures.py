@@ -1,0 +1,160 @@
+"""Real failing workloads in real worker processes: the host survives and classifies each one."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import autotune
+from autotune import CalibrationError
+from autotune._api import cached_families
+from autotune._store import Store
+
+TESTS = Path(__file__).parent
+
+
+@pytest.mark.parametrize(
+    ("build", "kind", "detail"),
+    [
+        pytest.param("build_abort", "crashed", "SIGABRT", id="abort"),
+        pytest.param("build_segfault", "crashed", "SIGSEGV", id="segfault"),
+        pytest.param("build_hang", "timeout", "made no progress", id="hang"),
+        pytest.param("build_cpu_oom", "oom", "can't allocate memory", id="cpu-allocator-oom"),
+        pytest.param("build_raise_oom", "oom", "OutOfMemoryError", id="torch-oom"),
+        pytest.param("build_value_error", "error", "ValueError: labels have 3 classes", id="exception"),
+    ],
+)
+def test_host_survives_and_classifies_each_failure(
+    build: str, kind: str, detail: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AUTOTUNE_CANDIDATE_TIMEOUT_S", "2")
+    autotune.register_family("broken", f"families_for_tests:{build}")
+    with pytest.raises(CalibrationError) as info:
+        autotune.best_config("broken")
+    label, why = info.value.failures[0]
+    assert label == "cpu fp32"
+    assert why.startswith(f"{kind}: ") and detail in why
+    # The rest could not be verified without the fp32 reference, and say so.
+    assert all("fp32 CPU reference failed" in why for _, why in info.value.failures[1:])
+    # Failures are stored as negative results: asking again does not measure again.
+    measured_at = cached_families(["broken"])["broken"].measured_at
+    with pytest.raises(CalibrationError):
+        autotune.best_config("broken")
+    assert cached_families(["broken"])["broken"].measured_at == measured_at
+
+
+def test_crash_only_under_bf16_picks_fp32_and_names_the_crash() -> None:
+    autotune.register_family("bf16_abort", "families_for_tests:build_abort_under_bf16")
+    config = autotune.best_config("bf16_abort")
+    assert config.precision in ("fp32", "fp16-mixed")
+    assert "cpu bf16-mixed crashed on this machine (SIGABRT" in config.reason
+    measured = cached_families(["bf16_abort"])["bf16_abort"]
+    by_label = {r.candidate.label: r for r in measured.candidates}
+    assert by_label["cpu bf16-mixed"].failure is not None
+    assert by_label["cpu fp32"].timing is not None  # measured again in the restarted worker
+
+
+def test_python_exception_is_classified_in_process_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AUTOTUNE_ISOLATION", "inprocess")
+    autotune.register_family("broken", "families_for_tests:build_value_error")
+    with pytest.raises(CalibrationError, match="error: ValueError"):
+        autotune.best_config("broken")
+
+
+def _host(code: str, env: dict[str, str], **kwargs) -> subprocess.Popen[str]:  # type: ignore[no-untyped-def]
+    prelude = (
+        "import sys, json, logging, autotune; sys.path.insert(0, %r);"
+        "logging.basicConfig(level=logging.INFO, format='%%(message)s');" % str(TESTS)
+    )
+    return subprocess.Popen([sys.executable, "-c", prelude + code], env={**os.environ, **env},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
+
+
+def test_host_killed_mid_calibration_leaves_a_loadable_store(isolated_autotune: Path) -> None:
+    env = {"AUTOTUNE_BUDGET_S": "30"}
+    host = _host(
+        "autotune.register_family('tiny', 'families_for_tests:build_tiny');"
+        "autotune.register_family('slow', 'families_for_tests:build_slow');"
+        "autotune.calibrate(['tiny', 'slow'])", env, start_new_session=True,
+    )
+    digest = autotune.fingerprint().digest
+    path = isolated_autotune / f"{digest}.json"
+    deadline = time.monotonic() + 60
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert path.exists(), host.communicate()[1]
+    time.sleep(2)  # into the slow family's measurement
+    os.killpg(host.pid, signal.SIGKILL)
+    host.wait()
+    stored = Store(isolated_autotune).load(digest)
+    assert stored is not None and set(stored.families) == {"tiny"}
+    assert list(isolated_autotune.glob("*.tmp")) == []
+
+
+def test_single_flight_six_cold_processes_one_calibration(isolated_autotune: Path, tmp_path: Path) -> None:
+    barrier = tmp_path / "go"
+    code = (
+        "import time, pathlib; p = pathlib.Path(%r);\n"
+        "autotune.register_family('tiny', 'families_for_tests:build_tiny')\n"
+        "while not p.exists(): time.sleep(0.01)\n"
+        "print(autotune.best_config('tiny').model_dump_json())" % str(barrier)
+    )
+    hosts = [_host(code, {"AUTOTUNE_BUDGET_S": "1"}) for _ in range(6)]
+    time.sleep(3)  # let all six import torch and reach the barrier
+    barrier.touch()
+    outputs = [host.communicate(timeout=240) for host in hosts]
+    assert all(host.returncode == 0 for host in hosts), [err[-500:] for _, err in outputs]
+    configs = {out.strip() for out, _ in outputs}
+    assert len(configs) == 1  # identical answers, measured_at included
+    calibrations = sum(line.startswith("calibrating tiny") for _, err in outputs for line in err.splitlines())
+    assert calibrations == 1
+    waited = sum("another process is calibrating tiny" in err for _, err in outputs)
+    assert waited >= 1
+
+
+def _hold_calibration_lock(cache: Path) -> subprocess.Popen[str]:
+    digest = autotune.fingerprint().digest
+    code = (
+        "from autotune._store import Store; import pathlib;"
+        f"lock = Store(pathlib.Path({str(cache)!r})).calibration_lock({digest!r}, 'tiny'); lock.acquire();"
+        "print('held', flush=True); import time; time.sleep(600)"
+    )
+    holder = _host(code, {})
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+    return holder
+
+
+def test_a_waiter_takes_over_when_the_lock_holder_dies(isolated_autotune: Path) -> None:
+    holder = _hold_calibration_lock(isolated_autotune)
+    waiter = _host(
+        "autotune.register_family('tiny', 'families_for_tests:build_tiny');"
+        "print(autotune.best_config('tiny').source)", {},
+    )
+    time.sleep(4)
+    assert waiter.poll() is None  # still waiting for the holder
+    holder.kill()
+    holder.wait()
+    out, err = waiter.communicate(timeout=120)
+    assert waiter.returncode == 0, err
+    assert out.strip() == "measured"
+    assert "another process is calibrating tiny" in err
+
+
+def test_lock_wait_timeout_answers_heuristically(isolated_autotune: Path, tiny_family: str,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    holder = _hold_calibration_lock(isolated_autotune)
+    try:
+        monkeypatch.setenv("AUTOTUNE_LOCK_TIMEOUT_S", "0.5")
+        config = autotune.best_config(tiny_family)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert config.source == "heuristic"
+    assert "another process is still calibrating" in config.reason
+    assert "AUTOTUNE_LOCK_TIMEOUT_S" in config.reason

@@ -1,0 +1,64 @@
+"""The numerics gate on real families with real numerical problems (BACKGROUND.md facts 5 and 7)."""
+
+from __future__ import annotations
+
+import pytest
+
+import autotune
+from autotune._api import measure_family
+from autotune._models import FamilyResult
+
+
+@pytest.fixture(autouse=True)
+def in_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    # These tests are about numerics, not isolation (test_failures covers the worker): skip its start-up.
+    monkeypatch.setenv("AUTOTUNE_ISOLATION", "inprocess")
+
+
+def _measure(build: str) -> dict[str, FamilyResult]:
+    autotune.register_family("numerics", f"families_for_tests:{build}")
+    measured = measure_family("numerics")
+    return {r.candidate.precision: r for r in measured.candidates}  # type: ignore[misc]
+
+
+def test_a_healthy_family_passes_in_every_precision() -> None:
+    results = _measure("build_tiny")
+    assert set(results) == {"fp32", "bf16-mixed", "fp16-mixed"}
+    for result in results.values():
+        assert result.failure is None
+        assert result.numerics is not None and result.numerics.skipped_steps == 0
+
+
+def test_fp16_overflowing_activations_reject_fp16_only() -> None:
+    results = _measure("build_fp16_overflow")
+    fp16 = results["fp16-mixed"]
+    assert fp16.failure is not None and fp16.failure.kind == "numerics"
+    assert "non-finite loss" in fp16.failure.detail
+    assert results["bf16-mixed"].failure is None and results["fp32"].failure is None
+
+
+def test_a_regression_that_bf16_cannot_resolve_picks_fp32() -> None:
+    autotune.register_family("regression", "families_for_tests:build_precision_sensitive_regression")
+    config = autotune.best_config("regression")
+    assert config.precision == "fp32"
+    assert "bf16-mixed rejected: bf16-mixed: loss after 8 steps" in config.reason
+    measured = autotune._api.cached_families(["regression"])["regression"]
+    bf16 = next(r for r in measured.candidates if r.candidate.precision == "bf16-mixed")
+    assert bf16.numerics is not None and bf16.numerics.loss_error > 1.0
+
+
+def test_gradients_wrong_only_under_autocast_are_rejected() -> None:
+    results = _measure("build_wrong_grad_under_autocast")
+    assert results["fp32"].failure is None
+    for precision in ("bf16-mixed", "fp16-mixed"):
+        failure = results[precision].failure
+        assert failure is not None and failure.kind == "numerics", precision
+
+
+def test_fp16_overflow_in_the_first_steps_gets_a_lower_init_scale_not_a_rejection() -> None:
+    fp16 = _measure("build_fp16_scale_overflow")["fp16-mixed"]
+    assert fp16.failure is None
+    assert fp16.numerics is not None
+    assert fp16.numerics.init_scale == 1024.0
+    assert fp16.numerics.default_scale_skipped is not None and fp16.numerics.default_scale_skipped >= 3
+    assert fp16.numerics.skipped_steps == 0
