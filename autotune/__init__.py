@@ -18,7 +18,6 @@ with warnings.catch_warnings():
 from autotune._api import (
     CalibrationProgress,
     CalibrationReport,
-    __version__,
     best_config,
     calibrate,
     clear_cache,
@@ -33,6 +32,7 @@ from autotune._errors import (
 )
 from autotune._families import Family, Workload, get_family, register_family
 from autotune._fingerprint import Fingerprint, fingerprint
+from autotune._version import __version__
 
 __all__ = [
     "AutotuneError",

@@ -7,7 +7,6 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from importlib.metadata import PackageNotFoundError, version
 
 from autotune import _env, _stats
 from autotune._config import Config
@@ -17,13 +16,10 @@ from autotune._families import builtin_family_names, get_family
 from autotune._fingerprint import Fingerprint, fingerprint
 from autotune._models import Candidate, FamilyResult, Record
 from autotune._store import Store, default_root
+from autotune._version import __version__
 
 log = logging.getLogger("autotune")
 
-try:
-    __version__ = version("torch-autotune-device")
-except PackageNotFoundError:  # running from a source tree
-    __version__ = "0+unknown"
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from typing import Literal
 import torch
 
 from autotune._models import Precision, Record
-from autotune._step import AUTOCAST_DTYPES, DEFAULT_INIT_SCALE, precision_context
+from autotune._precision import AUTOCAST_DTYPES, DEFAULT_INIT_SCALE, precision_context
 
 Source = Literal["measured", "forced", "heuristic"]
 

@@ -52,7 +52,7 @@ class Fingerprint(Record):
     accelerators: list[Accelerator]
 
     @computed_field  # type: ignore[prop-decorator]
-    @property
+    @functools.cached_property
     def digest(self) -> str:
         """16 hex digits of SHA-256 over the canonical JSON of every field above."""
         canonical = json.dumps(self.model_dump(exclude={"digest"}), sort_keys=True, separators=(",", ":"))
@@ -167,13 +167,14 @@ def _static_fields() -> dict[str, object]:
 
 def fingerprint() -> Fingerprint:
     """This machine's fingerprint; hardware facts are read once per process, flags on every call."""
+    # Process-level settings that change speed are re-read: an app may set them at any time.
+    return _fingerprint(_usable_cores(), torch.get_float32_matmul_precision())
+
+
+@functools.lru_cache(maxsize=8)
+def _fingerprint(usable_cores: int, float32_matmul_precision: str) -> Fingerprint:
     return Fingerprint.model_validate(
-        {
-            **_static_fields(),
-            # Process-level settings that change speed are re-read: an app may set them at any time.
-            "usable_cores": _usable_cores(),
-            "float32_matmul_precision": torch.get_float32_matmul_precision(),
-        }
+        {**_static_fields(), "usable_cores": usable_cores, "float32_matmul_precision": float32_matmul_precision}
     )
 
 

@@ -6,41 +6,15 @@ backward (scaled for fp16), optimizer step, then synchronise so the time is the 
 
 from __future__ import annotations
 
-import contextlib
 import time
-from collections.abc import Iterator
 
 import torch
 from torch import Tensor
 
 from autotune._families import Family
-from autotune._models import Candidate, Precision
+from autotune._models import Candidate
+from autotune._precision import AUTOCAST_DTYPES, DEFAULT_INIT_SCALE, precision_context
 from autotune.backends import Backend
-
-AUTOCAST_DTYPES: dict[Precision, torch.dtype | None] = {
-    "fp32": None,
-    "tf32": None,
-    "bf16-mixed": torch.bfloat16,
-    "fp16-mixed": torch.float16,
-}
-
-#: GradScaler's own default; lower values are tried when it skips steps (BACKGROUND.md fact 5).
-DEFAULT_INIT_SCALE = 65536.0
-
-
-@contextlib.contextmanager
-def precision_context(precision: Precision) -> Iterator[None]:
-    """tf32 is a process-wide matmul setting, so it is switched on only around the steps that use it."""
-    if precision != "tf32":
-        yield
-        return
-    before = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("high")
-    try:
-        yield
-    finally:
-        torch.set_float32_matmul_precision(before)
-
 
 class TrainStep:
     """Model, optimizer and GradScaler of one candidate, built from ``family`` with a fixed seed."""
@@ -108,4 +82,4 @@ class TrainStep:
         )
 
 
-__all__ = ["AUTOCAST_DTYPES", "DEFAULT_INIT_SCALE", "TrainStep", "precision_context"]
+__all__ = ["TrainStep"]

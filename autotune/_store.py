@@ -91,16 +91,21 @@ class Store:
             self._warn_once(f"read:{path}", "cannot read %s (%s); measuring again", path, exc)
             return None
         try:
+            return StoreFile.model_validate_json(raw)  # the warm path: parsed and validated in one pass
+        except ValidationError as exc:
+            invalid: Exception = exc
+        # Not a file of ours as we know it: a newer schema is left alone, anything else is quarantined.
+        try:
             data = json.loads(raw)
-            version = data.get("schema_version") if isinstance(data, dict) else None
-            if isinstance(version, int) and version > SCHEMA_VERSION:
-                self._warn_once(f"future:{path}", "%s was written by a newer autotune (schema %s > %s); "
-                                "ignoring it and leaving it untouched", path, version, SCHEMA_VERSION)
-                return "future"
-            return StoreFile.model_validate(data)
-        except (ValueError, ValidationError) as exc:
-            self._quarantine(path, raw, exc)
-            return None
+        except ValueError:
+            data = None
+        version = data.get("schema_version") if isinstance(data, dict) else None
+        if isinstance(version, int) and version > SCHEMA_VERSION:
+            self._warn_once(f"future:{path}", "%s was written by a newer autotune (schema %s > %s); "
+                            "ignoring it and leaving it untouched", path, version, SCHEMA_VERSION)
+            return "future"
+        self._quarantine(path, raw, invalid)
+        return None
 
     def _quarantine(self, path: Path, raw: bytes, exc: Exception) -> None:
         stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
