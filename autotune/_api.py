@@ -191,6 +191,7 @@ def measure_family(
         measured_at=dt.datetime.now(dt.timezone.utc).isoformat(),
         autotune_version=__version__,
         wall_s=time.perf_counter() - started,
+        worker_start_s=outcome.worker_start_s,
         budget_s=settings.measure.budget_s,
         candidates=outcome.results,
         control_ms=outcome.control_ms,

@@ -172,15 +172,16 @@ def _human_s(seconds: float) -> str:
     return f"{seconds:.1f} s" if seconds >= 1 else f"{1000 * seconds:.1f} ms"
 
 
-def _warm_process() -> None:
+def warm_process() -> None:
     """Pay the process's one-time costs before any candidate's set-up is timed.
 
-    The first optimizer a process creates imports torch's compiler stack (about 1 s here); charged to the
-    baseline's set-up, it would make the CPU look expensive for short jobs.
+    The first optimizer a process creates imports torch's compiler stack (about 1 s here), and the first
+    backward starts autograd's engine; charged to the baseline's set-up, they would make the CPU look
+    expensive for short jobs.
     """
-    weight = torch.zeros(2, requires_grad=True)
-    optimizer = torch.optim.AdamW([weight])
-    (weight * 2).sum().backward()
+    layer = torch.nn.Linear(4, 4)
+    optimizer = torch.optim.AdamW(layer.parameters())
+    torch.nn.functional.relu(layer(torch.ones(2, 4))).sum().backward()
     optimizer.step()
 
 
@@ -199,7 +200,6 @@ def calibrate_family(
     *, discard_on_device_error: bool = True,
 ) -> None:
     """Measure ``family`` on ``candidates`` (planned here when None) and emit every result."""
-    _warm_process()
     if candidates is None:
         candidates, notes = plan()
         emit({"event": "plan", "candidates": [c.model_dump() for c in candidates], "backend_notes": notes})
@@ -263,4 +263,4 @@ def calibrate_family(
     emit({"event": "done", "results": final, "control_ms": timed.control_ms, "noisy": timed.noisy})
 
 
-__all__ = ["BASELINE", "Settings", "calibrate_family", "classify", "plan", "unverified"]
+__all__ = ["BASELINE", "Settings", "calibrate_family", "classify", "plan", "unverified", "warm_process"]

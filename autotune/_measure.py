@@ -14,6 +14,7 @@ clock with synthetic step times.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
@@ -43,11 +44,13 @@ class MeasureSettings:
     #: a pick must be faster by more than this, with 95% confidence, to beat a simpler candidate
     margin: float = 0.03
     #: each candidate's share of a round lasts at least this long, so timer noise stays negligible
-    round_min_s: float = 0.015
+    round_min_s: float = 0.005
     #: the control may drift this much (see ``_stats.drift``) before the run counts as noisy
     noise_limit: float = 0.10
     #: a candidate this many times slower than the leader is dropped after a single round
     far_behind: float = 4.0
+    #: pause before each control measurement
+    settle_s: float = 0.003
     warmup_max_steps: int = 8
     warmup_stable: float = 0.15
 
@@ -95,6 +98,7 @@ def interleave(
     settings: MeasureSettings,
     labels: Callable[[K], str] = str,
     on_round: Callable[[int, K | None], None] | None = None,
+    settle: Callable[[float], None] = time.sleep,
 ) -> Interleaved[K]:
     """Time ``steps`` in interleaved rounds until the decision is clear or the budget is spent."""
     series = {
@@ -113,7 +117,9 @@ def interleave(
                 on_round(rounds, key)
             samples = [timed(steps[key], clock) for _ in range(series[key].steps_per_round)]
             series[key].round_ms.append(1000 * _stats.median(samples))
-        # The least disturbed of a few runs: interference (another job, spinning OpenMP threads) only adds time.
+        # The least disturbed of a few runs (interference only adds time), after a pause that lets the
+        # candidates' OpenMP threads stop spinning: on hyper-threaded cores they would slow the control down.
+        settle(settings.settle_s)
         control_ms.append(1000 * min(timed(control, clock) for _ in range(5)))
         rounds += 1
         _drop_far_behind(series, active, settings, labels)

@@ -105,6 +105,7 @@ class FamilyResult(Record):
     measured_at: str
     autotune_version: str
     wall_s: float
+    worker_start_s: float = Field(default=0.0, description="the first worker's start, included in wall_s")
     budget_s: float
     candidates: list[CandidateResult]
     control_ms: list[float] = Field(default_factory=list, description="control workload, one per round")

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from autotune._calibrate_family import BASELINE, Settings, calibrate_family, unverified
+from autotune._calibrate_family import BASELINE, Settings, calibrate_family, unverified, warm_process
 from autotune._errors import CalibrationError
 from autotune._families import Family
 from autotune._measure import MeasureSettings
@@ -49,6 +49,8 @@ class FamilyOutcome:
     noisy: bool = False
     backend_notes: dict[str, str] = field(default_factory=dict)
     worker_starts: int = 0
+    #: the first worker's start (interpreter, imports, process warm-up), a fixed cost of any calibration
+    worker_start_s: float = 0.0
 
 
 def _job(family: Family, candidates: list[Candidate] | None, settings: Settings) -> dict[str, Any]:
@@ -72,6 +74,7 @@ class _Attempt:
         self.events: list[dict[str, Any]] = []
         self.in_flight: Candidate | None = None
         self.ended: Failure | None = None
+        self.start_s = 0.0
 
 
 def run_family(
@@ -93,10 +96,15 @@ def run_family(
         outcome.worker_starts += 1
         job = _job(family, remaining, settings)
         if isolation == "inprocess":
+            started = time.perf_counter()
+            warm_process()
+            attempt.start_s = time.perf_counter() - started
             calibrate_family(family, remaining, settings, lambda e: _record(e, attempt, progress),
                              discard_on_device_error=False)
         else:
             _run_subprocess(job, attempt, timeout_s, progress)
+        if outcome.worker_starts == 1:
+            outcome.worker_start_s = attempt.start_s
         for event in attempt.events:
             kind = event["event"]
             if kind == "plan":
@@ -162,7 +170,7 @@ def _run_subprocess(job: dict[str, Any], attempt: _Attempt, timeout_s: float, pr
     except OSError:
         pass  # the worker died at once; its exit status says why
     started = False
-    last_event = time.monotonic()
+    launched = last_event = time.monotonic()
     while True:
         limit = timeout_s if started else max(timeout_s, STARTUP_TIMEOUT_S)
         try:
@@ -183,6 +191,7 @@ def _run_subprocess(job: dict[str, Any], attempt: _Attempt, timeout_s: float, pr
             continue
         if event.get("event") == "ready":
             started = True
+            attempt.start_s = last_event - launched
             continue
         _record(event, attempt, progress)
     returncode = proc.wait()
@@ -226,7 +235,7 @@ def _crash_failure(returncode: int, stderr_tail: list[str]) -> Failure:
 
 
 def _worker_main() -> int:
-    protocol = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
+    protocol = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")  # line-buffered: each event is flushed
     os.dup2(2, 1)  # print() and C-level writes from model code go to stderr, not into the protocol
     sys.stdout = sys.stderr
     import faulthandler
@@ -238,6 +247,7 @@ def _worker_main() -> int:
     def emit(event: dict[str, Any]) -> None:
         protocol.write(json.dumps(event) + "\n")
 
+    warm_process()
     emit({"event": "ready"})
     family = Family(job["family"]["name"], job["family"]["ref"])
     candidates = None if job["candidates"] is None else [Candidate.model_validate(c) for c in job["candidates"]]
@@ -252,4 +262,7 @@ def _worker_main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(_worker_main())
+    code = _worker_main()
+    sys.stderr.flush()
+    # Everything is reported; skip the interpreter's teardown (torch's takes ~0.5 s) that the host would wait for.
+    os._exit(code)

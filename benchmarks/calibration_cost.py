@@ -1,7 +1,8 @@
 """Wall time of a full cold calibration per family, and its cost in step-equivalents per candidate.
 
 step-equivalents per candidate = (wall - one worker start) / sum of the candidates' median step times,
-where a candidate stopped after its first step counts with that step's time.
+where a candidate stopped after its first step counts with that step's time. The worker's start (a fresh
+interpreter importing torch, ~3 s here) is timed inside the same calibration and reported separately.
 
     python benchmarks/calibration_cost.py [FAMILY ...]
 """
@@ -10,10 +11,7 @@ from __future__ import annotations
 
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
-import time
 
 from _common import emit, families_from_argv
 
@@ -21,20 +19,8 @@ import autotune
 from autotune._api import measure_family
 
 
-def worker_start_s() -> float:
-    """A worker's fixed start: a fresh interpreter importing autotune and paying the first optimizer."""
-    code = "import autotune._calibrate_family as c; c._warm_process()"
-    runs = []
-    for _ in range(3):
-        started = time.perf_counter()
-        subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
-        runs.append(time.perf_counter() - started)
-    return statistics.median(runs)
-
-
 def main() -> None:
     os.environ["AUTOTUNE_CACHE_DIR"] = tempfile.mkdtemp(prefix="autotune-bench-")
-    start_s = worker_start_s()
     per_candidate = []
     total_wall = 0.0
     for kind in families_from_argv():
@@ -43,12 +29,12 @@ def main() -> None:
             r.timing.median_ms if r.timing else r.first_step_ms
             for r in measured.candidates if r.timing or r.first_step_ms
         ]
-        equivalents = 1000 * (measured.wall_s - start_s) / sum(step_ms)
+        equivalents = 1000 * (measured.wall_s - measured.worker_start_s) / sum(step_ms)
         per_candidate.append(equivalents)
         total_wall += measured.wall_s
         emit({
             "benchmark": "calibration_cost", "family": kind, "wall_s": round(measured.wall_s, 2),
-            "worker_start_s": round(start_s, 2), "candidates": len(measured.candidates),
+            "worker_start_s": round(measured.worker_start_s, 2), "candidates": len(measured.candidates),
             "step_equivalents_per_candidate": round(equivalents, 1),
             "pick": f"{autotune._decide.decide(measured, digest='-').precision}",
         })

@@ -48,7 +48,7 @@ def _run(step_times: dict[str, Iterator[float]], control: Iterator[float] | None
     steps = {name: FakeStep(clock, times) for name, times in step_times.items()}
     control_step = FakeStep(clock, control or itertools.repeat(0.001))
     result = interleave(steps, estimate_s={k: 0.01 for k in steps}, control=control_step, clock=clock,
-                        settings=settings)
+                        settings=settings, settle=lambda s: None)
     return result, steps
 
 
@@ -100,7 +100,7 @@ def test_round_length_adapts_to_tiny_steps() -> None:
     clock = FakeClock()
     steps = {"tiny": FakeStep(clock, itertools.repeat(0.0005))}
     result = interleave(steps, estimate_s={"tiny": 0.0005}, control=FakeStep(clock, itertools.repeat(0.001)),
-                        clock=clock, settings=MeasureSettings(budget_s=1.0, round_min_s=0.01))
+                        clock=clock, settings=MeasureSettings(budget_s=1.0, round_min_s=0.01), settle=lambda s: None)
     assert result.series["tiny"].steps_per_round == 20
 
 

@@ -1,0 +1,48 @@
+"""How good the picks are: an in-process oracle against the picks of independent calibrations.
+
+For each family the oracle times every candidate for 200 interleaved steps; then 5 independent cold
+calibrations (each in its own worker, as in production) pick. regret = oracle time of the pick / oracle
+time of the best - 1. Also prints how often the 5 picks agreed.
+
+    python benchmarks/decision_quality.py [FAMILY ...]
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import tempfile
+
+from _common import emit, families_from_argv, oracle
+
+from autotune._api import measure_family
+from autotune._decide import decide
+
+CALIBRATIONS = 5
+
+
+def main() -> None:
+    os.environ["AUTOTUNE_CACHE_DIR"] = tempfile.mkdtemp(prefix="autotune-bench-")
+    worst = 0.0
+    for kind in families_from_argv():
+        truth = oracle(kind)
+        best = min(truth.values())
+        picks = []
+        for _ in range(CALIBRATIONS):
+            config = decide(measure_family(kind), digest="-")
+            picks.append(f"{config.device} {config.precision}")
+        regrets = [truth[p] / best - 1 for p in picks]
+        worst = max(worst, max(regrets))
+        most_common, count = collections.Counter(picks).most_common(1)[0]
+        emit({
+            "benchmark": "decision_quality", "family": kind,
+            "oracle_ms": {k: round(v, 3) for k, v in truth.items()},
+            "oracle_best": min(truth, key=truth.__getitem__),
+            "picks": picks, "same_pick": f"{count}/{CALIBRATIONS}",
+            "max_regret_pct": round(100 * max(regrets), 2), "mean_regret_pct": round(100 * sum(regrets) / len(regrets), 2),
+        })
+    emit({"benchmark": "decision_quality", "family": "ALL", "worst_regret_pct": round(100 * worst, 2)})
+
+
+if __name__ == "__main__":
+    main()
