@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pydantic import ValidationError
+from pydantic import Field, ValidationError
 
 from autotune._fingerprint import Fingerprint
 from autotune._models import FamilyResult, Record
@@ -41,6 +41,7 @@ class StoreFile(Record):
     schema_version: int
     fingerprint: Fingerprint
     families: dict[str, FamilyResult]
+    note: str = Field(default="", description="free text, e.g. where a recorded fixture's numbers come from")
 
 
 def default_root() -> Path:
@@ -148,7 +149,8 @@ class Store:
     def _merge(current: StoreFile | None, fingerprint: Fingerprint, result: FamilyResult) -> StoreFile:
         families = dict(current.families) if current is not None else {}
         families[result.model_kind] = result
-        return StoreFile(schema_version=SCHEMA_VERSION, fingerprint=fingerprint, families=families)
+        note = current.note if current is not None else ""
+        return StoreFile(schema_version=SCHEMA_VERSION, fingerprint=fingerprint, families=families, note=note)
 
     def clear(self) -> list[Path]:
         """Delete every results file (quarantined ones too); returns what was removed."""

@@ -75,7 +75,10 @@ class CudaBackend(Backend):
             return []
         if sys.platform == "linux":
             driver = nvidia_driver_version()
-            return [Accelerator(backend="cuda", name=m, driver=driver) for m in _linux_gpu_models()]
+            found = [Accelerator(backend="cuda", name=m, driver=driver) for m in _linux_gpu_models()]
+            if found:
+                return found
+        # No /proc view (Windows, some containers): ask the driver's own tool, which needs no CUDA context.
         return [Accelerator(backend="cuda", name=n, driver=d) for n, d in _nvidia_smi_gpus()]
 
     def unusable_reason(self) -> str | None:

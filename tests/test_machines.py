@@ -1,0 +1,111 @@
+"""Machines that are not here, as recorded fixtures, through the real decision code (DESIGN.md section 5)."""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+
+import pytest
+
+from autotune._config import Config
+from autotune._decide import decide
+from autotune._store import SCHEMA_VERSION, Store, StoreFile
+
+MACHINES = Path(__file__).parent.parent / "fixtures" / "machines"
+
+
+def machine(name: str) -> StoreFile:
+    stored = Store(MACHINES)._read(MACHINES / f"{name}.json")
+    assert isinstance(stored, StoreFile), f"{name}.json is not a valid results file"
+    return stored
+
+
+def pick(name: str, kind: str, **kwargs: object) -> Config:
+    stored = machine(name)
+    return decide(stored.families[kind], digest=stored.fingerprint.digest, **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("path", sorted(MACHINES.glob("*.json")), ids=lambda p: p.stem)
+def test_every_fixture_is_a_valid_results_file_that_says_where_it_comes_from(path: Path) -> None:
+    stored = machine(path.stem)
+    assert stored.schema_version == SCHEMA_VERSION
+    assert stored.note
+    assert stored.fingerprint.accelerators
+
+
+def test_m1_trains_the_tiny_mlp_on_the_cpu() -> None:
+    config = pick("apple-m1", "tiny_mlp")
+    assert (config.device, config.precision) == ("cpu", "fp32")
+    assert "8.9x faster than mps" in config.reason
+
+
+def test_m1_trains_the_cnn_on_metal_in_fp32() -> None:
+    config = pick("apple-m1", "cnn")
+    assert (config.device, config.precision) == ("mps", "fp32")
+    assert "fp16-mixed is 1.06x slower" in config.reason and "bf16-mixed is 1.61x slower" in config.reason
+
+
+def test_m1_user_choosing_gpu_gets_metal_with_the_honest_reason() -> None:
+    config = pick("apple-m1", "tiny_mlp", prefer="gpu")
+    assert config.device == "mps"
+    assert "GPU as requested; the CPU is 8.9x faster for tiny_mlp" in config.reason
+
+
+def test_m1_short_detection_job_finishes_first_on_the_cpu() -> None:
+    assert pick("apple-m1", "detector").device == "mps"
+    config = pick("apple-m1", "detector", expected_steps=60)
+    assert config.device == "cpu"
+    assert "for 60 steps it finishes first: mps's set-up 60.0 s outweighs" in config.reason
+
+
+def test_3090_tiny_mlp_on_the_cpu_cnn_on_cuda_bf16() -> None:
+    assert pick("rtx-3090-i9", "tiny_mlp").device == "cpu"
+    config = pick("rtx-3090-i9", "cnn")
+    assert (config.device, config.precision) == ("cuda:0", "bf16-mixed")
+    assert "faster than the CPU" in config.reason
+
+
+@pytest.mark.parametrize("kind", ["cnn", "detector", "transformer"])
+@pytest.mark.parametrize("prefer", ["auto", "gpu"])
+def test_2070_never_picks_emulated_bf16(kind: str, prefer: str) -> None:
+    config = pick("rtx-2070", kind, prefer=prefer)
+    assert config.precision != "bf16-mixed"
+    # bf16 is named with its measured cost: 4.35x slower than fp32 (0.23x), more against fp16
+    assert re.search(r"bf16-mixed is 4\.3\dx slower|[4-9]\.\d\dx faster than bf16-mixed", config.reason)
+
+
+def test_2070_fp16_detector_starts_gradscaler_lower() -> None:
+    config = pick("rtx-2070", "detector")
+    assert (config.precision, config.init_scale) == ("fp16-mixed", 1024.0)
+    assert "the default 65536 skipped 4 of 8 steps" in config.reason
+
+
+def test_2070_transformer_with_fp16_rejected_uses_fp32_and_says_why() -> None:
+    config = pick("rtx-2070", "transformer")
+    assert (config.device, config.precision) == ("cuda:0", "fp32")
+    assert "fp16-mixed rejected" in config.reason
+
+
+def test_3080_laptop_input_bound_mixed_precision_is_a_tie_and_fp32_wins() -> None:
+    config = pick("rtx-3080-laptop", "classifier")
+    assert (config.device, config.precision) == ("cuda:0", "fp32")
+    assert "no measurable difference with bf16-mixed" in config.reason
+
+
+def test_3080_laptop_a_real_117x_gain_is_taken() -> None:
+    assert pick("rtx-3080-laptop", "detector").precision == "bf16-mixed"
+
+
+def test_3080_laptop_short_job_stays_on_the_cpu() -> None:
+    assert pick("rtx-3080-laptop", "mlp").device == "cuda:0"
+    config = pick("rtx-3080-laptop", "mlp", expected_steps=60)
+    assert config.device == "cpu"
+    assert "cuda:0's set-up 4.1 s outweighs its 0.8 ms/step advantage" in config.reason
+
+
+def test_prefer_cpu_on_a_gpu_machine_is_respected(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="autotune"):
+        config = pick("rtx-3090-i9", "cnn", prefer="cpu")
+    assert config.device == "cpu"
+    assert "CUDA" not in caplog.text
