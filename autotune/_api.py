@@ -114,6 +114,7 @@ def calibrate(
     kinds = list(model_kinds) if model_kinds is not None else builtin_family_names()
     families = [get_family(kind) for kind in kinds]  # unknown names fail before anything is measured
     forced = _env.DEVICE.get()
+    _env.SEARCH.get()  # an invalid search setting fails before anything is measured
     started = time.perf_counter()
     fp = fingerprint()
     store = _store()
@@ -174,7 +175,7 @@ def measure_family(
     from autotune._worker import run_family
 
     family = get_family(model_kind)
-    settings = Settings(measure=MeasureSettings(budget_s=_env.BUDGET_S.get()))
+    settings = Settings(search=_env.SEARCH.get(), measure=MeasureSettings(budget_s=_env.BUDGET_S.get()))
 
     def on_progress(candidate: Candidate | None, fraction: float) -> None:
         if progress is not None:
@@ -197,6 +198,7 @@ def measure_family(
         control_ms=outcome.control_ms,
         noisy=outcome.noisy,
         backend_notes=outcome.backend_notes,
+        search_notes=outcome.search_notes,
     )
     log.info("calibrated %s in %.1f s", model_kind, result.wall_s)
     if result.noisy:

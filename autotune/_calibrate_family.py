@@ -6,6 +6,7 @@ This runs inside the calibration worker (or, in the unsafe in-process mode, in t
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -14,6 +15,8 @@ from typing import Any
 import torch
 
 from autotune import _stats
+from autotune._decide import pick_fastest
+from autotune._env import Search
 from autotune._families import Family
 from autotune._measure import MeasureSettings, interleave, warm_up
 from autotune._models import Candidate, CandidateResult, Failure, Interval, Timing
@@ -38,6 +41,13 @@ class Settings:
     slow_first_step_floor_s: float = 0.5
     #: a later step this many times slower than the best steady step so far stops the candidate
     slow_step_factor: float = 20.0
+    #: a variant (search stage 2 or 3) this many times slower than the leader after 3 steps is pruned
+    variant_prune_factor: float = 1.3
+    #: each later search stage's timing budget, as a share of the family's budget
+    variant_budget_share: float = 0.2
+    #: "precision": device x precision only; "default": also layout, optimizer and CPU threads, staged;
+    #: "extended": also torch.compile (compile time counts as set-up: tens of seconds per candidate)
+    search: Search = "default"
     measure: MeasureSettings = MeasureSettings()
 
 
@@ -88,6 +98,8 @@ class _FamilyRun:
         self.reference: Trajectory | None = None
         self.best_first: dict[str, tuple[float, Candidate]] = {}
         self.best_step_s = float("inf")
+        #: in later search stages, the leader a variant must keep up with, and its step time
+        self.incumbent: tuple[Candidate, float] | None = None
 
     def check(self, step: TrainStep) -> Trajectory:
         """The verification window, which doubles as warm-up; stops a pathologically slow candidate early."""
@@ -102,7 +114,7 @@ class _FamilyRun:
             trajectory.skipped.append(skipped)
             trajectory.step_s.append(elapsed)
             best_first_s, best_candidate = self.best_first.get(device, (float("inf"), step.candidate))
-            if index == 0 and elapsed > max(
+            if index == 0 and not step.candidate.compiled and elapsed > max(
                 self.settings.slow_first_step_factor * best_first_s, self.settings.slow_first_step_floor_s
             ):
                 raise CandidateFailed(
@@ -118,6 +130,16 @@ class _FamilyRun:
                         f"candidate so far; stopped after {index + 1} steps")),
                     first_step_ms=1000 * trajectory.step_s[0],
                 )
+            if self.incumbent is not None and index >= 2:
+                steady_s = _stats.median(trajectory.step_s[1:])
+                incumbent, incumbent_s = self.incumbent
+                if steady_s > self.settings.variant_prune_factor * incumbent_s:
+                    raise CandidateFailed(
+                        Failure(kind="too_slow", detail=(
+                            f"{1000 * steady_s:.3g} ms/step, {steady_s / incumbent_s:.2f}x slower than the leader "
+                            f"{incumbent.label}; pruned after {index + 1} steps")),
+                        first_step_ms=1000 * trajectory.step_s[0],
+                    )
         trajectory.update = step.update()
         return trajectory
 
@@ -150,7 +172,7 @@ class _FamilyRun:
             setup_s=setup_s,
             first_step_ms=1000 * trajectory.step_s[0],
             numerics=numerics,
-            num_threads=torch.get_num_threads(),
+            num_threads=candidate.threads or torch.get_num_threads(),
             device_name=backend.device_name(candidate.device),
             peak_bytes=backend.peak_memory_bytes(candidate.device),
         )
@@ -195,72 +217,169 @@ class _Control:
         self.last = total
 
 
+class _Session:
+    """One worker's pass over a family: candidates set up once, then timed in one or more stages."""
+
+    def __init__(self, family: Family, settings: Settings, emit: Emit, discard_on_device_error: bool) -> None:
+        self.run = _FamilyRun(family, settings)
+        self.settings = settings
+        self.emit = emit
+        self.discard_on_device_error = discard_on_device_error
+        self.ready: dict[Candidate, TrainStep] = {}
+        self.results: dict[Candidate, CandidateResult] = {}
+        self.recent_s: dict[Candidate, list[float]] = {}
+        self.reference_failure: Failure | None = None
+        self.poisoned = False
+        self.control: list[float] = []
+        self.notes: list[str] = []
+
+    def set_up(self, candidates: list[Candidate], share: tuple[float, float]) -> list[Candidate]:
+        """Build and verify each candidate; returns those ready to time. Failures are emitted as they happen."""
+        ready = []
+        for index, candidate in enumerate(candidates):
+            if self.poisoned:
+                break
+            fraction = share[0] + (share[1] - share[0]) * index / len(candidates)
+            self.emit({"event": "begin", "candidate": candidate.model_dump(), "phase": "setup", "fraction": fraction})
+            extra: dict[str, Any] = {}
+            try:
+                if self.reference_failure is not None:
+                    raise CandidateFailed(unverified(self.reference_failure))
+                step, result, self.recent_s[candidate] = self.run.set_up(candidate)
+            except CandidateFailed as failed:
+                failure, extra = failed.failure, failed.extra
+            except Exception as exc:  # noqa: BLE001 - every failure is recorded with its class, never swallowed
+                failure = classify(exc, backend_for(candidate.device))
+            else:
+                self.ready[candidate] = step
+                self.results[candidate] = result
+                ready.append(candidate)
+                continue
+            self.emit({"event": "failed", "candidate": candidate.model_dump(), "failure": failure.model_dump(),
+                       "extra": extra})
+            if candidate == BASELINE:
+                self.reference_failure = failure
+            elif candidate.device != "cpu" and self.discard_on_device_error and failure.kind not in ("numerics", "too_slow"):
+                self.poisoned = True  # a device error can leave the context poisoned: measure nothing else here
+        return ready
+
+    def time(self, candidates: list[Candidate], stage: int, share: tuple[float, float]) -> Candidate:
+        """Interleave ``candidates``; record their timings (a later stage replaces an earlier one); the leader."""
+        settings = self.settings.measure
+        if stage > 1:  # variants refine a decision already made: they get a share of the family's budget
+            settings = dataclasses.replace(settings, budget_s=settings.budget_s * self.settings.variant_budget_share)
+
+        def on_round(round_index: int, key: Candidate | None) -> None:
+            if key is not None:
+                fraction = share[0] + (share[1] - share[0]) * min(1.0, round_index / settings.max_rounds)
+                self.emit({"event": "begin", "candidate": key.model_dump(), "phase": "timing", "fraction": fraction})
+
+        clock = time.perf_counter
+        estimates = {
+            c: _stats.median(warm_up(self.ready[c], clock, self.recent_s[c], settings)[-3:]) for c in candidates
+        }
+        timed = interleave(
+            {c: self.ready[c] for c in candidates}, estimate_s=estimates, control=_Control(), clock=clock,
+            settings=settings, labels=lambda c: c.label, on_round=on_round,
+        )
+        self.control += timed.control_ms
+        baseline = timed.series.get(BASELINE)
+        for candidate, series in timed.series.items():
+            vs_baseline = None
+            if baseline is not None and candidate != BASELINE:
+                estimate, low, high = _stats.ratio_interval(series.round_ms, baseline.round_ms)
+                vs_baseline = Interval(estimate=estimate, low=low, high=high)
+            timing = Timing(
+                round_ms=series.round_ms, steps_per_round=series.steps_per_round,
+                median_ms=_stats.median(series.round_ms), spread=_stats.spread(series.round_ms),
+                vs_baseline=vs_baseline, stage=stage, dropped=series.dropped,
+            )
+            self.results[candidate] = self.results[candidate].model_copy(update={"timing": timing})
+        leader = pick_fastest([self.results[c] for c in candidates], None).candidate
+        self.run.incumbent = (leader, _stats.median(timed.series[leader].round_ms) / 1000)
+        return leader
+
+    def variants(self, leader: Candidate, stage: int) -> list[Candidate]:
+        """Stage 2: layout and optimizer variants of the leader. Stage 3: what else helped, and CPU threads."""
+        step = self.ready[leader]
+        found: list[Candidate] = []
+        if stage == 2:
+            if step.image_inputs and leader.memory_format == "contiguous":
+                found.append(leader.model_copy(update={"memory_format": "channels_last"}))
+            if step.default_optimizer and leader.optimizer == "default":
+                found.append(leader.model_copy(update={"optimizer": "fused"}))
+            if self.settings.search == "extended" and not leader.compiled:
+                found.append(leader.model_copy(update={"compiled": True}))
+            return found
+        # Stage 3: a stage-2 variant that also beat the plain leader combines with the new one.
+        base_ms = self._median(leader.base)
+        for other in self.results:
+            if other.base == leader.base and other != leader and other.threads is None and base_ms is not None:
+                other_ms = self._median(other)
+                if other_ms is not None and other_ms < base_ms:
+                    combined = leader.model_copy(update={
+                        "memory_format": "channels_last" if "channels_last" in (leader.memory_format, other.memory_format) else "contiguous",
+                        "optimizer": other.optimizer if other.optimizer != "default" else leader.optimizer,
+                        "compiled": leader.compiled or other.compiled,
+                    })
+                    if combined not in self.results and combined not in found:
+                        found.append(combined)
+        if leader.device == "cpu":
+            default_threads = torch.get_num_threads()
+            for threads in sorted({1, default_threads // 2} - {0, default_threads}):
+                found.append(leader.model_copy(update={"threads": threads}))
+        return found
+
+    def _median(self, candidate: Candidate) -> float | None:
+        result = self.results.get(candidate)
+        return result.timing.median_ms if result is not None and result.timing is not None else None
+
+
 def calibrate_family(
     family: Family, candidates: list[Candidate] | None, settings: Settings, emit: Emit,
     *, discard_on_device_error: bool = True,
 ) -> None:
-    """Measure ``family`` on ``candidates`` (planned here when None) and emit every result."""
+    """Measure ``family`` and emit every result.
+
+    With ``candidates=None`` the search is planned here and staged: precisions first (stage 1), then layout and
+    optimizer variants of the leader (stage 2), then combinations and CPU threads (stage 3); each stage keeps
+    its leader and prunes with the same interleaved statistics. A restarted worker gets the remaining
+    candidates explicitly and times them in one stage.
+    """
+    staged = candidates is None
     if candidates is None:
         candidates, notes = plan()
         emit({"event": "plan", "candidates": [c.model_dump() for c in candidates], "backend_notes": notes})
-    run = _FamilyRun(family, settings)
-    ready: dict[Candidate, TrainStep] = {}
-    results: dict[Candidate, CandidateResult] = {}
-    recent_s: dict[Candidate, list[float]] = {}
-    reference_failure: Failure | None = None
-    for index, candidate in enumerate(candidates):
-        emit({"event": "begin", "candidate": candidate.model_dump(), "phase": "setup",
-              "fraction": 0.5 * index / len(candidates)})
-        extra: dict[str, Any] = {}
-        try:
-            if reference_failure is not None:
-                raise CandidateFailed(unverified(reference_failure))
-            step, result, recent_s[candidate] = run.set_up(candidate)
-        except CandidateFailed as failed:
-            failure, extra = failed.failure, failed.extra
-        except Exception as exc:  # noqa: BLE001 - every failure is recorded with its class, never swallowed
-            failure = classify(exc, backend_for(candidate.device))
-        else:
-            ready[candidate] = step
-            results[candidate] = result
-            continue
-        emit({"event": "failed", "candidate": candidate.model_dump(), "failure": failure.model_dump(), "extra": extra})
-        if candidate == BASELINE:
-            reference_failure = failure
-        elif candidate.device != "cpu" and discard_on_device_error and failure.kind not in ("numerics", "too_slow"):
-            return  # a device error can leave the context poisoned: this worker must not measure anything else
-    if not ready:
-        emit({"event": "done", "results": [], "control_ms": [], "noisy": False})
+    session = _Session(family, settings, emit, discard_on_device_error)
+    stages = 3 if staged and settings.search != "precision" else 1
+    share = 1.0 / stages
+    ready = session.set_up(candidates, (0.0, 0.5 * share))
+    if ready:
+        leader = session.time(ready, 1, (0.5 * share, share))
+        for stage in range(2, stages + 1):
+            if session.poisoned:
+                break
+            variants = session.variants(leader, stage)
+            if not variants:
+                continue
+            lo = (stage - 1) * share
+            emit({"event": "plan", "candidates": [c.model_dump() for c in variants], "backend_notes": None})
+            tried = session.set_up(variants, (lo, lo + 0.5 * share))
+            session.notes.append(
+                f"stage {stage}: " + ", ".join(v.label for v in variants) + f" against the leader {leader.label}"
+            )
+            if tried:
+                leader = session.time([leader, *tried], stage, (lo + 0.5 * share, lo + share))
+            ready += tried
+    if session.poisoned:
         return
-
-    def on_round(round_index: int, key: Candidate | None) -> None:
-        if key is not None:
-            fraction = 0.5 + 0.5 * min(1.0, round_index / settings.measure.max_rounds)
-            emit({"event": "begin", "candidate": key.model_dump(), "phase": "timing", "fraction": fraction})
-
-    clock = time.perf_counter
-    estimates = {
-        candidate: _stats.median(warm_up(step, clock, recent_s[candidate], settings.measure)[-3:])
-        for candidate, step in ready.items()
-    }
-    timed = interleave(
-        ready, estimate_s=estimates, control=_Control(), clock=clock, settings=settings.measure,
-        labels=lambda c: c.label, on_round=on_round,
-    )
-    baseline_series = timed.series.get(BASELINE)
-    final = []
-    for candidate, series in timed.series.items():
-        vs_baseline = None
-        if baseline_series is not None and candidate != BASELINE:
-            estimate, low, high = _stats.ratio_interval(series.round_ms, baseline_series.round_ms)
-            vs_baseline = Interval(estimate=estimate, low=low, high=high)
-        timing = Timing(
-            round_ms=series.round_ms, steps_per_round=series.steps_per_round,
-            median_ms=_stats.median(series.round_ms), spread=_stats.spread(series.round_ms),
-            vs_baseline=vs_baseline,
-        )
-        final.append(results[candidate].model_copy(update={"timing": timing}).model_dump(mode="json"))
-    emit({"event": "done", "results": final, "control_ms": timed.control_ms, "noisy": timed.noisy})
+    emit({
+        "event": "done",
+        "results": [r.model_dump(mode="json") for r in session.results.values()],
+        "control_ms": session.control, "search_notes": session.notes,
+        # Judged over every stage's rounds together, the same series the warning quotes.
+        "noisy": _stats.drift(session.control) > settings.measure.noise_limit,
+    })
 
 
 __all__ = ["BASELINE", "Settings", "calibrate_family", "classify", "plan", "unverified", "warm_process"]

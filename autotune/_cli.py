@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from autotune._api import CalibrationProgress
+    from autotune._models import CandidateResult
 
 EPILOG = """\
 examples:
@@ -27,7 +28,7 @@ examples:
   python -m autotune --clear               delete the stored measurements
 
 environment: AUTOTUNE_CACHE_DIR, AUTOTUNE_DEVICE, AUTOTUNE_ISOLATION, AUTOTUNE_CANDIDATE_TIMEOUT_S,
-AUTOTUNE_LOCK_TIMEOUT_S, AUTOTUNE_BUDGET_S (see README.md)
+AUTOTUNE_LOCK_TIMEOUT_S, AUTOTUNE_BUDGET_S, AUTOTUNE_SEARCH (see README.md)
 """
 
 
@@ -183,13 +184,23 @@ def _explain(kind: str, *, recalibrate: bool, as_json: bool) -> int:
             f"{r.setup_s:.2f}" if r.setup_s is not None else "-",
             f"{n.loss_error:.1e}" if n else "-",
             f"{n.update_cosine:.3f}" if n else "-",
-            f"{r.failure.kind}: {r.failure.detail}" if r.failure else "ok",
+            _outcome(r),
         )
     console.print(table)
+    for note in measured.search_notes:
+        console.print(f"[dim]{note}[/dim]", highlight=False)
     for backend, why in measured.backend_notes.items():
         console.print(f"[dim]{backend}: {why}[/dim]")
     console.print(f"decision: {autotune.best_config(kind).reason}")
     return 0
+
+
+def _outcome(result: CandidateResult) -> str:
+    if result.failure is not None:
+        return f"{result.failure.kind}: {result.failure.detail}"
+    if result.timing is not None and result.timing.dropped:
+        return f"stage {result.timing.stage}: {result.timing.dropped}"
+    return f"stage {result.timing.stage}: ok" if result.timing else "ok"
 
 
 def _doctor(args: argparse.Namespace) -> int:

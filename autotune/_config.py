@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
-from typing import Literal
+from collections.abc import Callable, Iterator
+from typing import Any, Literal, TypeVar
 
 import torch
+from torch import nn
 
-from autotune._models import Precision, Record
-from autotune._precision import AUTOCAST_DTYPES, DEFAULT_INIT_SCALE, precision_context
+from autotune._models import MemoryFormat, OptimizerImpl, Precision, Record
+from autotune._precision import AUTOCAST_DTYPES, DEFAULT_INIT_SCALE, MEMORY_FORMATS, move, precision_context
 
 Source = Literal["measured", "forced", "heuristic"]
+Batch = TypeVar("Batch")
 
 
 class Config(Record):
@@ -32,6 +34,9 @@ class Config(Record):
     speedup_vs_fp32_cpu: float | None = None
     init_scale: float | None = None
     num_threads: int | None = None
+    memory_format: MemoryFormat = "contiguous"
+    optimizer: OptimizerImpl = "default"
+    compiled: bool = False
     noisy: bool = False
     fingerprint_digest: str
     measured_at: str | None = None
@@ -54,6 +59,43 @@ class Config(Record):
             self.device_type, dtype=dtype or torch.float32, enabled=dtype is not None
         ):
             yield
+
+    def optimizer_kwargs(self) -> dict[str, bool]:
+        """``{"fused": True}``, ``{"foreach": True}`` or ``{}``: pass to a torch optimizer that accepts them."""
+        return {} if self.optimizer == "default" else {self.optimizer: True}
+
+    def prepare(
+        self,
+        model: nn.Module,
+        optimizer: Callable[..., torch.optim.Optimizer] = torch.optim.AdamW,
+        **options: Any,
+    ) -> tuple[nn.Module, torch.optim.Optimizer]:
+        """Model on the device in the measured memory format, and its optimizer in the measured implementation.
+
+        ``model, opt = cfg.prepare(model, torch.optim.AdamW, lr=3e-4)``. With ``compiled`` the returned model is
+        ``torch.compile``'d (it shares its parameters with ``model``).
+        """
+        model = model.to(self.device, memory_format=MEMORY_FORMATS[self.memory_format])
+        built = optimizer(model.parameters(), **options, **self.optimizer_kwargs())
+        return (torch.compile(model) if self.compiled else model), built  # type: ignore[return-value]
+
+    def prepare_batch(self, batch: Batch) -> Batch:
+        """A batch (tensor, or tuple / list / dict of them) on the device; images in the measured layout.
+
+        ``images, labels = cfg.prepare_batch((images, labels))``
+        """
+        if isinstance(batch, torch.Tensor):
+            return move(batch, torch.device(self.device), MEMORY_FORMATS[self.memory_format])
+        if isinstance(batch, dict):
+            return {k: self.prepare_batch(v) for k, v in batch.items()}
+        if isinstance(batch, (list, tuple)):
+            return type(batch)(self.prepare_batch(v) for v in batch)
+        return batch
+
+    def apply_threads(self) -> None:
+        """Set torch's CPU thread count (process-wide) to the measured best, for CPU configs."""
+        if self.device == "cpu" and self.num_threads is not None:
+            torch.set_num_threads(self.num_threads)
 
     def grad_scaler(self) -> torch.amp.GradScaler:
         """A GradScaler enabled only for fp16, starting at the init_scale calibration found safe."""

@@ -18,7 +18,7 @@ from typing import Literal
 from autotune import _stats
 from autotune._config import Config
 from autotune._errors import CalibrationError
-from autotune._models import CandidateResult, FamilyResult, Precision
+from autotune._models import Candidate, CandidateResult, FamilyResult, Precision
 
 log = logging.getLogger("autotune")
 
@@ -50,11 +50,27 @@ def _score_ms(result: CandidateResult, expected_steps: int | None) -> float:
     return 1000 * (result.setup_s or 0.0) + expected_steps * _step_ms(result)
 
 
+def _ratio(a: CandidateResult, b: CandidateResult) -> tuple[float, float, float]:
+    """Step-time ratio a/b with its 95% interval: paired by round when both were timed in the same stage."""
+    assert a.timing is not None and b.timing is not None  # noqa: S101 - only usable results reach here
+    if a.timing.stage == b.timing.stage:
+        return _stats.ratio_interval(a.timing.round_ms, b.timing.round_ms)
+    return _stats.unpaired_ratio_interval(a.timing.round_ms, b.timing.round_ms)
+
+
+def _complexity(candidate: Candidate) -> tuple[int, ...]:
+    """Lower is simpler: fp32 < tf32 < bf16 < fp16, then each non-default variant setting adds to it."""
+    return (
+        _SIMPLICITY[candidate.precision],
+        int(candidate.memory_format != "contiguous") + int(candidate.optimizer != "default")
+        + int(candidate.threads is not None) + int(candidate.compiled),
+    )
+
+
 def _clearly_faster(fast: CandidateResult, slow: CandidateResult, expected_steps: int | None) -> bool:
     if expected_steps is not None:
         return _score_ms(fast, expected_steps) * (1 + MARGIN) < _score_ms(slow, expected_steps)
-    assert fast.timing is not None and slow.timing is not None  # noqa: S101
-    _, _, high = _stats.ratio_interval(fast.timing.round_ms, slow.timing.round_ms)
+    _, _, high = _ratio(fast, slow)
     return high * (1 + MARGIN) < 1
 
 
@@ -62,6 +78,20 @@ def _device_words(result: CandidateResult) -> str:
     device = result.candidate.device
     name = result.device_name or device
     return f"CPU ({name})" if device == "cpu" else f"{device} ({name})"
+
+
+def _variant_prose(candidate: Candidate) -> str:
+    """e.g. ``', channels_last memory format, fused optimizer, 1 thread'``; empty for a plain candidate."""
+    words = []
+    if candidate.memory_format == "channels_last":
+        words.append("channels_last memory format")
+    if candidate.optimizer != "default":
+        words.append(f"{candidate.optimizer} optimizer")
+    if candidate.threads is not None:
+        words.append(f"{candidate.threads} thread" + ("s" if candidate.threads != 1 else ""))
+    if candidate.compiled:
+        words.append("torch.compile")
+    return "".join(f", {w}" for w in words)
 
 
 def _failure_words(result: CandidateResult) -> str:
@@ -109,7 +139,7 @@ def decide(
     else:
         pool = usable
 
-    pick = _pick(pool, expected_steps)
+    pick = pick_fastest(pool, expected_steps)
     device_sentence, precision_sentence = _explain(pick, pool, usable, failed, measured, prefer, expected_steps)
     reason = " ".join([*notes, device_sentence, precision_sentence]).strip()
     baseline = next((r for r in usable if _is_cpu(r) and r.candidate.precision == "fp32"), None)
@@ -124,6 +154,9 @@ def decide(
         speedup_vs_fp32_cpu=_step_ms(baseline) / _step_ms(pick) if baseline else None,
         init_scale=pick.numerics.init_scale if pick.numerics else None,
         num_threads=pick.num_threads if _is_cpu(pick) else None,
+        memory_format=pick.candidate.memory_format,
+        optimizer=pick.candidate.optimizer,
+        compiled=pick.candidate.compiled,
         noisy=measured.noisy,
         fingerprint_digest=digest,
         measured_at=measured.measured_at,
@@ -133,15 +166,16 @@ def decide(
     return config
 
 
-def _pick(pool: Sequence[CandidateResult], expected_steps: int | None) -> CandidateResult:
+def pick_fastest(pool: Sequence[CandidateResult], expected_steps: int | None) -> CandidateResult:
+    """The fastest of ``pool``, unless a simpler one on its device is not clearly slower (then the simplest)."""
     leader = min(pool, key=lambda r: _score_ms(r, expected_steps))
     simpler = [
         r for r in pool
         if r.candidate.device == leader.candidate.device
-        and _SIMPLICITY[r.candidate.precision] < _SIMPLICITY[leader.candidate.precision]
+        and _complexity(r.candidate) < _complexity(leader.candidate)
         and not _clearly_faster(leader, r, expected_steps)
     ]
-    return min(simpler, key=lambda r: _SIMPLICITY[r.candidate.precision]) if simpler else leader
+    return min(simpler, key=lambda r: (_complexity(r.candidate), _step_ms(r))) if simpler else leader
 
 
 def _no_gpu_words(measured: FamilyResult) -> str:
@@ -175,32 +209,46 @@ def _explain(
             device_parts.append(f"{prefer.upper()} as requested; {where} is {1 / ratio:.1f}x faster for {kind}")
         else:
             device_parts.append(f"{where} is {1 / ratio:.1f}x faster")
-    device_sentence = f"{device} {_PRECISION_WORDS[pick.candidate.precision]}"
+    device_sentence = f"{device} {_PRECISION_WORDS[pick.candidate.precision]}{_variant_prose(pick.candidate)}"
     if device_parts:
         device_sentence += " (" + "; ".join(device_parts) + ")"
     device_sentence += "."
 
-    # Precision sentence: the pick against the other precisions on its device, with numbers.
+    # Precision sentence: the pick against the best of each other precision on its device, with numbers;
+    # then, for a variant, what its settings gained over the plain configuration.
     same = [r for r in usable if r.candidate.device == pick.candidate.device and r is not pick]
-    parts = []
+    best_per_precision: dict[str, CandidateResult] = {}
     for other in sorted(same, key=_step_ms):
-        assert pick.timing is not None and other.timing is not None  # noqa: S101
-        estimate, low, high = _stats.ratio_interval(other.timing.round_ms, pick.timing.round_ms)
-        label = other.candidate.precision
+        best_per_precision.setdefault(other.candidate.precision, other)
+    parts = []
+    for other in best_per_precision.values():
+        if other.candidate.precision == pick.candidate.precision:
+            continue
+        estimate, low, high = _ratio(other, pick)
+        label = other.candidate.precision + other.candidate.variant_words
         numbers = f"{_step_ms(pick):.3g} vs {_step_ms(other):.3g} ms/step"
         if _SIMPLICITY[other.candidate.precision] < _SIMPLICITY[pick.candidate.precision]:
             parts.append(f"{estimate:.2f}x faster than {label} ({numbers}, interval {low:.2f}-{high:.2f}x)")
         elif low * (1 - MARGIN) > 1 or (expected_steps is not None and estimate > 1 + MARGIN):
             parts.append(f"{label} is {estimate:.2f}x slower ({numbers})")
         else:
-            parts.append(f"no measurable difference with {label} ({estimate:.2f}x, interval {low:.2f}-{high:.2f})")
+            parts.append(f"no measurable difference with {label} ({numbers}: {estimate:.2f}x, "
+                         f"interval {low:.2f}-{high:.2f})")
+    plain = next((r for r in same if r.candidate == pick.candidate.base), None)
+    if plain is not None:
+        estimate, low, high = _ratio(plain, pick)
+        parts.append(f"{pick.candidate.variant_words.strip()} {estimate:.2f}x faster than plain "
+                     f"{pick.candidate.precision} ({_step_ms(pick):.3g} vs {_step_ms(plain):.3g} ms/step, "
+                     f"interval {low:.2f}-{high:.2f}x)")
     if pick.numerics is not None and pick.numerics.default_scale_skipped:
         parts.append(
             f"GradScaler starts at init_scale {pick.numerics.init_scale:g}: the default 65536 skipped "
             f"{pick.numerics.default_scale_skipped} of {len(pick.numerics.losses)} steps"
         )
-    parts += [_failure_words(r) for r in failed if r.candidate.device == pick.candidate.device]
-    precision_sentence = f"{pick.candidate.precision}: " + "; ".join(parts) + "." if parts else f"{pick.candidate.precision}."
+    parts += [_failure_words(r) for r in failed if r.candidate.device == pick.candidate.device
+              and r.candidate == r.candidate.base]
+    described = pick.candidate.precision + pick.candidate.variant_words
+    precision_sentence = f"{described}: " + "; ".join(parts) + "." if parts else f"{described}."
     return device_sentence, precision_sentence
 
 
@@ -222,4 +270,4 @@ def heuristic(model_kind: str, why: str, digest: str) -> Config:
                   reason=reason, fingerprint_digest=digest)
 
 
-__all__ = ["MARGIN", "PREFERENCES", "Prefer", "decide", "heuristic"]
+__all__ = ["MARGIN", "PREFERENCES", "Prefer", "decide", "heuristic", "pick_fastest"]

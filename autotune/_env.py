@@ -17,6 +17,8 @@ T = TypeVar("T")
 
 Isolation = Literal["subprocess", "inprocess"]
 ISOLATIONS: tuple[Isolation, ...] = ("subprocess", "inprocess")
+Search = Literal["precision", "default", "extended"]
+SEARCHES: tuple[Search, ...] = ("precision", "default", "extended")
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,12 @@ def _isolation(raw: str) -> Isolation:
     if raw not in ISOLATIONS:
         raise ValueError(raw)
     return cast(Isolation, raw)
+
+
+def _search(raw: str) -> Search:
+    if raw not in SEARCHES:
+        raise ValueError(raw)
+    return cast(Search, raw)
 
 
 def _device(raw: str) -> str:
@@ -90,8 +98,15 @@ BUDGET_S: Knob[float] = Knob(
     "timing budget per model kind, after set-up and verification",
 )
 
-KNOBS: tuple[Knob[object], ...] = cast(
-    "tuple[Knob[object], ...]", (CACHE_DIR, DEVICE, ISOLATION, CANDIDATE_TIMEOUT_S, LOCK_TIMEOUT_S, BUDGET_S)
+SEARCH: Knob[Search] = Knob(
+    "AUTOTUNE_SEARCH", "default", _search, "precision, default or extended",
+    "precision: device x precision only; default: also memory format, optimizer and CPU threads; "
+    "extended: also torch.compile (tens of seconds per candidate)",
 )
 
-__all__ = ["ISOLATIONS", "KNOBS", "Isolation", "Knob"]
+KNOBS: tuple[Knob[object], ...] = cast(
+    "tuple[Knob[object], ...]",
+    (CACHE_DIR, DEVICE, ISOLATION, CANDIDATE_TIMEOUT_S, LOCK_TIMEOUT_S, BUDGET_S, SEARCH),
+)
+
+__all__ = ["ISOLATIONS", "KNOBS", "SEARCHES", "Isolation", "Knob", "Search"]

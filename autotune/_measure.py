@@ -127,7 +127,8 @@ def interleave(
         needed = settings.min_rounds * (2 if drifting else 1)
         if rounds >= needed and _settled(series, active, settings, labels):
             break
-        if clock() - started >= settings.budget_s or rounds >= settings.max_rounds:
+        # The budget never cuts below the minimum rounds: fewer samples give no interval at all.
+        if rounds >= settings.min_rounds and clock() - started >= settings.budget_s or rounds >= settings.max_rounds:
             break
     if on_round is not None:
         on_round(rounds, None)

@@ -10,24 +10,56 @@ Precision = Literal["fp32", "tf32", "bf16-mixed", "fp16-mixed"]
 PRECISIONS: tuple[Precision, ...] = ("fp32", "tf32", "bf16-mixed", "fp16-mixed")
 
 FailureKind = Literal["crashed", "timeout", "oom", "error", "unsupported", "numerics", "too_slow"]
+MemoryFormat = Literal["contiguous", "channels_last"]
+OptimizerImpl = Literal["default", "foreach", "fused"]
 
 
 class Record(BaseModel):
     """Frozen, explicit fields; unknown keys from a newer minor writer are ignored."""
 
-    model_config = ConfigDict(frozen=True, extra="ignore")
+    # Infinity stays Infinity in JSON (a one-round ratio interval is unbounded): written as null it would
+    # fail validation on the next read and the whole results file would be quarantined.
+    model_config = ConfigDict(frozen=True, extra="ignore", ser_json_inf_nan="constants")
 
 
 class Candidate(Record):
-    """One configuration to try, e.g. ``Candidate(device="cpu", precision="bf16-mixed")``."""
+    """One configuration to try, e.g. ``Candidate(device="cpu", precision="bf16-mixed")``.
+
+    Beyond device and precision: the memory format of the model and of 4-D inputs, the optimizer's
+    implementation (torch's ``foreach`` or ``fused`` kernels, for the built-in AdamW), the CPU thread count
+    (None: torch's default), and ``torch.compile`` (only in the extended search).
+    """
 
     device: str
     precision: Precision
+    memory_format: MemoryFormat = "contiguous"
+    optimizer: OptimizerImpl = "default"
+    threads: int | None = None
+    compiled: bool = False
 
     @property
     def label(self) -> str:
-        """e.g. ``'cpu bf16-mixed'``"""
-        return f"{self.device} {self.precision}"
+        """e.g. ``'cpu bf16-mixed'`` or ``'cpu bf16-mixed channels_last 1 thread'``"""
+        return f"{self.device} {self.precision}{self.variant_words}"
+
+    @property
+    def variant_words(self) -> str:
+        """The non-default settings, e.g. ``' channels_last fused-optimizer'``; empty for a plain candidate."""
+        words = []
+        if self.memory_format != "contiguous":
+            words.append(self.memory_format)
+        if self.optimizer != "default":
+            words.append(f"{self.optimizer}-optimizer")
+        if self.threads is not None:
+            words.append(f"{self.threads} thread" + ("s" if self.threads != 1 else ""))
+        if self.compiled:
+            words.append("compiled")
+        return "".join(f" {w}" for w in words)
+
+    @property
+    def base(self) -> Candidate:
+        """The same device and precision with every variant setting at its default."""
+        return Candidate(device=self.device, precision=self.precision)
 
 
 class Failure(Record):
@@ -58,6 +90,8 @@ class Timing(Record):
     vs_baseline: Interval | None = Field(
         default=None, description="step-time ratio to fp32 on the CPU, paired by round"
     )
+    stage: int = Field(default=1, description="the search stage whose interleaved rounds these are")
+    dropped: str | None = Field(default=None, description="why measuring stopped early, e.g. clearly slower")
 
     @property
     def n(self) -> int:
@@ -113,6 +147,7 @@ class FamilyResult(Record):
     backend_notes: dict[str, str] = Field(
         default_factory=dict, description="why a backend offered no candidate, e.g. {'cuda': 'not built'}"
     )
+    search_notes: list[str] = Field(default_factory=list, description="what each search stage tried and pruned")
 
     def result(self, candidate: Candidate) -> CandidateResult | None:
         return next((r for r in self.candidates if r.candidate == candidate), None)
@@ -120,6 +155,8 @@ class FamilyResult(Record):
 
 __all__ = [
     "PRECISIONS",
+    "MemoryFormat",
+    "OptimizerImpl",
     "Candidate",
     "CandidateResult",
     "Failure",

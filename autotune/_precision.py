@@ -1,4 +1,4 @@
-"""What each precision means to torch: the autocast dtype, the GradScaler default, the tf32 switch."""
+"""What a Config means to torch: the autocast dtype, the GradScaler default, the tf32 switch, the layout."""
 
 from __future__ import annotations
 
@@ -34,4 +34,14 @@ def precision_context(precision: Precision) -> Iterator[None]:
         torch.set_float32_matmul_precision(before)
 
 
-__all__ = ["AUTOCAST_DTYPES", "DEFAULT_INIT_SCALE", "precision_context"]
+MEMORY_FORMATS = {"contiguous": torch.contiguous_format, "channels_last": torch.channels_last}
+
+
+def move(tensor: torch.Tensor, device: torch.device, memory_format: torch.memory_format) -> torch.Tensor:
+    """A batch tensor on the device; 4-D tensors (images) in the requested memory format."""
+    if tensor.dim() == 4 and memory_format is not torch.contiguous_format:
+        return tensor.to(device, memory_format=memory_format, non_blocking=True)
+    return tensor.to(device, non_blocking=True)
+
+
+__all__ = ["AUTOCAST_DTYPES", "DEFAULT_INIT_SCALE", "MEMORY_FORMATS", "move", "precision_context"]

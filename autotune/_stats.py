@@ -55,6 +55,22 @@ def drift(samples: Sequence[float]) -> float:
     return max(spread(samples), shift)
 
 
+def unpaired_ratio_interval(numerator: Sequence[float], denominator: Sequence[float]) -> tuple[float, float, float]:
+    """Ratio of geometric means of two series timed in different rounds (Welch interval on the logs)."""
+    a = [math.log(x) for x in numerator]
+    b = [math.log(x) for x in denominator]
+    center = statistics.fmean(a) - statistics.fmean(b)
+    if len(a) < 2 or len(b) < 2:
+        return math.exp(center), 0.0, math.inf
+    va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
+    se = math.sqrt(va + vb)
+    if se == 0:
+        return math.exp(center), math.exp(center), math.exp(center)
+    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1)) if va and vb else min(len(a), len(b)) - 1
+    half = t975(max(1, int(df))) * se
+    return math.exp(center), math.exp(center - half), math.exp(center + half)
+
+
 def relative_range(samples: Sequence[float]) -> float:
     """(max - min) / median: how far a series that should be constant drifted."""
     if len(samples) < 2:
@@ -62,4 +78,4 @@ def relative_range(samples: Sequence[float]) -> float:
     return (max(samples) - min(samples)) / statistics.median(samples)
 
 
-__all__ = ["drift", "median", "ratio_interval", "relative_range", "spread", "t975"]
+__all__ = ["drift", "median", "ratio_interval", "relative_range", "spread", "t975", "unpaired_ratio_interval"]

@@ -6,15 +6,40 @@ backward (scaled for fp16), optimizer step, then synchronise so the time is the 
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 
 import torch
 from torch import Tensor
 
-from autotune._families import Family
-from autotune._models import Candidate
-from autotune._precision import AUTOCAST_DTYPES, DEFAULT_INIT_SCALE, precision_context
+from autotune._families import Family, Workload, adamw
+from autotune._models import Candidate, OptimizerImpl
+from autotune._precision import AUTOCAST_DTYPES, DEFAULT_INIT_SCALE, MEMORY_FORMATS, move, precision_context
 from autotune.backends import Backend
+
+def make_optimizer(workload: Workload, model: torch.nn.Module, impl: OptimizerImpl) -> torch.optim.Optimizer:
+    """The workload's optimizer; the built-in AdamW in its foreach or fused implementation when asked."""
+    if impl == "default":
+        return workload.optimizer(model.parameters())
+    if workload.optimizer is not adamw:
+        raise ValueError(f"the {impl} optimizer variant needs the built-in AdamW, not {workload.optimizer!r}")
+    return torch.optim.AdamW(model.parameters(), **{impl: True})
+
+
+@contextlib.contextmanager
+def threads_context(threads: int | None) -> Iterator[None]:
+    """CPU intra-op threads for one candidate's steps; candidates with other counts interleave with it."""
+    if threads is None:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
 
 class TrainStep:
     """Model, optimizer and GradScaler of one candidate, built from ``family`` with a fixed seed."""
@@ -32,11 +57,16 @@ class TrainStep:
         # Device initialisation happens here, outside the first step, and counts as set-up.
         torch.empty(1, device=self.device)
         backend.synchronize(candidate.device)
-        self.model = workload.model.to(self.device)
+        self.memory_format = MEMORY_FORMATS[candidate.memory_format]
+        self.model = workload.model.to(self.device, memory_format=self.memory_format)
         self.model.train()
         self.inputs = workload.inputs
         self.loss_fn = workload.loss
-        self.optimizer = workload.optimizer(self.model.parameters())
+        self.optimizer = make_optimizer(workload, self.model, candidate.optimizer)
+        self.forward = torch.compile(self.model) if candidate.compiled else self.model
+        #: facts that decide which variants are worth trying: conv-style 4-D inputs, the built-in optimizer
+        self.image_inputs = any(t.dim() == 4 for t in self.inputs)
+        self.default_optimizer = workload.optimizer is adamw
         self.dtype = AUTOCAST_DTYPES[candidate.precision]
         self.init_scale = (init_scale or DEFAULT_INIT_SCALE) if self.dtype is torch.float16 else None
         self.scaler = torch.amp.GradScaler(
@@ -45,16 +75,16 @@ class TrainStep:
         self.build_s = time.perf_counter() - started
 
     def _forward_backward(self) -> Tensor:
-        inputs = tuple(t.to(self.device, non_blocking=True) for t in self.inputs)
+        inputs = tuple(move(t, self.device, self.memory_format) for t in self.inputs)
         with torch.autocast(self.backend.device_type, dtype=self.dtype or torch.float32, enabled=self.dtype is not None):
-            loss = self.loss_fn(self.model, inputs)
+            loss = self.loss_fn(self.forward, inputs)  # type: ignore[arg-type]
         self.optimizer.zero_grad(set_to_none=True)
         self.scaler.scale(loss).backward()
         return loss
 
     def run(self) -> None:
         """One training step, synchronised."""
-        with precision_context(self.candidate.precision):
+        with precision_context(self.candidate.precision), threads_context(self.candidate.threads):
             self._forward_backward()
             self.scaler.step(self.optimizer)
             self.scaler.update()
@@ -62,7 +92,7 @@ class TrainStep:
 
     def run_checked(self) -> tuple[float, float, bool]:
         """One training step that also reports (loss, gradient norm, whether GradScaler skipped it)."""
-        with precision_context(self.candidate.precision):
+        with precision_context(self.candidate.precision), threads_context(self.candidate.threads):
             loss = self._forward_backward()
             self.scaler.unscale_(self.optimizer)
             grads = [p.grad.detach().float().norm() for p in self.model.parameters() if p.grad is not None]
@@ -82,4 +112,4 @@ class TrainStep:
         )
 
 
-__all__ = ["TrainStep"]
+__all__ = ["TrainStep", "make_optimizer", "threads_context"]

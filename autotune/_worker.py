@@ -48,6 +48,7 @@ class FamilyOutcome:
     control_ms: list[float] = field(default_factory=list)
     noisy: bool = False
     backend_notes: dict[str, str] = field(default_factory=dict)
+    search_notes: list[str] = field(default_factory=list)
     worker_starts: int = 0
     #: the first worker's start (interpreter, imports, process warm-up), a fixed cost of any calibration
     worker_start_s: float = 0.0
@@ -107,9 +108,11 @@ def run_family(
             outcome.worker_start_s = attempt.start_s
         for event in attempt.events:
             kind = event["event"]
-            if kind == "plan":
-                planned = [Candidate.model_validate(c) for c in event["candidates"]]
-                outcome.backend_notes = event["backend_notes"]
+            if kind == "plan":  # the first plan, then the variants each later search stage adds
+                added = [Candidate.model_validate(c) for c in event["candidates"]]
+                planned = added if event["backend_notes"] is not None else [*(planned or []), *added]
+                if event["backend_notes"] is not None:
+                    outcome.backend_notes = event["backend_notes"]
             elif kind == "failed":
                 candidate = Candidate.model_validate(event["candidate"])
                 failed[candidate] = CandidateResult.model_validate(
@@ -129,6 +132,7 @@ def run_family(
     if done is not None:
         outcome.control_ms = done["control_ms"]
         outcome.noisy = done["noisy"]
+        outcome.search_notes = done.get("search_notes", [])
     return outcome
 
 

@@ -169,3 +169,19 @@ def build_fp16_scale_overflow() -> Workload:
     features = torch.randn(16, 16)
     target = torch.full((16, 8), 0.5)
     return Workload(model, (features, target), _sum_mse)
+
+
+def build_tiny_cnn() -> Workload:
+    """A small conv net: 4-D image inputs make the channels_last layout worth trying."""
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 4))
+    return Workload(model, (torch.randn(8, 3, 16, 16), torch.randint(0, 4, (8,))), cross_entropy)
+
+
+def sgd(params) -> torch.optim.Optimizer:  # type: ignore[no-untyped-def]
+    return torch.optim.SGD(params, lr=0.01)
+
+
+def build_tiny_with_sgd() -> Workload:
+    base = build_tiny()
+    return Workload(base.model, base.inputs, base.loss, optimizer=sgd)

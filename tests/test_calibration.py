@@ -160,3 +160,30 @@ def test_cli_unknown_family_exits_1_with_suggestion() -> None:
     proc = subprocess.run([sys.executable, "-m", "autotune", "--family", "cnm"], capture_output=True, text=True)
     assert proc.returncode == 1
     assert "did you mean 'cnn'?" in proc.stderr
+
+
+def test_cli_explain_lists_every_candidate_with_its_outcome(tiny_family: str, capsys: pytest.CaptureFixture[str],
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    from autotune._cli import main
+
+    monkeypatch.setenv("COLUMNS", "200")
+    assert main(["--explain", tiny_family]) == 0
+    out = capsys.readouterr().out
+    assert "cpu fp32" in out and "cpu bf16-mixed" in out
+    assert "stage 1" in out and "stage 2:" in out
+    assert "decision:" in out
+
+
+def test_cli_table_and_doctor_in_process(tiny_family: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from autotune._cli import main
+
+    assert main(["--family", tiny_family]) == 0
+    out = capsys.readouterr().out
+    assert "Machine" in out and tiny_family in out and "measured" in out
+    assert main(["--doctor"]) == 0
+    doctor = capsys.readouterr().out
+    assert doctor.strip()
+    if not any(a for a in autotune.fingerprint().accelerators):
+        assert "no usable GPU on this machine" in doctor
+    assert main(["--clear"]) == 0
+    assert autotune._api.cached_families() == {}

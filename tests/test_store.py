@@ -37,7 +37,8 @@ def test_file_is_human_readable_json(store: Store) -> None:
     fp = autotune.fingerprint()
     store.save(fp, _result())
     data = json.loads(store.path(fp.digest).read_text())
-    assert data["families"]["cnn"]["candidates"][1]["candidate"] == {"device": "cpu", "precision": "bf16-mixed"}
+    candidate = data["families"]["cnn"]["candidates"][1]["candidate"]
+    assert (candidate["device"], candidate["precision"], candidate["memory_format"]) == ("cpu", "bf16-mixed", "contiguous")
 
 
 def test_families_written_separately_are_merged(store: Store) -> None:
@@ -123,6 +124,20 @@ def test_unwritable_cache_dir_degrades_to_memory(tmp_path: Path, caplog: pytest.
         store.save(fp, _result())
     assert "cannot write" in caplog.text
     assert store.load(fp.digest) is not None
+
+
+def test_unbounded_intervals_survive_a_round_trip(store: Store) -> None:
+    # A candidate dropped after one round has an unbounded interval; it must not corrupt the file.
+    from autotune._models import Interval
+
+    fp = autotune.fingerprint()
+    result = _result()
+    bf16 = result.candidates[1]
+    timing = bf16.timing.model_copy(update={"vs_baseline": Interval(estimate=0.5, low=0.0, high=float("inf"))})
+    result = result.model_copy(update={"candidates": [result.candidates[0], bf16.model_copy(update={"timing": timing})]})
+    store.save(fp, result)
+    loaded = Store(store.root).load(fp.digest)
+    assert loaded is not None and loaded.families["cnn"] == result
 
 
 def test_store_file_never_unpickles(store: Store) -> None:

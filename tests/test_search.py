@@ -1,0 +1,122 @@
+"""The staged search beyond precision: memory format, optimizer implementation, CPU threads, torch.compile."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import autotune
+from autotune import Config
+from autotune._api import measure_family
+from autotune._models import FamilyResult
+
+
+@pytest.fixture(autouse=True)
+def in_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AUTOTUNE_ISOLATION", "inprocess")  # the search, not the isolation, is under test
+
+
+def _measure(build: str) -> FamilyResult:
+    autotune.register_family("searched", f"families_for_tests:{build}")
+    return measure_family("searched")
+
+
+def _variants(measured: FamilyResult) -> list[autotune._models.Candidate]:
+    return [r.candidate for r in measured.candidates if r.candidate != r.candidate.base]
+
+
+def test_channels_last_is_tried_only_for_image_inputs() -> None:
+    conv = _variants(_measure("build_tiny_cnn"))
+    assert any(c.memory_format == "channels_last" for c in conv)
+    mlp = _variants(_measure("build_tiny"))
+    assert mlp and all(c.memory_format == "contiguous" for c in mlp)
+
+
+def test_variants_are_only_of_the_stage_leaders_and_every_one_is_verified() -> None:
+    measured = _measure("build_tiny_cnn")
+    variants = [r for r in measured.candidates if r.candidate != r.candidate.base]
+    assert len({r.candidate.base for r in variants}) == 1  # one leader was refined, losers were not
+    for result in variants:
+        assert result.numerics is not None or (result.failure is not None and result.failure.kind == "too_slow")
+        assert result.failure is None or result.failure.kind != "numerics"
+    assert [note.split(":")[0] for note in measured.search_notes] == ["stage 2", "stage 3"]
+    timed_stages = {r.timing.stage for r in measured.candidates if r.timing is not None}
+    assert 1 in timed_stages and timed_stages & {2, 3}
+
+
+def test_a_custom_optimizer_gets_no_fused_variant() -> None:
+    assert all(c.optimizer == "default" for c in _variants(_measure("build_tiny_with_sgd")))
+
+
+def test_cpu_thread_counts_are_tried_below_the_usable_cores() -> None:
+    threads = {c.threads for c in _variants(_measure("build_tiny")) if c.threads is not None}
+    if torch.get_num_threads() > 1:
+        assert threads and all(1 <= t < torch.get_num_threads() for t in threads)
+    else:
+        assert threads == set()
+
+
+def test_precision_only_search_tries_no_variants(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AUTOTUNE_SEARCH", "precision")
+    measured = _measure("build_tiny_cnn")
+    assert _variants(measured) == [] and measured.search_notes == []
+
+
+def test_extended_search_compiles_and_counts_compile_time_as_set_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AUTOTUNE_SEARCH", "extended")
+    measured = _measure("build_tiny")
+    compiled = [r for r in measured.candidates if r.candidate.compiled]
+    assert compiled, measured.search_notes
+    result = compiled[0]
+    # For a model this small compiled steps are slower than eager ones: pruned with its numbers, or timed.
+    assert result.failure is None or result.failure.kind == "too_slow", result.failure
+    plain = next(r for r in measured.candidates if r.candidate == result.candidate.base)
+    assert result.first_step_ms is not None and plain.first_step_ms is not None
+    assert result.first_step_ms > 10 * plain.first_step_ms  # compilation happens in the first step: set-up
+
+
+def _config(**fields: object) -> Config:
+    return Config.model_validate({"model_kind": "cnn", "device": "cpu", "precision": "bf16-mixed",
+                                  "source": "measured", "reason": "test", "fingerprint_digest": "d", **fields})
+
+
+def test_prepare_converts_the_model_and_builds_the_fused_optimizer() -> None:
+    config = _config(memory_format="channels_last", optimizer="fused")
+    workload = autotune.get_family("cnn").build()
+    model, optimizer = config.prepare(workload.model, torch.optim.AdamW, lr=3e-4)
+    conv = next(m for m in model.modules() if isinstance(m, torch.nn.Conv2d))
+    assert conv.weight.is_contiguous(memory_format=torch.channels_last)
+    assert optimizer.defaults["fused"] is True and optimizer.defaults["lr"] == 3e-4
+
+
+def test_prepare_batch_converts_images_and_leaves_labels() -> None:
+    config = _config(memory_format="channels_last")
+    images, labels = config.prepare_batch((torch.randn(4, 3, 8, 8), torch.arange(4)))
+    assert images.is_contiguous(memory_format=torch.channels_last)
+    assert labels.is_contiguous() and labels.dtype == torch.int64
+    nested = config.prepare_batch({"x": torch.randn(2, 3, 4, 4), "meta": "kept"})
+    assert nested["x"].is_contiguous(memory_format=torch.channels_last) and nested["meta"] == "kept"
+
+
+def test_apply_threads_sets_the_process_thread_count() -> None:
+    before = torch.get_num_threads()
+    try:
+        _config(num_threads=1).apply_threads()
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_a_training_step_with_the_whole_config_applied() -> None:
+    config = _config(memory_format="channels_last", optimizer="fused")
+    workload = autotune.get_family("cnn").build()
+    model, optimizer = config.prepare(workload.model)
+    scaler = config.grad_scaler()
+    images, labels = config.prepare_batch(workload.inputs)
+    with config.autocast():
+        loss = torch.nn.functional.cross_entropy(model(images), labels)
+    optimizer.zero_grad(set_to_none=True)
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+    assert torch.isfinite(loss)
