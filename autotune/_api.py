@@ -167,15 +167,16 @@ def _calibrate_one(
 
 
 def measure_family(
-    model_kind: str, *, progress: Callable[[CalibrationProgress], None] | None = None, index: int = 0, total: int = 1
+    model_kind: str, *, progress: Callable[[CalibrationProgress], None] | None = None, index: int = 0, total: int = 1,
+    verify: bool = True,
 ) -> FamilyResult:
-    """Run one family's calibration now, with no cache involved."""
+    """Run one family's calibration now, with no cache involved (``verify=False``: benchmarks only)."""
     from autotune._calibrate_family import Settings
     from autotune._measure import MeasureSettings
     from autotune._worker import run_family
 
     family = get_family(model_kind)
-    settings = Settings(search=_env.SEARCH.get(), measure=MeasureSettings(budget_s=_env.BUDGET_S.get()))
+    settings = Settings(search=_env.SEARCH.get(), verify=verify, measure=MeasureSettings(budget_s=_env.BUDGET_S.get()))
 
     def on_progress(candidate: Candidate | None, fraction: float) -> None:
         if progress is not None:

@@ -34,7 +34,10 @@ class Settings:
     """What the host asks of one family's calibration."""
 
     seed: int = 0
+    #: the first steps of every candidate, checked against the fp32 CPU reference; they also warm it up
     verify_steps: int = 8
+    #: False runs the same steps unchecked: only benchmarks/overheads.py uses it, to price the numerics gate
+    verify: bool = True
     #: a first step this many times slower than the same device's best first step stops the candidate
     slow_first_step_factor: float = 8.0
     #: ... provided it also took at least this long (first steps of tiny models are all noise)
@@ -107,11 +110,14 @@ class _FamilyRun:
         device = step.candidate.device
         for index in range(self.settings.verify_steps):
             started = time.perf_counter()
-            loss, grad_norm, skipped = step.run_checked()
+            if self.settings.verify:
+                loss, grad_norm, skipped = step.run_checked()
+                trajectory.losses.append(loss)
+                trajectory.grad_norms.append(grad_norm)
+                trajectory.skipped.append(skipped)
+            else:
+                step.run()
             elapsed = time.perf_counter() - started
-            trajectory.losses.append(loss)
-            trajectory.grad_norms.append(grad_norm)
-            trajectory.skipped.append(skipped)
             trajectory.step_s.append(elapsed)
             best_first_s, best_candidate = self.best_first.get(device, (float("inf"), step.candidate))
             if index == 0 and not step.candidate.compiled and elapsed > max(
@@ -140,7 +146,8 @@ class _FamilyRun:
                             f"{incumbent.label}; pruned after {index + 1} steps")),
                         first_step_ms=1000 * trajectory.step_s[0],
                     )
-        trajectory.update = step.update()
+        if self.settings.verify:
+            trajectory.update = step.update()
         return trajectory
 
     def set_up(self, candidate: Candidate) -> tuple[TrainStep, CandidateResult, list[float]]:
@@ -160,12 +167,14 @@ class _FamilyRun:
         setup_s = step.build_s + trajectory.step_s[0]
         if trajectory.step_s[0] < self.best_first.get(candidate.device, (float("inf"),))[0]:
             self.best_first[candidate.device] = (trajectory.step_s[0], candidate)
-        if self.reference is None:
-            self.reference = trajectory  # the baseline runs first: fp32 on the CPU
-        numerics, problem = compare(
-            trajectory, self.reference, candidate.precision, init_scale=step.init_scale,
-            default_scale_skipped=default_skipped,
-        )
+        numerics, problem = None, None
+        if self.settings.verify:
+            if self.reference is None:
+                self.reference = trajectory  # the baseline runs first: fp32 on the CPU
+            numerics, problem = compare(
+                trajectory, self.reference, candidate.precision, init_scale=step.init_scale,
+                default_scale_skipped=default_skipped,
+            )
         steady = trajectory.step_s[1:] or trajectory.step_s
         result = CandidateResult(
             candidate=candidate,

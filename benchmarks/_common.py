@@ -14,8 +14,9 @@ with warnings.catch_warnings():
     import torch
 
 from autotune._calibrate_family import plan
-from autotune._families import get_family
-from autotune._models import Candidate
+from autotune._families import adamw, get_family
+from autotune._decide import pick_fastest
+from autotune._models import Candidate, FamilyResult
 from autotune._step import TrainStep
 from autotune.backends import backend_for
 
@@ -26,29 +27,54 @@ def emit(record: dict[str, Any]) -> None:
     print(json.dumps(record), flush=True)
 
 
-def oracle(kind: str, *, steps: int = 200, slow_steps: int = 3, warmup: int = 10) -> dict[str, float]:
-    """Median ms/step of every planned candidate, interleaved step by step, in this process.
+def search_space(kind: str) -> list[Candidate]:
+    """Every candidate the default search could pick for ``kind`` here: precisions x layout x optimizer x threads.
 
-    Candidates whose warm-up steps are over 10x the fastest (fp16 convolutions on a CPU) get ``slow_steps``
-    timed steps: enough to know they are not the best, without spending minutes on them.
+    The staged search only tries variants of its leaders; the oracle times the whole cross product, so a
+    combination the search never tried still counts against its pick.
     """
-    candidates, _ = plan()
+    planned, _ = plan()
+    workload = get_family(kind).build()
+    layouts = ["contiguous", "channels_last"] if any(t.dim() == 4 for t in workload.inputs) else ["contiguous"]
+    optimizers = ["default", "fused"] if workload.optimizer is adamw else ["default"]
+    default_threads = torch.get_num_threads()
+    space = []
+    for base in planned:
+        threads = [None] + sorted({1, default_threads // 2} - {0, default_threads}) if base.device == "cpu" else [None]
+        for layout in layouts:
+            for optimizer in optimizers:
+                for count in threads:
+                    space.append(base.model_copy(update={"memory_format": layout, "optimizer": optimizer, "threads": count}))
+    return space
+
+
+def oracle(kind: str, *, extra: list[Candidate] = (), steps: int = 200, warmup: int = 10) -> dict[str, float]:
+    """Median ms/step of every candidate in the search space, timed in-process, interleaved step by step.
+
+    After warm-up, candidates within 1.5x of the fastest get ``steps`` timed steps; the rest 10 (enough to
+    rank them, cheap for fp16 convolutions on a CPU at over a second a step, which get 1 warm-up step).
+    """
     family = get_family(kind)
+    candidates = list(dict.fromkeys([*search_space(kind), *extra]))
     runners = {c: TrainStep(family, c, backend_for(c.device), seed=0) for c in candidates}
     warm: dict[Candidate, float] = {}
     for candidate, runner in runners.items():
-        times = []
-        for _ in range(warmup if not warm or min(warm.values()) * 10 > _one(runner) else 1):
-            times.append(_one(runner))
-        warm[candidate] = statistics.median(times)
+        first = _one(runner)
+        count = warmup if first < 0.5 or not warm else 1
+        warm[candidate] = statistics.median([first] + [_one(runner) for _ in range(count - 1)] if count > 1 else [first])
     best = min(warm.values())
-    counts = {c: (steps if w < 10 * best else slow_steps) for c, w in warm.items()}
+    counts = {c: (steps if w < 1.5 * best else (10 if w < 10 * best else 1)) for c, w in warm.items()}
     samples: dict[Candidate, list[float]] = {c: [] for c in runners}
     for index in range(max(counts.values())):
         for candidate, runner in runners.items():
             if index < counts[candidate]:
                 samples[candidate].append(_one(runner))
     return {c.label: 1000 * statistics.median(s) for c, s in samples.items()}
+
+
+def picked(measured: FamilyResult) -> Candidate:
+    """The candidate ``best_config(kind)`` answers with (prefer="auto"), as a full candidate with its variants."""
+    return pick_fastest([r for r in measured.candidates if r.usable], None).candidate
 
 
 def _one(runner: TrainStep) -> float:
@@ -61,4 +87,4 @@ def families_from_argv() -> list[str]:
     return sys.argv[1:] or list(BUILTINS)
 
 
-__all__ = ["BUILTINS", "emit", "families_from_argv", "oracle", "torch"]
+__all__ = ["BUILTINS", "emit", "families_from_argv", "oracle", "picked", "search_space", "torch"]

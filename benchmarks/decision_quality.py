@@ -1,7 +1,8 @@
 """How good the picks are: an in-process oracle against the picks of independent calibrations.
 
-For each family the oracle times every candidate for 200 interleaved steps; then 5 independent cold
-calibrations (each in its own worker, as in production) pick. regret = oracle time of the pick / oracle
+For each family 5 independent cold calibrations (each in its own worker, as in production) pick; then the
+oracle times the whole search space (precision x layout x optimizer x threads) in-process, the contenders
+for 200 interleaved steps each. regret = oracle time of the pick / oracle
 time of the best - 1. Also prints how often the 5 picks agreed.
 
     python benchmarks/decision_quality.py [FAMILY ...]
@@ -13,10 +14,9 @@ import collections
 import os
 import tempfile
 
-from _common import emit, families_from_argv, oracle
+from _common import emit, families_from_argv, oracle, picked
 
 from autotune._api import measure_family
-from autotune._decide import decide
 
 CALIBRATIONS = 5
 
@@ -25,12 +25,13 @@ def main() -> None:
     os.environ["AUTOTUNE_CACHE_DIR"] = tempfile.mkdtemp(prefix="autotune-bench-")
     worst = 0.0
     for kind in families_from_argv():
-        truth = oracle(kind)
-        best = min(truth.values())
-        picks = []
+        picks, tried = [], []
         for _ in range(CALIBRATIONS):
-            config = decide(measure_family(kind), digest="-")
-            picks.append(f"{config.device} {config.precision}")
+            pick = picked(measure_family(kind))
+            picks.append(pick.label)
+            tried.append(pick)
+        truth = oracle(kind, extra=tried)
+        best = min(truth.values())
         regrets = [truth[p] / best - 1 for p in picks]
         worst = max(worst, max(regrets))
         most_common, count = collections.Counter(picks).most_common(1)[0]

@@ -1,7 +1,8 @@
 """The autotuned pick against the static rules users write today, timed by the same in-process oracle.
 
 Rules: "fp32 everywhere" and "bf16 whenever the hardware supports it" (here: CPU bf16 autocast is
-available, so bf16 everywhere). A ratio > 1 means the rule's config is slower than autotune's pick.
+available, so bf16 everywhere), both with torch's defaults otherwise (contiguous layout, default AdamW, all
+threads). A ratio > 1 means the rule's config is slower than autotune's pick.
 
     python benchmarks/static_rules.py [FAMILY ...]
 """
@@ -12,9 +13,10 @@ import math
 import os
 import tempfile
 
-from _common import emit, families_from_argv, oracle
+from _common import emit, families_from_argv, oracle, picked
 
 import autotune
+from autotune._api import cached_families
 
 RULES = {"fp32_everywhere": "cpu fp32", "bf16_when_supported": "cpu bf16-mixed"}
 
@@ -23,9 +25,10 @@ def main() -> None:
     os.environ["AUTOTUNE_CACHE_DIR"] = tempfile.mkdtemp(prefix="autotune-bench-")
     ratios: dict[str, list[float]] = {rule: [] for rule in RULES}
     for kind in families_from_argv():
-        config = autotune.best_config(kind)
-        truth = oracle(kind)
-        pick = f"{config.device} {config.precision}"
+        autotune.best_config(kind)
+        candidate = picked(cached_families([kind])[kind])
+        truth = oracle(kind, extra=[candidate])
+        pick = candidate.label
         record = {"benchmark": "static_rules", "family": kind, "autotune_pick": pick,
                   "autotune_ms": round(truth[pick], 3)}
         for rule, label in RULES.items():
