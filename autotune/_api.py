@@ -178,10 +178,14 @@ def measure_family(
     family = get_family(model_kind)
     settings = Settings(search=_env.SEARCH.get(), verify=verify, measure=MeasureSettings(budget_s=_env.BUDGET_S.get()))
 
+    shown = 0.0
+
     def on_progress(candidate: Candidate | None, fraction: float) -> None:
+        nonlocal shown
+        shown = max(shown, min(fraction, 0.999))  # a restarted worker starts its count again
         if progress is not None:
             label = candidate.label if candidate is not None else None
-            progress(CalibrationProgress(model_kind, label, (index + min(fraction, 0.999)) / total))
+            progress(CalibrationProgress(model_kind, label, (index + shown) / total))
 
     log.info("calibrating %s on this machine", model_kind)
     started = time.perf_counter()

@@ -1,7 +1,8 @@
-"""Calibrate one model family: plan, set up and verify each candidate, then time the survivors.
+"""Calibrate one model family: plan, set up and verify each candidate, time the survivors, refine the leader.
 
 This runs inside the calibration worker (or, in the unsafe in-process mode, in the host). It reports through
-``emit``, one JSON-able event at a time, so a native crash loses only the candidate in flight.
+``emit``, one JSON-able event at a time, so a native crash loses only the candidate in flight. The search is
+staged: precisions, then layout and optimizer variants of the leader, then combinations and CPU threads.
 """
 
 from __future__ import annotations

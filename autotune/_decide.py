@@ -80,20 +80,6 @@ def _device_words(result: CandidateResult) -> str:
     return f"CPU ({name})" if device == "cpu" else f"{device} ({name})"
 
 
-def _variant_prose(candidate: Candidate) -> str:
-    """e.g. ``', channels_last memory format, fused optimizer, 1 thread'``; empty for a plain candidate."""
-    words = []
-    if candidate.memory_format == "channels_last":
-        words.append("channels_last memory format")
-    if candidate.optimizer != "default":
-        words.append(f"{candidate.optimizer} optimizer")
-    if candidate.threads is not None:
-        words.append(f"{candidate.threads} thread" + ("s" if candidate.threads != 1 else ""))
-    if candidate.compiled:
-        words.append("torch.compile")
-    return "".join(f", {w}" for w in words)
-
-
 def _failure_words(result: CandidateResult) -> str:
     failure = result.failure
     assert failure is not None  # noqa: S101
@@ -209,7 +195,8 @@ def _explain(
             device_parts.append(f"{prefer.upper()} as requested; {where} is {1 / ratio:.1f}x faster for {kind}")
         else:
             device_parts.append(f"{where} is {1 / ratio:.1f}x faster")
-    device_sentence = f"{device} {_PRECISION_WORDS[pick.candidate.precision]}{_variant_prose(pick.candidate)}"
+    device_sentence = f"{device} {_PRECISION_WORDS[pick.candidate.precision]}" + "".join(
+        f", {word}" for word in pick.candidate.variants)
     if device_parts:
         device_sentence += " (" + "; ".join(device_parts) + ")"
     device_sentence += "."

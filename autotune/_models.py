@@ -43,8 +43,8 @@ class Candidate(Record):
         return f"{self.device} {self.precision}{self.variant_words}"
 
     @property
-    def variant_words(self) -> str:
-        """The non-default settings, e.g. ``' channels_last fused-optimizer'``; empty for a plain candidate."""
+    def variants(self) -> list[str]:
+        """The non-default settings, e.g. ``['channels_last', 'fused-optimizer']``; empty for a plain candidate."""
         words = []
         if self.memory_format != "contiguous":
             words.append(self.memory_format)
@@ -54,7 +54,12 @@ class Candidate(Record):
             words.append(f"{self.threads} thread" + ("s" if self.threads != 1 else ""))
         if self.compiled:
             words.append("compiled")
-        return "".join(f" {w}" for w in words)
+        return words
+
+    @property
+    def variant_words(self) -> str:
+        """e.g. ``' channels_last fused-optimizer'``: what a label adds to device and precision."""
+        return "".join(f" {w}" for w in self.variants)
 
     @property
     def base(self) -> Candidate:

@@ -94,6 +94,7 @@ def run_family(
                 failed[candidate] = CandidateResult(candidate=candidate, failure=unverified(reference.failure))
             break
         attempt = _Attempt()
+        answered = len(failed)
         outcome.worker_starts += 1
         job = _job(family, remaining, settings)
         if isolation == "inprocess":
@@ -127,6 +128,10 @@ def run_family(
                 failed[attempt.in_flight] = CandidateResult(candidate=attempt.in_flight, failure=ended)
                 log.warning("%s %s: %s (%s); restarting the worker for the remaining candidates",
                             family.name, attempt.in_flight.label, ended.kind, ended.detail)
+            elif len(failed) == answered:
+                # Died between candidates: restarting would loop forever on the same point.
+                why = attempt.ended.detail if attempt.ended else "the worker stopped without a result"
+                raise CalibrationError(family.name, [("worker", why)])
     measured = {r.candidate: r for r in (CandidateResult.model_validate(x) for x in (done or {}).get("results", []))}
     outcome.results = [measured.get(c) or failed[c] for c in (planned or []) if c in measured or c in failed]
     if done is not None:
@@ -152,13 +157,19 @@ def _record(event: dict[str, Any], attempt: _Attempt, progress: Progress | None)
 
 
 def _run_subprocess(job: dict[str, Any], attempt: _Attempt, timeout_s: float, progress: Progress | None) -> None:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "autotune._worker"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        # Its own process group, so a timeout kills the worker and anything it started.
-        start_new_session=os.name == "posix",
-        creationflags=getattr(subprocess, "CREATE_NEW_PROCESS_GROUP", 0),
-    )
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "autotune._worker"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            # Its own process group, so a timeout kills the worker and anything it started.
+            start_new_session=os.name == "posix",
+            creationflags=getattr(subprocess, "CREATE_NEW_PROCESS_GROUP", 0),
+        )
+    except OSError as exc:
+        attempt.ended = Failure(kind="crashed", detail=(
+            f"cannot start a worker process ({exc}); hosts that cannot start processes can set "
+            "AUTOTUNE_ISOLATION=inprocess"))
+        return
     lines: queue.Queue[str | None] = queue.Queue()
     stderr_tail: collections.deque[str] = collections.deque(maxlen=20)
     threads = [

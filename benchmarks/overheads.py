@@ -1,7 +1,8 @@
 """What safety costs: a full calibration of the built-in families with vs without each safeguard.
 
 - isolation: every family in a spawned worker (default) vs in this process (AUTOTUNE_ISOLATION=inprocess);
-- verification: the numerics gate's checked steps vs the same steps unchecked.
+- verification: the numerics gate's checked steps vs the same steps unchecked;
+- staged search: the default search (precision, then layout, optimizer, threads) vs precision only.
 
 Each variant runs in a fresh interpreter, interleaved, ``RUNS`` times; prints medians and their ratio.
 
@@ -38,6 +39,7 @@ def main() -> None:
         "worker_verified": ({"AUTOTUNE_ISOLATION": "subprocess"}, True),
         "inprocess_verified": ({"AUTOTUNE_ISOLATION": "inprocess"}, True),
         "worker_unverified": ({"AUTOTUNE_ISOLATION": "subprocess"}, False),
+        "worker_precision_only": ({"AUTOTUNE_ISOLATION": "subprocess", "AUTOTUNE_SEARCH": "precision"}, True),
     }
     walls: dict[str, list[float]] = {name: [] for name in variants}
     for _ in range(runs):
@@ -50,6 +52,10 @@ def main() -> None:
     emit({"benchmark": "overheads", "what": "verification", "runs": runs,
           "verified_s": round(median["worker_verified"], 2), "unverified_s": round(median["worker_unverified"], 2),
           "ratio": round(median["worker_verified"] / median["worker_unverified"], 3)})
+    emit({"benchmark": "overheads", "what": "staged_search", "runs": runs,
+          "default_search_s": round(median["worker_verified"], 2),
+          "precision_only_s": round(median["worker_precision_only"], 2),
+          "ratio": round(median["worker_verified"] / median["worker_precision_only"], 3)})
 
 
 if __name__ == "__main__":

@@ -41,20 +41,22 @@ def test_grad_scaler_only_for_fp16_with_the_chosen_scale() -> None:
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16-mixed", "fp16-mixed"])
-def test_a_training_loop_applies_a_config(precision: str) -> None:
-    config = _config(precision)
-    workload = autotune.get_family("tiny_mlp").build()
-    model = workload.model.to(config.device)
-    optimizer = torch.optim.AdamW(model.parameters())
+@pytest.mark.parametrize(("memory_format", "optimizer"), [("contiguous", "default"), ("channels_last", "fused")])
+def test_a_training_step_with_the_whole_config_applied(precision: str, memory_format: str, optimizer: str) -> None:
+    config = Config.model_validate({**_config(precision).model_dump(), "memory_format": memory_format,
+                                    "optimizer": optimizer})
+    workload = autotune.get_family("cnn").build()
+    model, optimizer_ = config.prepare(workload.model)
     scaler = config.grad_scaler()
     before = [p.detach().clone() for p in model.parameters()]
-    features, labels = (t.to(config.device) for t in workload.inputs)
+    images, labels = config.prepare_batch(workload.inputs)
     with config.autocast():
-        loss = torch.nn.functional.cross_entropy(model(features), labels)
-    optimizer.zero_grad(set_to_none=True)
+        loss = torch.nn.functional.cross_entropy(model(images), labels)
+    optimizer_.zero_grad(set_to_none=True)
     scaler.scale(loss).backward()
-    scaler.step(optimizer)
+    scaler.step(optimizer_)
     scaler.update()
+    assert torch.isfinite(loss)
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
 
 

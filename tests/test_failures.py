@@ -158,3 +158,9 @@ def test_lock_wait_timeout_answers_heuristically(isolated_autotune: Path, tiny_f
     assert config.source == "heuristic"
     assert "another process is still calibrating" in config.reason
     assert "AUTOTUNE_LOCK_TIMEOUT_S" in config.reason
+
+
+def test_a_worker_that_cannot_start_is_a_calibration_error(tiny_family: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "executable", "/nonexistent/python")  # the OS boundary: no interpreter to start
+    with pytest.raises(CalibrationError, match="cannot start a worker process.*AUTOTUNE_ISOLATION=inprocess"):
+        autotune.best_config(tiny_family)

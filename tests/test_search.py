@@ -105,18 +105,3 @@ def test_apply_threads_sets_the_process_thread_count() -> None:
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
-
-
-def test_a_training_step_with_the_whole_config_applied() -> None:
-    config = _config(memory_format="channels_last", optimizer="fused")
-    workload = autotune.get_family("cnn").build()
-    model, optimizer = config.prepare(workload.model)
-    scaler = config.grad_scaler()
-    images, labels = config.prepare_batch(workload.inputs)
-    with config.autocast():
-        loss = torch.nn.functional.cross_entropy(model(images), labels)
-    optimizer.zero_grad(set_to_none=True)
-    scaler.scale(loss).backward()
-    scaler.step(optimizer)
-    scaler.update()
-    assert torch.isfinite(loss)
