@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from autotune import _stats
-from autotune._decide import pick_fastest
+from autotune._decide import pick_fastest, step_ratio
 from autotune._env import Search
 from autotune._families import Family
 from autotune._measure import MeasureSettings, interleave, warm_up
@@ -293,16 +293,11 @@ class _Session:
             settings=settings, labels=lambda c: c.label, on_round=on_round,
         )
         self.control += timed.control_ms
-        baseline = timed.series.get(BASELINE)
         for candidate, series in timed.series.items():
-            vs_baseline = None
-            if baseline is not None and candidate != BASELINE:
-                estimate, low, high = _stats.ratio_interval(series.round_ms, baseline.round_ms)
-                vs_baseline = Interval(estimate=estimate, low=low, high=high)
             timing = Timing(
                 round_ms=series.round_ms, steps_per_round=series.steps_per_round,
                 median_ms=_stats.median(series.round_ms), spread=_stats.spread(series.round_ms),
-                vs_baseline=vs_baseline, stage=stage, dropped=series.dropped,
+                stage=stage, dropped=series.dropped,
             )
             self.results[candidate] = self.results[candidate].model_copy(update={"timing": timing})
         leader = pick_fastest([self.results[c] for c in candidates], None).candidate
@@ -345,6 +340,21 @@ class _Session:
         return result.timing.median_ms if result is not None and result.timing is not None else None
 
 
+def _with_baseline_ratios(results: dict[Candidate, CandidateResult]) -> list[CandidateResult]:
+    """Each timed candidate's step-time ratio to fp32 on the CPU, paired when timed in the same stage."""
+    baseline = results.get(BASELINE)
+    if baseline is None or baseline.timing is None:
+        return list(results.values())
+    out = []
+    for candidate, result in results.items():
+        if result.timing is not None and candidate != BASELINE:
+            estimate, low, high = step_ratio(result, baseline)
+            vs_baseline = Interval(estimate=estimate, low=low, high=high)
+            result = result.model_copy(update={"timing": result.timing.model_copy(update={"vs_baseline": vs_baseline})})
+        out.append(result)
+    return out
+
+
 def calibrate_family(
     family: Family, candidates: list[Candidate] | None, settings: Settings, emit: Emit,
     *, discard_on_device_error: bool = True,
@@ -385,7 +395,7 @@ def calibrate_family(
         return
     emit({
         "event": "done",
-        "results": [r.model_dump(mode="json") for r in session.results.values()],
+        "results": [r.model_dump(mode="json") for r in _with_baseline_ratios(session.results)],
         "control_ms": session.control, "search_notes": session.notes,
         # Judged over every stage's rounds together, the same series the warning quotes.
         "noisy": _stats.drift(session.control) > settings.measure.noise_limit,

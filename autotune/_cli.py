@@ -138,16 +138,17 @@ def _decisions(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    console = Console(width=None if sys.stdout.isatty() else 120)  # pipes and logs: no 80-column squeeze
     console.print(f"[bold]Machine[/bold] {fp.summary()}  [dim](fingerprint {fp.digest})[/dim]")
     table = Table()
-    for column in ("model kind", "device", "precision", "ms/step", "speed-up vs fp32 CPU", "source"):
-        table.add_column(column)
+    for column in ("kind", "device", "precision", "also", "ms/step", "vs fp32 CPU", "source"):
+        table.add_column(column, overflow="fold")
     for kind, config in configs.items():
         speed = f"{config.speedup_vs_fp32_cpu:.2f}x" if config.speedup_vs_fp32_cpu else "-"
         step = f"{config.step_ms:.3g}" if config.step_ms else "-"
         marker = " [yellow](noisy)[/yellow]" if config.noisy else ""
-        table.add_row(kind, config.device, config.precision + marker, step, speed, config.source)
+        table.add_row(kind, config.device, config.precision + marker, ", ".join(config.variants) or "-", step,
+                      speed, config.source)
     console.print(table)
     for kind, config in configs.items():
         console.print(f"[bold]{kind}[/bold]: {config.reason}", highlight=False)
@@ -168,7 +169,7 @@ def _explain(kind: str, *, recalibrate: bool, as_json: bool) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    console = Console(width=None if sys.stdout.isatty() else 120)  # pipes and logs: no 80-column squeeze
     console.print(f"[bold]{kind}[/bold] measured {measured.measured_at} in {measured.wall_s:.1f} s"
                   + ("  [yellow]noisy[/yellow]" if measured.noisy else ""))
     table = Table()

@@ -9,7 +9,7 @@ from typing import Any, Literal, TypeVar
 import torch
 from torch import nn
 
-from autotune._models import MemoryFormat, OptimizerImpl, Precision, Record
+from autotune._models import Candidate, MemoryFormat, OptimizerImpl, Precision, Record
 from autotune._precision import AUTOCAST_DTYPES, DEFAULT_INIT_SCALE, MEMORY_FORMATS, move, precision_context
 
 Source = Literal["measured", "forced", "heuristic"]
@@ -40,6 +40,14 @@ class Config(Record):
     noisy: bool = False
     fingerprint_digest: str
     measured_at: str | None = None
+
+    @property
+    def variants(self) -> list[str]:
+        """What differs from torch's defaults besides device and precision, e.g. ``['channels_last']``."""
+        return Candidate(
+            device=self.device, precision=self.precision, memory_format=self.memory_format,
+            optimizer=self.optimizer, threads=self.num_threads, compiled=self.compiled,
+        ).variants
 
     @property
     def device_type(self) -> str:
@@ -93,7 +101,7 @@ class Config(Record):
         return batch
 
     def apply_threads(self) -> None:
-        """Set torch's CPU thread count (process-wide) to the measured best, for CPU configs."""
+        """Set torch's CPU thread count (process-wide) when fewer threads measured faster; else a no-op."""
         if self.device == "cpu" and self.num_threads is not None:
             torch.set_num_threads(self.num_threads)
 

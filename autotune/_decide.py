@@ -50,7 +50,7 @@ def _score_ms(result: CandidateResult, expected_steps: int | None) -> float:
     return 1000 * (result.setup_s or 0.0) + expected_steps * _step_ms(result)
 
 
-def _ratio(a: CandidateResult, b: CandidateResult) -> tuple[float, float, float]:
+def step_ratio(a: CandidateResult, b: CandidateResult) -> tuple[float, float, float]:
     """Step-time ratio a/b with its 95% interval: paired by round when both were timed in the same stage."""
     assert a.timing is not None and b.timing is not None  # noqa: S101 - only usable results reach here
     if a.timing.stage == b.timing.stage:
@@ -70,7 +70,7 @@ def _complexity(candidate: Candidate) -> tuple[int, ...]:
 def _clearly_faster(fast: CandidateResult, slow: CandidateResult, expected_steps: int | None) -> bool:
     if expected_steps is not None:
         return _score_ms(fast, expected_steps) * (1 + MARGIN) < _score_ms(slow, expected_steps)
-    _, _, high = _ratio(fast, slow)
+    _, _, high = step_ratio(fast, slow)
     return high * (1 + MARGIN) < 1
 
 
@@ -139,7 +139,7 @@ def decide(
         setup_s=pick.setup_s,
         speedup_vs_fp32_cpu=_step_ms(baseline) / _step_ms(pick) if baseline else None,
         init_scale=pick.numerics.init_scale if pick.numerics else None,
-        num_threads=pick.num_threads if _is_cpu(pick) else None,
+        num_threads=pick.candidate.threads,
         memory_format=pick.candidate.memory_format,
         optimizer=pick.candidate.optimizer,
         compiled=pick.candidate.compiled,
@@ -211,7 +211,7 @@ def _explain(
     for other in best_per_precision.values():
         if other.candidate.precision == pick.candidate.precision:
             continue
-        estimate, low, high = _ratio(other, pick)
+        estimate, low, high = step_ratio(other, pick)
         label = other.candidate.precision + other.candidate.variant_words
         numbers = f"{_step_ms(pick):.3g} vs {_step_ms(other):.3g} ms/step"
         if _SIMPLICITY[other.candidate.precision] < _SIMPLICITY[pick.candidate.precision]:
@@ -223,7 +223,7 @@ def _explain(
                          f"interval {low:.2f}-{high:.2f})")
     plain = next((r for r in same if r.candidate == pick.candidate.base), None)
     if plain is not None:
-        estimate, low, high = _ratio(plain, pick)
+        estimate, low, high = step_ratio(plain, pick)
         parts.append(f"{pick.candidate.variant_words.strip()} {estimate:.2f}x faster than plain "
                      f"{pick.candidate.precision} ({_step_ms(pick):.3g} vs {_step_ms(plain):.3g} ms/step, "
                      f"interval {low:.2f}-{high:.2f}x)")
@@ -257,4 +257,4 @@ def heuristic(model_kind: str, why: str, digest: str) -> Config:
                   reason=reason, fingerprint_digest=digest)
 
 
-__all__ = ["MARGIN", "PREFERENCES", "Prefer", "decide", "heuristic", "pick_fastest"]
+__all__ = ["MARGIN", "PREFERENCES", "Prefer", "decide", "heuristic", "pick_fastest", "step_ratio"]
