@@ -171,3 +171,13 @@ def test_old_fingerprints_are_pruned(store: Store) -> None:
 def test_store_file_model_rejects_missing_fields() -> None:
     with pytest.raises(ValueError):
         StoreFile.model_validate({"schema_version": 1})
+
+
+def test_unreadable_results_path_is_a_miss_with_a_warning(store: Store, caplog: pytest.LogCaptureFixture) -> None:
+    fp = autotune.fingerprint()
+    store.path(fp.digest).mkdir(parents=True)  # something unreadable as a file where the results should be
+    with caplog.at_level(logging.WARNING, logger="autotune"):
+        assert store.load(fp.digest) is None
+        saved = store.save(fp, result := _result())
+    assert "cannot read" in caplog.text and "keeping results in memory" in caplog.text
+    assert saved.families["cnn"] == result and store.load(fp.digest) == saved
