@@ -49,6 +49,8 @@ class Settings:
     variant_prune_factor: float = 1.3
     #: each later search stage's timing budget, as a share of the family's budget
     variant_budget_share: float = 0.2
+    #: ... and its most rounds: a variant that cannot show a clear gain by then ties, and the plainer one wins
+    variant_max_rounds: int = 8
     #: "precision": device x precision only; "default": also layout, optimizer and CPU threads, staged;
     #: "extended": also torch.compile (compile time counts as set-up: tens of seconds per candidate)
     search: Search = "default"
@@ -276,8 +278,11 @@ class _Session:
     def time(self, candidates: list[Candidate], stage: int, share: tuple[float, float]) -> Candidate:
         """Interleave ``candidates``; record their timings (a later stage replaces an earlier one); the leader."""
         settings = self.settings.measure
-        if stage > 1:  # variants refine a decision already made: they get a share of the family's budget
-            settings = dataclasses.replace(settings, budget_s=settings.budget_s * self.settings.variant_budget_share)
+        if stage > 1:  # variants refine a decision already made: a share of the budget, and fewer rounds
+            settings = dataclasses.replace(
+                settings, budget_s=settings.budget_s * self.settings.variant_budget_share,
+                max_rounds=min(settings.max_rounds, self.settings.variant_max_rounds),
+            )
 
         def on_round(round_index: int, key: Candidate | None) -> None:
             if key is not None:

@@ -44,13 +44,13 @@ class MeasureSettings:
     #: a pick must be faster by more than this, with 95% confidence, to beat a simpler candidate
     margin: float = 0.03
     #: each candidate's share of a round lasts at least this long, so timer noise stays negligible
-    round_min_s: float = 0.005
+    round_min_s: float = 0.003
     #: the control may drift this much (see ``_stats.drift``) before the run counts as noisy
     noise_limit: float = 0.10
     #: a candidate this many times slower than the leader is dropped after a single round
     far_behind: float = 4.0
     #: pause before each control measurement
-    settle_s: float = 0.003
+    settle_s: float = 0.001
     warmup_max_steps: int = 8
     warmup_stable: float = 0.15
 
@@ -120,7 +120,7 @@ def interleave(
         # The least disturbed of a few runs (interference only adds time), after a pause that lets the
         # candidates' OpenMP threads stop spinning: on hyper-threaded cores they would slow the control down.
         settle(settings.settle_s)
-        control_ms.append(1000 * min(timed(control, clock) for _ in range(5)))
+        control_ms.append(1000 * min(timed(control, clock) for _ in range(3)))
         rounds += 1
         _drop_far_behind(series, active, settings, labels)
         drifting = _stats.drift(control_ms) > settings.noise_limit
