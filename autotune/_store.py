@@ -63,6 +63,7 @@ class Store:
         self.root = root
         self._memory: dict[str, StoreFile] = {}
         self._warned: set[str] = set()
+        self._locks: dict[Path, filelock.BaseFileLock] = {}
 
     def path(self, digest: str) -> Path:
         return self.root / f"{digest}.json"
@@ -176,8 +177,13 @@ class Store:
 
         from autotune._env import LOCK_TIMEOUT_S
 
+        # One lock object per file, so it is reentrant: a save that finds a corrupt file quarantines it under
+        # the lock it already holds (a second FileLock on the same file would wait for itself until timeout).
         # Held only for a read-merge-write of one small file; a holder that dies releases it (flock).
-        return filelock.FileLock(f"{path}.lock", timeout=min(LOCK_TIMEOUT_S.get(), 30.0))
+        lock = self._locks.get(path)
+        if lock is None:
+            lock = self._locks[path] = filelock.FileLock(f"{path}.lock", timeout=min(LOCK_TIMEOUT_S.get(), 30.0))
+        return lock
 
     @staticmethod
     def _write_atomic(path: Path, data: bytes) -> None:

@@ -80,6 +80,20 @@ def test_corrupt_file_is_quarantined_with_one_warning(store: Store, kind: str, c
     assert Store(store.root).load(fp.digest) is not None
 
 
+def test_saving_over_a_corrupt_file_quarantines_it_under_the_held_lock(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    fp = autotune.fingerprint()
+    store.root.mkdir(parents=True)
+    store.path(fp.digest).write_bytes(b"garbage written by something else")
+    with caplog.at_level(logging.WARNING, logger="autotune"):
+        store.save(fp, result := _result())  # no load first: the corrupt file is met inside save's lock
+    assert "could not be moved aside" not in caplog.text and "was corrupt" in caplog.text
+    assert len(list(store.root.glob("*.corrupt-*"))) == 1
+    loaded = Store(store.root).load(fp.digest)
+    assert loaded is not None and loaded.families["cnn"] == result
+
+
 def test_future_schema_is_ignored_and_never_overwritten(store: Store, caplog: pytest.LogCaptureFixture) -> None:
     fp = autotune.fingerprint()
     store.root.mkdir(parents=True)
