@@ -37,6 +37,7 @@ Progress = Callable[[Candidate | None, float], None]
 
 #: the worker imports torch before its first word; allow a slow disk that long whatever the candidate timeout
 STARTUP_TIMEOUT_S = 120.0
+#: the worker's status after it reported a device error and stopped measuring (its candidate is already failed)
 _EXIT_DEVICE_ERROR = 3
 
 
@@ -214,7 +215,7 @@ def _run_subprocess(job: dict[str, Any], attempt: _Attempt, timeout_s: float, pr
         thread.join(timeout=5)
     for line in stderr_tail:
         log.debug("worker: %s", line.rstrip())
-    if attempt.ended is None and returncode not in (0, _EXIT_DEVICE_ERROR):
+    if attempt.ended is None and returncode != 0:  # used only if a candidate was in flight
         attempt.ended = _crash_failure(returncode, list(stderr_tail))
 
 

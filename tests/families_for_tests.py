@@ -42,6 +42,10 @@ def _segfault(model: nn.Module, inputs: tuple[Tensor, ...]) -> Tensor:
     raise AssertionError("unreachable")
 
 
+def _exit(model: nn.Module, inputs: tuple[Tensor, ...]) -> Tensor:
+    os._exit(3)  # a library that quits the process: no signal, no exception, an exit status
+
+
 def _hang(model: nn.Module, inputs: tuple[Tensor, ...]) -> Tensor:
     time.sleep(3600)
     raise AssertionError("unreachable")
@@ -72,6 +76,10 @@ def build_abort() -> Workload:
 
 def build_segfault() -> Workload:
     return _failing(_segfault)
+
+
+def build_exit() -> Workload:
+    return _failing(_exit)
 
 
 def build_hang() -> Workload:

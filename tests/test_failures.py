@@ -24,6 +24,7 @@ TESTS = Path(__file__).parent
     [
         pytest.param("build_abort", "crashed", "SIGABRT", id="abort"),
         pytest.param("build_segfault", "crashed", "SIGSEGV", id="segfault"),
+        pytest.param("build_exit", "crashed", "worker exited with status 3", id="exit"),
         pytest.param("build_hang", "timeout", "made no progress", id="hang"),
         pytest.param("build_cpu_oom", "oom", "can't allocate memory", id="cpu-allocator-oom"),
         pytest.param("build_raise_oom", "oom", "OutOfMemoryError", id="torch-oom"),
