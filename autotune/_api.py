@@ -119,8 +119,8 @@ def calibrate(
     fp = fingerprint()
     store = _store()
     measurements: dict[str, FamilyResult] = {}
+    stored = None if force else store.load(fp.digest)  # read once; a miss re-reads under its family's lock
     for index, family in enumerate(families):
-        stored = None if force else store.load(fp.digest)
         result = stored.families.get(family.name) if stored is not None else None
         if result is None:
             result = _calibrate_one(family.name, fp, store, force=force, progress=progress, index=index, total=len(families))

@@ -72,6 +72,12 @@ def plan() -> tuple[list[Candidate], dict[str, str]]:
     return candidates, notes
 
 
+def fewer_threads() -> list[int]:
+    """CPU thread counts worth trying below torch's default, e.g. ``[1]`` on 2 cores, ``[1, 4]`` on 8."""
+    default = torch.get_num_threads()
+    return sorted({1, default // 2} - {0, default})
+
+
 def unverified(reference_failure: Failure) -> Failure:
     """Without the fp32 CPU reference nothing can be verified: say so instead of guessing."""
     return Failure(kind="error", detail=f"not verified: the fp32 CPU reference failed ({reference_failure.kind})")
@@ -335,9 +341,7 @@ class _Session:
                     if combined not in self.results and combined not in found:
                         found.append(combined)
         if leader.device == "cpu":
-            default_threads = torch.get_num_threads()
-            for threads in sorted({1, default_threads // 2} - {0, default_threads}):
-                found.append(leader.model_copy(update={"threads": threads}))
+            found += [leader.model_copy(update={"threads": count}) for count in fewer_threads()]
         return found
 
     def _median(self, candidate: Candidate) -> float | None:
@@ -407,4 +411,4 @@ def calibrate_family(
     })
 
 
-__all__ = ["BASELINE", "Settings", "calibrate_family", "classify", "plan", "unverified", "warm_process"]
+__all__ = ["BASELINE", "Settings", "calibrate_family", "classify", "fewer_threads", "plan", "unverified", "warm_process"]

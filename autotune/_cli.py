@@ -80,11 +80,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
 
 
-def _calibrate_with_progress(kinds: list[str], *, force: bool, quiet: bool) -> None:
+def _calibrate_with_progress(kinds: list[str], *, force: bool) -> None:
     import autotune
 
-    if quiet or not sys.stderr.isatty():
-        autotune.calibrate(kinds, force=force, progress=_plain_progress() if not quiet else None)
+    if not sys.stderr.isatty():
+        autotune.calibrate(kinds, force=force, progress=_plain_progress())
         return
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -128,7 +128,7 @@ def _decisions(args: argparse.Namespace) -> int:
     missing = set(kinds) - set(cached_families(kinds))
     if args.recalibrate or missing:
         _calibrate_with_progress(kinds if args.recalibrate else [k for k in kinds if k in missing],
-                                 force=args.recalibrate, quiet=False)
+                                 force=args.recalibrate)
     configs = {kind: autotune.best_config(kind, prefer=args.prefer, expected_steps=args.steps) for kind in kinds}
     fp = autotune.fingerprint()
     if args.json:
@@ -161,7 +161,7 @@ def _explain(kind: str, *, recalibrate: bool, as_json: bool) -> int:
 
     autotune.get_family(kind)
     if recalibrate or kind not in cached_families([kind]):
-        _calibrate_with_progress([kind], force=recalibrate, quiet=False)
+        _calibrate_with_progress([kind], force=recalibrate)
     measured = cached_families([kind])[kind]
     if as_json:
         print(measured.model_dump_json(indent=1))

@@ -40,6 +40,15 @@ class Workload:
 
 BuildFn = Callable[[], Workload]
 
+
+def _resolve(ref: str) -> object:
+    """The object a ``"package.module:qualified.name"`` reference names, imported as the worker does."""
+    module_name, _, qualname = ref.partition(":")
+    target: object = importlib.import_module(module_name)
+    for part in qualname.split("."):
+        target = getattr(target, part)
+    return target
+
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
@@ -53,10 +62,7 @@ class Family:
 
     def build(self) -> Workload:
         """Import the build function by reference and call it."""
-        module_name, _, qualname = self.ref.partition(":")
-        target: object = importlib.import_module(module_name)
-        for part in qualname.split("."):
-            target = getattr(target, part)
+        target = _resolve(self.ref)
         if not callable(target):
             raise FamilyRegistrationError(self.name, f"{self.ref} is not callable")
         workload = target()
@@ -143,16 +149,12 @@ def _reference_for(name: str, build: object) -> str:
         if not sep or not module_name or not qualname:
             raise FamilyRegistrationError(name, f"{build!r} is not of the form 'package.module:function'")
         try:
-            family = Family(name, build)
-            module = importlib.import_module(module_name)
-            target: object = module
-            for part in qualname.split("."):
-                target = getattr(target, part)
+            target = _resolve(build)
         except (ImportError, AttributeError) as exc:
             raise FamilyRegistrationError(name, f"cannot import {build!r}: {exc}") from exc
         if not callable(target):
             raise FamilyRegistrationError(name, f"{build!r} is not callable")
-        return family.ref
+        return build
     if not callable(build):
         raise FamilyRegistrationError(name, f"build must be a function or 'module:function', got {build!r}")
     module_name = getattr(build, "__module__", None)

@@ -13,7 +13,7 @@ with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
     import torch
 
-from autotune._calibrate_family import plan
+from autotune._calibrate_family import fewer_threads, plan
 from autotune._families import adamw, get_family
 from autotune._decide import pick_fastest
 from autotune._models import Candidate, FamilyResult
@@ -37,10 +37,9 @@ def search_space(kind: str) -> list[Candidate]:
     workload = get_family(kind).build()
     layouts = ["contiguous", "channels_last"] if any(t.dim() == 4 for t in workload.inputs) else ["contiguous"]
     optimizers = ["default", "fused"] if workload.optimizer is adamw else ["default"]
-    default_threads = torch.get_num_threads()
     space = []
     for base in planned:
-        threads = [None] + sorted({1, default_threads // 2} - {0, default_threads}) if base.device == "cpu" else [None]
+        threads: list[int | None] = [None, *fewer_threads()] if base.device == "cpu" else [None]
         for layout in layouts:
             for optimizer in optimizers:
                 for count in threads:
