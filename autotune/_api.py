@@ -108,8 +108,9 @@ def calibrate(
 ) -> CalibrationReport:
     """Measure each family (default: the built-ins) on this machine, for an app's first launch.
 
-    Families already measured on this machine are reused unless ``force=True``. ``progress`` receives a
-    :class:`CalibrationProgress` as each candidate starts, for a progress bar.
+    Families already measured on this machine are reused unless ``force=True``, or unless they were measured
+    while the machine was busy (``noisy``): those are measured again (``best_config`` serves them meanwhile).
+    ``progress`` receives a :class:`CalibrationProgress` as each candidate starts, for a progress bar.
     """
     kinds = list(model_kinds) if model_kinds is not None else builtin_family_names()
     families = [get_family(kind) for kind in kinds]  # unknown names fail before anything is measured
@@ -122,7 +123,7 @@ def calibrate(
     stored = None if force else store.load(fp.digest)  # read once; a miss re-reads under its family's lock
     for index, family in enumerate(families):
         result = stored.families.get(family.name) if stored is not None else None
-        if result is None:
+        if result is None or result.noisy:  # a noisy result serves best_config, but is measured again here
             result = _calibrate_one(family.name, fp, store, force=force, progress=progress, index=index, total=len(families))
         if result is not None:
             measurements[family.name] = result
@@ -156,8 +157,8 @@ def _calibrate_one(
     try:
         stored = store.load(fp.digest)
         existing = stored.families.get(model_kind) if stored is not None else None
-        # A result written while we waited is the one we asked for, forced or not.
-        if existing is not None and (not force or existing.measured_at >= asked_at):
+        # A result written while we waited is the one we asked for, forced or not; a noisy one is not final.
+        if existing is not None and (existing.measured_at >= asked_at or not (force or existing.noisy)):
             return existing
         result = measure_family(model_kind, progress=progress, index=index, total=total)
         store.save(fp, result)
@@ -171,12 +172,13 @@ def measure_family(
     verify: bool = True,
 ) -> FamilyResult:
     """Run one family's calibration now, with no cache involved (``verify=False``: benchmarks only)."""
-    from autotune._calibrate_family import Settings
-    from autotune._measure import MeasureSettings
-    from autotune._worker import run_family
+    from autotune._calibration.measure import MeasureSettings
+    from autotune._calibration.protocol import CalibrationSettings
+    from autotune._calibration.worker import run_family
 
     family = get_family(model_kind)
-    settings = Settings(search=_env.SEARCH.get(), verify=verify, measure=MeasureSettings(budget_s=_env.BUDGET_S.get()))
+    settings = CalibrationSettings(search=_env.SEARCH.get(), verify=verify,
+                                   measure=MeasureSettings(budget_s=_env.BUDGET_S.get()))
 
     shown = 0.0
 
@@ -188,22 +190,8 @@ def measure_family(
             progress(CalibrationProgress(model_kind, label, (index + shown) / total))
 
     log.info("calibrating %s on this machine", model_kind)
-    started = time.perf_counter()
-    outcome = run_family(
+    result = run_family(
         family, settings, isolation=_env.ISOLATION.get(), timeout_s=_env.CANDIDATE_TIMEOUT_S.get(), progress=on_progress
-    )
-    result = FamilyResult(
-        model_kind=model_kind,
-        measured_at=dt.datetime.now(dt.timezone.utc).isoformat(),
-        autotune_version=__version__,
-        wall_s=time.perf_counter() - started,
-        worker_start_s=outcome.worker_start_s,
-        budget_s=settings.measure.budget_s,
-        candidates=outcome.results,
-        control_ms=outcome.control_ms,
-        noisy=outcome.noisy,
-        backend_notes=outcome.backend_notes,
-        search_notes=outcome.search_notes,
     )
     log.info("calibrated %s in %.1f s", model_kind, result.wall_s)
     if result.noisy:

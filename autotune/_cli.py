@@ -199,9 +199,12 @@ def _explain(kind: str, *, recalibrate: bool, as_json: bool) -> int:
 def _outcome(result: CandidateResult) -> str:
     if result.failure is not None:
         return f"{result.failure.kind}: {result.failure.detail}"
-    if result.timing is not None and result.timing.dropped:
-        return f"stage {result.timing.stage}: {result.timing.dropped}"
-    return f"stage {result.timing.stage}: ok" if result.timing else "ok"
+    if result.timing is None:
+        return "ok"
+    stage = "final" if result.timing.final else f"stage {result.timing.stage}"
+    if result.timing.dropped is not None:
+        return f"{stage}: {result.timing.dropped.describe()}"
+    return f"{stage}: finalist" if result.timing.final else f"{stage}: ok"
 
 
 def _doctor(args: argparse.Namespace) -> int:

@@ -46,7 +46,7 @@ class Config(Record):
         """What differs from torch's defaults besides device and precision, e.g. ``['channels_last']``."""
         return Candidate(
             device=self.device, precision=self.precision, memory_format=self.memory_format,
-            optimizer=self.optimizer, threads=self.num_threads, compiled=self.compiled,
+            optimizer=self.optimizer, num_threads=self.num_threads, compiled=self.compiled,
         ).variants
 
     @property

@@ -1,32 +1,35 @@
 """From raw measurements to one Config with its reason. Pure: no device is touched here.
 
 Rules, in order:
-1. Only candidates that were timed and passed the numerics gate can be picked.
+1. Only candidates that were timed and passed the numerics gate can be picked, and only those timed in the
+   final paired comparison (a candidate dropped earlier is clearly slower, with its evidence, and never wins).
 2. The user's preference selects the pool: ``auto`` everything, ``cpu`` the CPU, ``gpu`` any accelerator
    whatever its backend; with no usable accelerator the CPU answers and the reason and a WARNING say so.
 3. The fastest wins on step time, or on set-up + ``expected_steps`` x step time for a short job.
-4. A faster candidate must beat a simpler one on the same device (fp32 < tf32 < bf16 < fp16) by more than the
-   margin with 95% confidence; otherwise it is a tie and the simpler one wins.
+4. It must beat a simpler candidate on its device (fp32 < tf32 < bf16 < fp16, then fewer variant settings)
+   by more than ``_rules.margin`` with the decision's confidence (``_stats.ratio_interval``, paired over the
+   final rounds); otherwise it is a tie and the simpler one wins.
+5. Another device must beat the CPU the same way, by ``_rules.MARGIN``; on a tie the CPU wins (no driver, no
+   device memory held, no copies) and the reason says the GPU was no faster.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Literal
 
 from autotune import _stats
 from autotune._config import Config
 from autotune._errors import CalibrationError
-from autotune._models import Candidate, CandidateResult, FamilyResult, Precision
+from autotune._models import CandidateResult, FamilyResult, Precision
+from autotune._rules import complexity, margin
 
 log = logging.getLogger("autotune")
 
 Prefer = Literal["auto", "gpu", "cpu"]
 PREFERENCES: tuple[Prefer, ...] = ("auto", "gpu", "cpu")
-MARGIN = 0.03
 
-_SIMPLICITY: dict[Precision, int] = {"fp32": 0, "tf32": 1, "bf16-mixed": 2, "fp16-mixed": 3}
 _PRECISION_WORDS: dict[Precision, str] = {
     "fp32": "in fp32",
     "tf32": "in fp32 with TF32 matmuls",
@@ -51,27 +54,37 @@ def _score_ms(result: CandidateResult, expected_steps: int | None) -> float:
 
 
 def step_ratio(a: CandidateResult, b: CandidateResult) -> tuple[float, float, float]:
-    """Step-time ratio a/b with its 95% interval: paired by round when both were timed in the same stage."""
+    """Step-time ratio a/b with its interval, paired over the rounds both were timed in (the final ones).
+
+    When ``a`` was outpaced by ``b``'s device, its evidence stands in; timings never paired give no
+    confidence at all: ``(estimate, 0, inf)``.
+    """
     assert a.timing is not None and b.timing is not None  # noqa: S101 - only usable results reach here
-    if a.timing.stage == b.timing.stage:
+    for slow, fast, sign in ((a, b, 1), (b, a, -1)):
+        outpaced = slow.timing.outpaced if slow.timing is not None else None
+        if outpaced is not None and outpaced.by.device == fast.candidate.device:
+            ratio = outpaced.ratio  # a resolved verdict of the timing: stronger than a short paired prefix
+            return (ratio.estimate, ratio.low, ratio.high) if sign == 1 else (
+                1 / ratio.estimate, 1 / ratio.high, 1 / ratio.low if ratio.low > 0 else float("inf"))
+    if a.timing.stage == b.timing.stage and min(a.timing.n, b.timing.n) >= 2:
         return _stats.ratio_interval(a.timing.round_ms, b.timing.round_ms)
-    return _stats.unpaired_ratio_interval(a.timing.round_ms, b.timing.round_ms)
+    return _step_ms(a) / _step_ms(b), 0.0, float("inf")
 
 
-def _complexity(candidate: Candidate) -> tuple[int, ...]:
-    """Lower is simpler: fp32 < tf32 < bf16 < fp16, then each non-default variant setting adds to it."""
-    return (
-        _SIMPLICITY[candidate.precision],
-        int(candidate.memory_format != "contiguous") + int(candidate.optimizer != "default")
-        + int(candidate.threads is not None) + int(candidate.compiled),
-    )
+def clearly_faster(fast: CandidateResult, slow: CandidateResult, expected_steps: int | None) -> bool:
+    """True when ``fast`` beats ``slow`` by more than their margin, at the decision's confidence.
 
-
-def _clearly_faster(fast: CandidateResult, slow: CandidateResult, expected_steps: int | None) -> bool:
-    if expected_steps is not None:
-        return _score_ms(fast, expected_steps) * (1 + MARGIN) < _score_ms(slow, expected_steps)
+    For a short job the score is set-up + steps x step time; the step time's bound comes from the paired
+    interval, the set-up times are single measurements.
+    """
     _, _, high = step_ratio(fast, slow)
-    return high * (1 + MARGIN) < 1
+    if high == float("inf"):
+        return False
+    if expected_steps is None:
+        return high * (1 + margin(fast.candidate, slow.candidate)) < 1
+    slow_ms = _step_ms(slow)
+    fast_high_ms = 1000 * (fast.setup_s or 0.0) + expected_steps * slow_ms * high
+    return fast_high_ms * (1 + margin(fast.candidate, slow.candidate)) < _score_ms(slow, expected_steps)
 
 
 def _device_words(result: CandidateResult) -> str:
@@ -82,12 +95,19 @@ def _device_words(result: CandidateResult) -> str:
 
 def _failure_words(result: CandidateResult) -> str:
     failure = result.failure
-    assert failure is not None  # noqa: S101
+    assert failure is not None  # noqa: S101 - only failed results reach here
     if failure.kind == "too_slow":
         return f"{result.candidate.label} too slow: {failure.detail}"
     if failure.kind == "numerics":
         return f"{result.candidate.label} rejected: {failure.detail}"
     return f"{result.candidate.label} {failure.kind.replace('_', ' ')} on this machine ({failure.detail})"
+
+
+def finalists(measured: FamilyResult) -> list[CandidateResult]:
+    """The candidates a decision may pick: usable, never dropped, and timed in the final paired comparison
+    (or outpaced by another device: still their own device's answer)."""
+    return [r for r in measured.candidates if r.usable and r.timing is not None and r.timing.dropped is None
+            and (r.timing.final or r.timing.outpaced is not None)]
 
 
 def decide(
@@ -99,7 +119,7 @@ def decide(
     digest: str,
 ) -> Config:
     """The Config for ``measured.model_kind``; raises CalibrationError when nothing can train it."""
-    usable = [r for r in measured.candidates if r.usable]
+    usable = finalists(measured)
     failed = [r for r in measured.candidates if r.failure is not None]
     if not usable:
         raise CalibrationError(
@@ -128,7 +148,8 @@ def decide(
     pick = pick_fastest(pool, expected_steps)
     device_sentence, precision_sentence = _explain(pick, pool, usable, failed, measured, prefer, expected_steps)
     reason = " ".join([*notes, device_sentence, precision_sentence]).strip()
-    baseline = next((r for r in usable if _is_cpu(r) and r.candidate.precision == "fp32"), None)
+    baseline = next((r for r in measured.candidates if r.usable and r.candidate == r.candidate.base
+                     and _is_cpu(r) and r.candidate.precision == "fp32"), None)
     config = Config(
         model_kind=measured.model_kind,
         device=pick.candidate.device,
@@ -139,7 +160,7 @@ def decide(
         setup_s=pick.setup_s,
         speedup_vs_fp32_cpu=_step_ms(baseline) / _step_ms(pick) if baseline else None,
         init_scale=pick.numerics.init_scale if pick.numerics else None,
-        num_threads=pick.candidate.threads,
+        num_threads=pick.candidate.num_threads,
         memory_format=pick.candidate.memory_format,
         optimizer=pick.candidate.optimizer,
         compiled=pick.candidate.compiled,
@@ -153,15 +174,20 @@ def decide(
 
 
 def pick_fastest(pool: Sequence[CandidateResult], expected_steps: int | None) -> CandidateResult:
-    """The fastest of ``pool``, unless a simpler one on its device is not clearly slower (then the simplest)."""
-    leader = min(pool, key=lambda r: _score_ms(r, expected_steps))
-    simpler = [
-        r for r in pool
-        if r.candidate.device == leader.candidate.device
-        and _complexity(r.candidate) < _complexity(leader.candidate)
-        and not _clearly_faster(leader, r, expected_steps)
-    ]
-    return min(simpler, key=lambda r: (_complexity(r.candidate), _step_ms(r))) if simpler else leader
+    """The pick among ``pool`` (finalists): on each device, the simplest candidate that no other candidate
+    there clearly beats; then another device only if it clearly beats the CPU's pick."""
+    picks = {}
+    for device in dict.fromkeys(r.candidate.device for r in pool):
+        on_device = [r for r in pool if r.candidate.device == device]
+        unbeaten = [r for r in on_device
+                    if not any(clearly_faster(other, r, expected_steps) for other in on_device if other is not r)]
+        picks[device] = min(unbeaten or on_device,
+                            key=lambda r: (complexity(r.candidate), _score_ms(r, expected_steps)))
+    best = min(picks.values(), key=lambda r: _score_ms(r, expected_steps))
+    cpu = picks.get("cpu")
+    if cpu is not None and best is not cpu and not clearly_faster(best, cpu, expected_steps):
+        return cpu
+    return best
 
 
 def _no_gpu_words(measured: FamilyResult) -> str:
@@ -176,57 +202,22 @@ def _explain(
     pick: CandidateResult, pool: Sequence[CandidateResult], usable: Sequence[CandidateResult],
     failed: Sequence[CandidateResult], measured: FamilyResult, prefer: Prefer, expected_steps: int | None,
 ) -> tuple[str, str]:
-    kind = measured.model_kind
-    device = _device_words(pick)
-    # Device sentence: how the pick compares with the best candidate on each other device.
-    device_parts = []
-    for other_device in dict.fromkeys(r.candidate.device for r in usable if r.candidate.device != pick.candidate.device):
-        best_other = min((r for r in usable if r.candidate.device == other_device), key=_step_ms)
-        ratio = _step_ms(best_other) / _step_ms(pick)
-        where = "the CPU" if _is_cpu(best_other) else other_device
-        if expected_steps is not None and _score_ms(best_other, expected_steps) > _score_ms(pick, expected_steps) and ratio < 1:
-            device_parts.append(
-                f"for {expected_steps} steps it finishes first: {where}'s set-up {best_other.setup_s or 0:.1f} s "
-                f"outweighs its {_step_ms(pick) - _step_ms(best_other):.1f} ms/step advantage"
-            )
-        elif ratio >= 1:
-            device_parts.append(f"{ratio:.1f}x faster than {where}")
-        elif best_other not in pool:
-            device_parts.append(f"{prefer.upper()} as requested; {where} is {1 / ratio:.1f}x faster for {kind}")
-        else:
-            device_parts.append(f"{where} is {1 / ratio:.1f}x faster")
-    device_sentence = f"{device} {_PRECISION_WORDS[pick.candidate.precision]}" + "".join(
+    device_sentence = f"{_device_words(pick)} {_PRECISION_WORDS[pick.candidate.precision]}" + "".join(
         f", {word}" for word in pick.candidate.variants)
+    device_parts = [_against_device(pick, other, pool, measured.model_kind, prefer, expected_steps)
+                    for other in _best_per(usable, lambda r: r.candidate.device, exclude=pick.candidate.device)]
     if device_parts:
         device_sentence += " (" + "; ".join(device_parts) + ")"
     device_sentence += "."
 
-    # Precision sentence: the pick against the best of each other precision on its device, with numbers;
-    # then, for a variant, what its settings gained over the plain configuration.
-    same = [r for r in usable if r.candidate.device == pick.candidate.device and r is not pick]
-    best_per_precision: dict[str, CandidateResult] = {}
-    for other in sorted(same, key=_step_ms):
-        best_per_precision.setdefault(other.candidate.precision, other)
-    parts = []
-    for other in best_per_precision.values():
-        if other.candidate.precision == pick.candidate.precision:
-            continue
-        estimate, low, high = step_ratio(other, pick)
-        label = other.candidate.precision + other.candidate.variant_words
-        numbers = f"{_step_ms(pick):.3g} vs {_step_ms(other):.3g} ms/step"
-        if _SIMPLICITY[other.candidate.precision] < _SIMPLICITY[pick.candidate.precision]:
-            parts.append(f"{estimate:.2f}x faster than {label} ({numbers}, interval {low:.2f}-{high:.2f}x)")
-        elif low * (1 - MARGIN) > 1 or (expected_steps is not None and estimate > 1 + MARGIN):
-            parts.append(f"{label} is {estimate:.2f}x slower ({numbers})")
-        else:
-            parts.append(f"no measurable difference with {label} ({numbers}: {estimate:.2f}x, "
-                         f"interval {low:.2f}-{high:.2f})")
-    plain = next((r for r in same if r.candidate == pick.candidate.base), None)
+    # Precision sentence: the pick against each other precision on its device, then against its own plain
+    # configuration, with numbers; a candidate dropped earlier is described by its drop evidence.
+    same = [r for r in measured.candidates if r.usable and r.candidate.device == pick.candidate.device]
+    parts = [_against_precision(pick, other)
+             for other in _best_per(same, lambda r: r.candidate.precision, exclude=pick.candidate.precision)]
+    plain = next((r for r in same if r.candidate == pick.candidate.base and r is not pick), None)
     if plain is not None:
-        estimate, low, high = step_ratio(plain, pick)
-        parts.append(f"{pick.candidate.variant_words.strip()} {estimate:.2f}x faster than plain "
-                     f"{pick.candidate.precision} ({_step_ms(pick):.3g} vs {_step_ms(plain):.3g} ms/step, "
-                     f"interval {low:.2f}-{high:.2f}x)")
+        parts.append(_against_plain(pick, plain))
     if pick.numerics is not None and pick.numerics.default_scale_skipped:
         parts.append(
             f"GradScaler starts at init_scale {pick.numerics.init_scale:g}: the default 65536 skipped "
@@ -234,9 +225,64 @@ def _explain(
         )
     parts += [_failure_words(r) for r in failed if r.candidate.device == pick.candidate.device
               and r.candidate == r.candidate.base]
-    described = pick.candidate.precision + pick.candidate.variant_words
+    described = f"{pick.candidate.precision}{pick.candidate.variant_words} at {_step_ms(pick):.3g} ms/step"
     precision_sentence = f"{described}: " + "; ".join(parts) + "." if parts else f"{described}."
     return device_sentence, precision_sentence
+
+
+def _best_per(results: Sequence[CandidateResult], key: Callable[[CandidateResult], str],
+              exclude: str) -> list[CandidateResult]:
+    """One representative per key (device or precision): the fastest finalist, else the plain candidate."""
+    best: dict[str, CandidateResult] = {}
+    ranked = sorted(results, key=lambda r: (not (r.timing is not None and r.timing.final),
+                                            r.candidate != r.candidate.base, _step_ms(r)))
+    for result in ranked:
+        if key(result) != exclude:
+            best.setdefault(key(result), result)
+    return list(best.values())
+
+
+def _numbers(pick: CandidateResult, other: CandidateResult) -> str:
+    return f"{_step_ms(pick):.3g} vs {_step_ms(other):.3g} ms/step"
+
+
+def _against_device(pick: CandidateResult, other: CandidateResult, pool: Sequence[CandidateResult], kind: str,
+                    prefer: Prefer, expected_steps: int | None) -> str:
+    where = "the CPU" if _is_cpu(other) else other.candidate.device
+    estimate, low, high = step_ratio(other, pick)
+    if expected_steps is not None and estimate < 1 and _score_ms(other, expected_steps) > _score_ms(pick, expected_steps):
+        return (f"for {expected_steps} steps it finishes first: {where}'s set-up {other.setup_s or 0:.1f} s "
+                f"outweighs its {_step_ms(pick) - _step_ms(other):.1f} ms/step advantage")
+    if _is_cpu(pick) and other in pool and not clearly_faster(pick, other, expected_steps):
+        return (f"{where} was no faster ({_numbers(pick, other)}, its time over the CPU's {estimate:.2f}x, interval "
+                f"{low:.2f}-{high:.2f}): on a tie the CPU wins, with no driver, no device memory held, no copies")
+    if estimate >= 1:
+        return f"{estimate:.1f}x faster than {where}"
+    if other not in pool:
+        return f"{prefer.upper()} as requested; {where} is {1 / estimate:.1f}x faster for {kind}"
+    return f"{where} is {1 / estimate:.1f}x faster"
+
+
+def _against_precision(pick: CandidateResult, other: CandidateResult) -> str:
+    label = other.candidate.precision + other.candidate.variant_words
+    if other.timing is not None and other.timing.dropped is not None:
+        return f"{label} {other.timing.dropped.describe()}"
+    estimate, low, high = step_ratio(other, pick)
+    numbers = f"{_numbers(pick, other)}, interval {low:.2f}-{high:.2f}"
+    if complexity(other.candidate) < complexity(pick.candidate):
+        return f"{estimate:.2f}x faster than {label} ({numbers}x)"
+    if clearly_faster(pick, other, None):
+        return f"{label} is {estimate:.2f}x slower ({numbers})"
+    return f"no measurable difference with {label} ({numbers}: {estimate:.2f}x)"
+
+
+def _against_plain(pick: CandidateResult, plain: CandidateResult) -> str:
+    words = pick.candidate.variant_words.strip()
+    if plain.timing is not None and plain.timing.dropped is not None:
+        return f"{words}: plain {pick.candidate.precision} {plain.timing.dropped.describe()}"
+    estimate, low, high = step_ratio(plain, pick)
+    return (f"{words} {estimate:.2f}x faster than plain {pick.candidate.precision} ({_numbers(pick, plain)}, "
+            f"interval {low:.2f}-{high:.2f}x)")
 
 
 def _unmeasured_forced(measured: FamilyResult, device: str, digest: str) -> Config:
@@ -257,4 +303,4 @@ def heuristic(model_kind: str, why: str, digest: str) -> Config:
                   reason=reason, fingerprint_digest=digest)
 
 
-__all__ = ["MARGIN", "PREFERENCES", "Prefer", "decide", "heuristic", "pick_fastest", "step_ratio"]
+__all__ = ["PREFERENCES", "Prefer", "clearly_faster", "decide", "finalists", "heuristic", "pick_fastest", "step_ratio"]

@@ -22,7 +22,7 @@ from autotune._models import Record
 from autotune.backends import Accelerator, all_backends
 
 #: Bumped when the meaning of stored measurements changes; part of the digest.
-MEASUREMENT_VERSION = 1
+MEASUREMENT_VERSION = 2
 
 _ISA_FLAGS = (
     "sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16",

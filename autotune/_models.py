@@ -34,7 +34,7 @@ class Candidate(Record):
     precision: Precision
     memory_format: MemoryFormat = "contiguous"
     optimizer: OptimizerImpl = "default"
-    threads: int | None = None
+    num_threads: int | None = None
     compiled: bool = False
 
     @property
@@ -50,8 +50,8 @@ class Candidate(Record):
             words.append(self.memory_format)
         if self.optimizer != "default":
             words.append(f"{self.optimizer}-optimizer")
-        if self.threads is not None:
-            words.append(f"{self.threads} thread" + ("s" if self.threads != 1 else ""))
+        if self.num_threads is not None:
+            words.append(f"{self.num_threads} thread" + ("s" if self.num_threads != 1 else ""))
         if self.compiled:
             words.append("compiled")
         return words
@@ -85,6 +85,25 @@ class Interval(Record):
         return f"{self.estimate:.2f}x, interval {self.low:.2f}-{self.high:.2f}"
 
 
+class Drop(Record):
+    """Why a candidate stopped being timed: the evidence that it is clearly slower than ``by``.
+
+    It counts as clearly slower in every later decision and never wins a tie, e.g.
+    ``Drop(by=Candidate(device="cpu", precision="bf16-mixed"), ratio=Interval(...), rounds=3, far_behind=False)``.
+    """
+
+    by: Candidate
+    ratio: Interval = Field(description="this candidate's step time over ``by``'s, paired by round")
+    rounds: int
+    far_behind: bool = Field(default=False, description="dropped after one round, too far behind for an interval")
+
+    def describe(self) -> str:
+        rounds = f"{self.rounds} round" + ("s" if self.rounds != 1 else "")
+        if self.far_behind:
+            return f"{self.ratio.estimate:.1f}x slower than {self.by.label} after {rounds}"
+        return f"clearly slower than {self.by.label} ({self.ratio.describe()}) after {rounds}"
+
+
 class Timing(Record):
     """Interleaved timing of one candidate: one sample per round (the median of that round's steps)."""
 
@@ -96,7 +115,15 @@ class Timing(Record):
         default=None, description="step-time ratio to fp32 on the CPU, paired by round"
     )
     stage: int = Field(default=1, description="the search stage whose interleaved rounds these are")
-    dropped: str | None = Field(default=None, description="why measuring stopped early, e.g. clearly slower")
+    final: bool = Field(
+        default=False, description="timed in the final paired comparison: the only timings a decision compares"
+    )
+    dropped: Drop | None = Field(
+        default=None, description="the evidence that it is clearly slower than a candidate on its device: never picked"
+    )
+    outpaced: Drop | None = Field(
+        default=None, description="the evidence that another device is clearly faster: it loses the device choice"
+    )
 
     @property
     def n(self) -> int:
@@ -164,6 +191,7 @@ __all__ = [
     "OptimizerImpl",
     "Candidate",
     "CandidateResult",
+    "Drop",
     "Failure",
     "FailureKind",
     "FamilyResult",

@@ -13,11 +13,11 @@ with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
     import torch
 
-from autotune._calibrate_family import fewer_threads, plan
+from autotune._calibration.plan import fewer_threads, plan
+from autotune._calibration.step import TrainStep
+from autotune._decide import finalists, pick_fastest
 from autotune._families import adamw, get_family
-from autotune._decide import pick_fastest
 from autotune._models import Candidate, FamilyResult
-from autotune._step import TrainStep
 from autotune.backends import backend_for
 
 BUILTINS = ("tiny_mlp", "mlp", "cnn", "transformer")
@@ -39,11 +39,11 @@ def search_space(kind: str) -> list[Candidate]:
     optimizers = ["default", "fused"] if workload.optimizer is adamw else ["default"]
     space = []
     for base in planned:
-        threads: list[int | None] = [None, *fewer_threads()] if base.device == "cpu" else [None]
+        threads: list[int | None] = [None, *fewer_threads(torch.get_num_threads())] if base.device == "cpu" else [None]
         for layout in layouts:
             for optimizer in optimizers:
                 for count in threads:
-                    space.append(base.model_copy(update={"memory_format": layout, "optimizer": optimizer, "threads": count}))
+                    space.append(base.model_copy(update={"memory_format": layout, "optimizer": optimizer, "num_threads": count}))
     return space
 
 
@@ -73,13 +73,15 @@ def oracle(kind: str, *, extra: list[Candidate] = (), steps: int = 200, warmup: 
 
 def picked(measured: FamilyResult) -> Candidate:
     """The candidate ``best_config(kind)`` answers with (prefer="auto"), as a full candidate with its variants."""
-    return pick_fastest([r for r in measured.candidates if r.usable], None).candidate
+    return pick_fastest(finalists(measured), None).candidate
 
 
 def _one(runner: TrainStep) -> float:
-    started = time.perf_counter()
-    runner.run()
-    return time.perf_counter() - started
+    """One step, timed like calibration times it: the candidate's thread count is set outside the timing."""
+    with runner.selected():
+        started = time.perf_counter()
+        runner.run()
+        return time.perf_counter() - started
 
 
 def families_from_argv() -> list[str]:

@@ -1,4 +1,8 @@
-"""Hand-made measurement records for decision and store tests."""
+"""Hand-made measurement records of the CPU for decision-rule and store tests.
+
+Other hardware enters the decision tests as truth profiles run through the real search (test_simulated.py,
+test_machines.py), never as hand-made results.
+"""
 
 from __future__ import annotations
 
@@ -17,7 +21,8 @@ def timed(device: str, precision: str, step_ms: float, *, rounds: int = 6, setup
         candidate=Candidate(device=device, precision=precision),  # type: ignore[arg-type]
         setup_s=setup_s,
         first_step_ms=2 * step_ms,
-        timing=Timing(round_ms=round_ms, steps_per_round=1, median_ms=sorted(round_ms)[rounds // 2], spread=0.01),
+        timing=Timing(round_ms=round_ms, steps_per_round=1, median_ms=sorted(round_ms)[rounds // 2], spread=0.01,
+                      stage=4, final=True),
         numerics=Numerics(losses=[1.0], grad_norms=[1.0], loss_error=0, grad_error=0, update_cosine=1,
                           tolerance=0.01, init_scale=init_scale),
         num_threads=2,

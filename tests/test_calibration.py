@@ -173,7 +173,7 @@ def test_cli_explain_lists_every_candidate_with_its_outcome(tiny_family: str, ca
     assert main(["--explain", tiny_family]) == 0
     out = capsys.readouterr().out
     assert "cpu fp32" in out and "cpu bf16-mixed" in out
-    assert "stage 1" in out and "stage 2:" in out
+    assert "stage 2:" in out and "final" in out
     assert "decision:" in out
 
 

@@ -40,8 +40,10 @@ def test_variants_are_only_of_the_stage_leaders_and_every_one_is_verified() -> N
         assert result.numerics is not None or (result.failure is not None and result.failure.kind == "too_slow")
         assert result.failure is None or result.failure.kind != "numerics"
     assert [note.split(":")[0] for note in measured.search_notes] == ["stage 2", "stage 3"]
-    timed_stages = {r.timing.stage for r in measured.candidates if r.timing is not None}
-    assert 1 in timed_stages and timed_stages & {2, 3}
+    # Every timed candidate ends either dropped with its evidence or in the final comparison.
+    timings = [r.timing for r in measured.candidates if r.timing is not None]
+    assert any(t.final for t in timings)
+    assert all(t.final or t.dropped is not None or t.outpaced is not None for t in timings)
 
 
 def test_a_custom_optimizer_gets_no_fused_variant() -> None:
@@ -49,7 +51,7 @@ def test_a_custom_optimizer_gets_no_fused_variant() -> None:
 
 
 def test_cpu_thread_counts_are_tried_below_the_usable_cores() -> None:
-    threads = {c.threads for c in _variants(_measure("build_tiny")) if c.threads is not None}
+    threads = {c.num_threads for c in _variants(_measure("build_tiny")) if c.num_threads is not None}
     if torch.get_num_threads() > 1:
         assert threads and all(1 <= t < torch.get_num_threads() for t in threads)
     else:

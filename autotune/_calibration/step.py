@@ -28,13 +28,17 @@ def make_optimizer(workload: Workload, model: torch.nn.Module, impl: OptimizerIm
 
 
 @contextlib.contextmanager
-def threads_context(threads: int | None) -> Iterator[None]:
-    """CPU intra-op threads for one candidate's steps; candidates with other counts interleave with it."""
-    if threads is None:
+def threads_context(num_threads: int | None) -> Iterator[None]:
+    """CPU intra-op threads for one candidate's steps; candidates with other counts interleave with it.
+
+    Entered around a candidate's share of a round, outside its timed steps: switching the count is not
+    part of a training step (issue #10, "like with like").
+    """
+    if num_threads is None:
         yield
         return
     before = torch.get_num_threads()
-    torch.set_num_threads(threads)
+    torch.set_num_threads(num_threads)
     try:
         yield
     finally:
@@ -82,9 +86,13 @@ class TrainStep:
         self.scaler.scale(loss).backward()
         return loss
 
+    def selected(self) -> contextlib.AbstractContextManager[None]:
+        """This candidate's thread count, for a block of steps (set outside the timed region)."""
+        return threads_context(self.candidate.num_threads)
+
     def run(self) -> None:
-        """One training step, synchronised."""
-        with precision_context(self.candidate.precision), threads_context(self.candidate.threads):
+        """One training step, synchronised (inside ``selected()``)."""
+        with precision_context(self.candidate.precision):
             self._forward_backward()
             self.scaler.step(self.optimizer)
             self.scaler.update()
@@ -92,7 +100,7 @@ class TrainStep:
 
     def run_checked(self) -> tuple[float, float, bool]:
         """One training step that also reports (loss, gradient norm, whether GradScaler skipped it)."""
-        with precision_context(self.candidate.precision), threads_context(self.candidate.threads):
+        with precision_context(self.candidate.precision):
             loss = self._forward_backward()
             self.scaler.unscale_(self.optimizer)
             grads = [p.grad.detach().float().norm() for p in self.model.parameters() if p.grad is not None]

@@ -2,17 +2,18 @@
 
 Never ``fork``: forking after the host ran ``backward()`` or touched CUDA errors or deadlocks
 (BACKGROUND.md fact 8), and ``multiprocessing``'s spawn would re-import the app's ``__main__``. The host sends
-one JSON job on stdin; the worker answers with JSON lines on its original stdout, while anything the model
-code prints is redirected to stderr so it cannot corrupt the protocol. Results stream per candidate, so a
-native crash (SIGABRT from an MPS assertion, a segfault), a hang or an OOM loses only the candidate in flight:
-it is recorded with its class and the worker is restarted for the rest.
+one :class:`~autotune._calibration.protocol.Job` on stdin; the worker answers with protocol events on its
+original stdout, while anything the model code prints is redirected to stderr so it cannot corrupt the
+protocol. Results stream per candidate, so a native crash (SIGABRT from an MPS assertion, a segfault), a hang
+or an OOM loses only the candidate in flight: it is recorded with its class and the worker is restarted for
+the rest. This module handles processes only; what the worker measures is ``session``'s business.
 """
 
 from __future__ import annotations
 
 import collections
-import dataclasses
-import json
+import contextlib
+import datetime as dt
 import logging
 import os
 import queue
@@ -23,13 +24,20 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TextIO
+from typing import TextIO
 
-from autotune._calibrate_family import BASELINE, Settings, calibrate_family, unverified, warm_process
+from pydantic import ValidationError
+
+from autotune._calibration.plan import BASELINE, plan
+from autotune._calibration.protocol import (
+    EVENT, Begin, CalibrationSettings, Done, Failed, FamilyRef, Job, Planned, Ready,
+)
+from autotune._calibration.session import Session
+from autotune._calibration.setup import TorchLab, unverified, warm_process
 from autotune._errors import CalibrationError
 from autotune._families import Family
-from autotune._measure import MeasureSettings
-from autotune._models import Candidate, CandidateResult, Failure
+from autotune._models import Candidate, CandidateResult, Failure, FamilyResult
+from autotune._version import __version__
 
 log = logging.getLogger("autotune")
 
@@ -42,51 +50,27 @@ _EXIT_DEVICE_ERROR = 3
 
 
 @dataclass
-class FamilyOutcome:
-    """Everything the worker(s) reported for one family."""
-
-    results: list[CandidateResult]
-    control_ms: list[float] = field(default_factory=list)
-    noisy: bool = False
-    backend_notes: dict[str, str] = field(default_factory=dict)
-    search_notes: list[str] = field(default_factory=list)
-    worker_starts: int = 0
-    #: the first worker's start (interpreter, imports, process warm-up), a fixed cost of any calibration
-    worker_start_s: float = 0.0
-
-
-def _job(family: Family, candidates: list[Candidate] | None, settings: Settings) -> dict[str, Any]:
-    return {
-        "family": {"name": family.name, "ref": family.ref},
-        "candidates": None if candidates is None else [c.model_dump() for c in candidates],
-        "settings": dataclasses.asdict(settings),
-        # Like multiprocessing's spawn: the worker must import what the host can (user families, tests).
-        "sys_path": [p for p in sys.path if p],
-    }
-
-
-def _settings_from(raw: dict[str, Any]) -> Settings:
-    return Settings(**{**raw, "measure": MeasureSettings(**raw["measure"])})
-
-
 class _Attempt:
     """One worker process: its events, how it ended, and the candidate it was busy with."""
 
-    def __init__(self) -> None:
-        self.events: list[dict[str, Any]] = []
-        self.in_flight: Candidate | None = None
-        self.ended: Failure | None = None
-        self.start_s = 0.0
+    events: list[Planned | Begin | Failed | Done] = field(default_factory=list)
+    in_flight: Candidate | None = None
+    ended: Failure | None = None
+    start_s: float = 0.0
 
 
 def run_family(
-    family: Family, settings: Settings, *, isolation: str, timeout_s: float, progress: Progress | None = None
-) -> FamilyOutcome:
+    family: Family, settings: CalibrationSettings, *, isolation: str, timeout_s: float,
+    progress: Progress | None = None,
+) -> FamilyResult:
     """Calibrate ``family`` in workers, restarting after each crash, until every candidate has an answer."""
+    started = time.perf_counter()
     planned: list[Candidate] | None = None
-    outcome = FamilyOutcome(results=[])
+    backend_notes: dict[str, str] = {}
     failed: dict[Candidate, CandidateResult] = {}
-    done: dict[str, Any] | None = None
+    done: Done | None = None
+    attempts = 0
+    worker_start_s = 0.0
     while done is None:
         remaining = None if planned is None else [c for c in planned if c not in failed]
         reference = failed.get(BASELINE)
@@ -96,30 +80,25 @@ def run_family(
             break
         attempt = _Attempt()
         answered = len(failed)
-        outcome.worker_starts += 1
-        job = _job(family, remaining, settings)
+        attempts += 1
+        job = Job(family=FamilyRef(name=family.name, ref=family.ref), candidates=remaining, settings=settings,
+                  sys_path=[p for p in sys.path if p])
         if isolation == "inprocess":
-            started = time.perf_counter()
+            warm_started = time.perf_counter()
             warm_process()
-            attempt.start_s = time.perf_counter() - started
-            calibrate_family(family, remaining, settings, lambda e: _record(e, attempt, progress),
-                             discard_on_device_error=False)
+            attempt.start_s = time.perf_counter() - warm_started
+            calibrate(job, lambda event: _record(event, attempt, progress), discard_on_device_error=False)
         else:
             _run_subprocess(job, attempt, timeout_s, progress)
-        if outcome.worker_starts == 1:
-            outcome.worker_start_s = attempt.start_s
+        if attempts == 1:
+            worker_start_s = attempt.start_s
         for event in attempt.events:
-            kind = event["event"]
-            if kind == "plan":  # the first plan, then the variants each later search stage adds
-                added = [Candidate.model_validate(c) for c in event["candidates"]]
-                planned = added if event["backend_notes"] is not None else [*(planned or []), *added]
-                if event["backend_notes"] is not None:
-                    outcome.backend_notes = event["backend_notes"]
-            elif kind == "failed":
-                candidate = Candidate.model_validate(event["candidate"])
-                failed[candidate] = CandidateResult.model_validate(
-                    {**event["extra"], "candidate": candidate, "failure": event["failure"]})
-            elif kind == "done":
+            if isinstance(event, Planned):  # the first plan, then the variants each later search stage adds
+                planned = [*(planned or []), *(c for c in event.candidates if c not in (planned or []))]
+                backend_notes.update(event.backend_notes)
+            elif isinstance(event, Failed):
+                failed[event.result.candidate] = event.result
+            elif isinstance(event, Done):
                 done = event
         if done is None:
             if planned is None:
@@ -133,34 +112,67 @@ def run_family(
                 # Died between candidates: restarting would loop forever on the same point.
                 why = attempt.ended.detail if attempt.ended else "the worker stopped without a result"
                 raise CalibrationError(family.name, [("worker", why)])
-    measured = {r.candidate: r for r in (CandidateResult.model_validate(x) for x in (done or {}).get("results", []))}
-    outcome.results = [measured.get(c) or failed[c] for c in (planned or []) if c in measured or c in failed]
-    if done is not None:
-        outcome.control_ms = done["control_ms"]
-        outcome.noisy = done["noisy"]
-        outcome.search_notes = done.get("search_notes", [])
-    return outcome
+    measured = {r.candidate: r for r in (done.results if done is not None else [])}
+    return FamilyResult(
+        model_kind=family.name,
+        measured_at=dt.datetime.now(dt.timezone.utc).isoformat(),
+        autotune_version=__version__,
+        wall_s=time.perf_counter() - started,
+        worker_start_s=worker_start_s,
+        budget_s=settings.measure.budget_s,
+        candidates=[measured.get(c) or failed[c] for c in (planned or []) if c in measured or c in failed],
+        control_ms=done.control_ms if done is not None else [],
+        noisy=done.noisy if done is not None else False,
+        backend_notes=backend_notes,
+        search_notes=done.search_notes if done is not None else [],
+    )
 
 
-def _record(event: dict[str, Any], attempt: _Attempt, progress: Progress | None) -> None:
+def calibrate(job: Job, emit: Callable[[Planned | Begin | Failed | Done], None], *,
+              discard_on_device_error: bool = True) -> None:
+    """Measure the job's family here (in the worker, or in the host when isolation is ``inprocess``)."""
+    family = Family(job.family.name, job.family.ref)
+    lab = TorchLab(family, job.settings)
+    session = Session(lab, job.settings, emit, clock=time.perf_counter, control=_Control(), settle=time.sleep,
+                      discard_on_device_error=discard_on_device_error)
+    if job.candidates is None:
+        candidates, notes = plan()
+        session.run(candidates, staged=True, backend_notes=notes)
+    else:
+        session.run(job.candidates, staged=False, backend_notes={})
+
+
+class _Control:
+    """A fixed pure-Python workload: no candidate, thread setting or device can change its speed."""
+
+    last = 0
+
+    def run(self) -> None:
+        total = 0
+        for i in range(20_000):
+            total += i * i
+        self.last = total
+
+    def selected(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+
+def _record(event: Planned | Begin | Failed | Done, attempt: _Attempt, progress: Progress | None) -> None:
     attempt.events.append(event)
-    kind = event["event"]
-    if kind == "begin":
-        attempt.in_flight = Candidate.model_validate(event["candidate"])
+    if isinstance(event, Begin):
+        attempt.in_flight = event.candidate
         if progress is not None:
-            progress(attempt.in_flight, event["fraction"])
-    elif kind == "failed":
+            progress(event.candidate, event.fraction)
+    elif isinstance(event, (Failed, Done)):
         attempt.in_flight = None
-    elif kind == "done":
-        attempt.in_flight = None
-        if progress is not None:
+        if isinstance(event, Done) and progress is not None:
             progress(None, 1.0)
 
 
-def _run_subprocess(job: dict[str, Any], attempt: _Attempt, timeout_s: float, progress: Progress | None) -> None:
+def _run_subprocess(job: Job, attempt: _Attempt, timeout_s: float, progress: Progress | None) -> None:
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "autotune._worker"],
+            [sys.executable, "-m", "autotune._calibration.worker"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             # Its own process group, so a timeout kills the worker and anything it started.
             start_new_session=os.name == "posix",
@@ -181,7 +193,7 @@ def _run_subprocess(job: dict[str, Any], attempt: _Attempt, timeout_s: float, pr
         thread.start()
     try:
         if proc.stdin is not None:
-            proc.stdin.write(json.dumps(job) + "\n")
+            proc.stdin.write(job.model_dump_json() + "\n")
             proc.stdin.close()
     except OSError:
         pass  # the worker died at once; its exit status says why
@@ -201,11 +213,11 @@ def _run_subprocess(job: dict[str, Any], attempt: _Attempt, timeout_s: float, pr
             break
         last_event = time.monotonic()
         try:
-            event = json.loads(line)
-        except json.JSONDecodeError:
+            event = EVENT.validate_json(line)
+        except ValidationError:
             log.debug("worker wrote a non-protocol line: %r", line[:200])
             continue
-        if event.get("event") == "ready":
+        if isinstance(event, Ready):
             started = True
             attempt.start_s = last_event - launched
             continue
@@ -219,7 +231,7 @@ def _run_subprocess(job: dict[str, Any], attempt: _Attempt, timeout_s: float, pr
         attempt.ended = _crash_failure(returncode, list(stderr_tail))
 
 
-def _pump(stream: TextIO | None, sink: Callable[[str], None], at_end: Callable[[], None]) -> None:
+def _pump(stream: TextIO | None, sink: Callable[[str], object], at_end: Callable[[], object]) -> None:
     if stream is not None:
         for line in stream:
             sink(line)
@@ -257,24 +269,19 @@ def _worker_main() -> int:
     import faulthandler
 
     faulthandler.enable()  # a segfault or abort leaves a Python traceback in stderr, which the host keeps
-    job = json.loads(sys.stdin.readline())
-    sys.path[:0] = [p for p in job["sys_path"] if p not in sys.path]
+    job = Job.model_validate_json(sys.stdin.readline())
+    sys.path[:0] = [p for p in job.sys_path if p not in sys.path]
+    finished: list[bool] = []
 
-    def emit(event: dict[str, Any]) -> None:
-        protocol.write(json.dumps(event) + "\n")
+    def emit(event: Ready | Planned | Begin | Failed | Done) -> None:
+        protocol.write(event.model_dump_json() + "\n")
+        if isinstance(event, Done):
+            finished.append(True)
 
     warm_process()
-    emit({"event": "ready"})
-    family = Family(job["family"]["name"], job["family"]["ref"])
-    candidates = None if job["candidates"] is None else [Candidate.model_validate(c) for c in job["candidates"]]
-    events: list[str] = []
-
-    def tracking_emit(event: dict[str, Any]) -> None:
-        events.append(event["event"])
-        emit(event)
-
-    calibrate_family(family, candidates, _settings_from(job["settings"]), tracking_emit)
-    return 0 if "done" in events else _EXIT_DEVICE_ERROR
+    emit(Ready())
+    calibrate(job, emit)
+    return 0 if finished else _EXIT_DEVICE_ERROR
 
 
 if __name__ == "__main__":

@@ -1,0 +1,299 @@
+"""Interleaved, sequential timing of candidates that already passed set-up and verification.
+
+Rounds run every active candidate in turn, in alternating order (A B C, C B A, ...), in the same process:
+drift (a browser tab, thermal throttling, a second job) hits all of them alike, and a steady ramp cancels
+out of the per-round ratios instead of favouring whoever runs first. At each look of the sequential test
+(``_stats.LOOKS``) the paired ratio intervals decide, pair by pair:
+
+- a candidate clearly slower than its group's leader (by more than the pair's margin) is *dropped* and keeps
+  that evidence: it counts as clearly slower in every later decision;
+- a pair whose interval lies within the margin is *resolved* (a tie);
+- a group whose fastest candidate is clearly slower than another group's (in the final comparison, or far
+  behind after one round in any stage) is *outpaced*: it loses the device choice, is no longer timed, and
+  stays its own device's answer for a user who prefers that device;
+- a candidate whose every pair is resolved is *settled* and no longer timed.
+
+Timing stops when nothing is unresolved, or at the first look past the budget (the final comparison may
+overrun it to resolve the leader's own comparisons) or at ``max_rounds``. A
+control workload that no candidate can influence is timed every round; when it drifts, the budget and the
+minimum rounds are doubled, and a result that stays noisy is flagged.
+
+The clock and the steps are injected (STYLE.md "Measurement"), so tests and ``benchmarks/decision_sim.py``
+run this exact algorithm on a fake clock against known truths.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Callable, Hashable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Generic, Protocol, TypeVar
+
+from pydantic import BaseModel, ConfigDict, model_validator
+
+from autotune import _stats
+from autotune._rules import INDIFFERENCE
+
+K = TypeVar("K", bound=Hashable)
+
+
+class Clock(Protocol):
+    def __call__(self) -> float:
+        """Seconds from an arbitrary origin (``time.perf_counter``)."""
+
+
+class Steppable(Protocol):
+    def run(self) -> None:
+        """One synchronised training step."""
+
+    def selected(self) -> contextlib.AbstractContextManager[None]:
+        """Process-wide settings of this candidate (its thread count), applied outside the timed steps."""
+
+
+class MeasureSettings(BaseModel):
+    """Knobs of one timing stage; defaults suit a 2-core laptop as well as a workstation GPU."""
+
+    model_config = ConfigDict(frozen=True)
+
+    budget_s: float = 8.0
+    #: a look of the sequential test (``_stats.LOOKS``): the last round timing may run to
+    max_rounds: int = _stats.LOOKS[-1]
+    #: each candidate's share of a round lasts at least this long, so timer noise stays negligible
+    round_min_s: float = 0.003
+    #: the control may drift this much (see ``_stats.drift``) before the run counts as noisy
+    noise_limit: float = 0.10
+    #: a candidate this many times slower than its group's leader is dropped after a single round
+    far_behind: float = 4.0
+    #: ... and one this many times slower than another group's fastest is outpaced (no longer timed)
+    far_behind_device: float = 4.0
+    #: how far past its budget the final comparison may go to resolve the pick's own comparisons
+    overrun: float = 3.0
+    #: ... and the fewest rounds it gives them before that cap applies (a step of seconds: a few rounds)
+    decisive_rounds: int = 10
+    #: pause before each control measurement
+    settle_s: float = 0.001
+    warmup_max_steps: int = 8
+    warmup_stable: float = 0.15
+
+    @model_validator(mode="after")
+    def _max_rounds_is_a_look(self) -> MeasureSettings:
+        if self.max_rounds not in _stats.LOOKS:
+            raise ValueError(f"max_rounds must be one of the looks {_stats.LOOKS}, not {self.max_rounds}")
+        return self
+
+
+@dataclass(frozen=True)
+class Dropped(Generic[K]):
+    """The evidence that a candidate is clearly slower than ``by``: the paired ratio and its rounds."""
+
+    by: K
+    estimate: float
+    low: float
+    high: float
+    rounds: int
+    far_behind: bool
+
+
+@dataclass
+class Series(Generic[K]):
+    """Per-round samples of one candidate (round ``i`` of every series is the same round), and its fate."""
+
+    steps_per_round: int
+    round_ms: list[float] = field(default_factory=list)
+    #: clearly slower than a candidate of its own group: never picked
+    dropped: Dropped[K] | None = None
+    #: clearly slower than a candidate of another group: loses the device choice, still its group's answer
+    outpaced: Dropped[K] | None = None
+
+
+@dataclass
+class Interleaved(Generic[K]):
+    series: dict[K, Series[K]]
+    control_ms: list[float]
+    noisy: bool
+    rounds: int
+    elapsed_s: float
+
+
+@dataclass(frozen=True)
+class Comparisons(Generic[K]):
+    """Which pairs a stage must resolve: each candidate against its group's leader, and, in the final
+    comparison, the groups' leaders against one another. ``margin(a, b)`` is the pair's margin."""
+
+    group: Callable[[K], Hashable]
+    margin: Callable[[K, K], float]
+    across_groups: bool = False
+
+
+def timed(step: Steppable, clock: Clock) -> float:
+    started = clock()
+    step.run()
+    return clock() - started
+
+
+def warm_up(step: Steppable, clock: Clock, recent_s: list[float], settings: MeasureSettings) -> list[float]:
+    """Run extra steps until the last three agree within ``warmup_stable`` (allocator, JIT, kernel choice)."""
+    times = list(recent_s)
+    with step.selected():
+        for _ in range(settings.warmup_max_steps):
+            if len(times) >= 3 and _stats.relative_range(times[-3:]) <= settings.warmup_stable:
+                break
+            times.append(timed(step, clock))
+    return times
+
+
+def interleave(
+    steps: Mapping[K, Steppable],
+    *,
+    estimate_s: Mapping[K, float],
+    control: Steppable,
+    clock: Clock,
+    settings: MeasureSettings,
+    comparisons: Comparisons[K],
+    on_round: Callable[[int, K | None], None] | None = None,
+    settle: Callable[[float], None] = time.sleep,
+) -> Interleaved[K]:
+    """Time ``steps`` in interleaved rounds until every pair is resolved or the budget is spent."""
+    series: dict[K, Series[K]] = {
+        key: Series(steps_per_round=max(1, math.ceil(settings.round_min_s / max(estimate_s[key], 1e-9))))
+        for key in steps
+    }
+    active = list(steps)
+    for _ in range(3):
+        control.run()  # the interpreter specialises a loop's bytecode on its first runs: not drift
+    control_ms: list[float] = []
+    started = clock()
+    rounds = 0
+    while active:
+        for key in active if rounds % 2 == 0 else reversed(active):
+            if on_round is not None:
+                on_round(rounds, key)
+            with steps[key].selected():
+                samples = [timed(steps[key], clock) for _ in range(series[key].steps_per_round)]
+            series[key].round_ms.append(1000 * _stats.median(samples))
+        # The least disturbed of a few runs (interference only adds time), after a pause that lets the
+        # candidates' OpenMP threads stop spinning: on hyper-threaded cores they would slow the control down.
+        settle(settings.settle_s)
+        control_ms.append(1000 * min(timed(control, clock) for _ in range(3)))
+        rounds += 1
+        if rounds == 1:
+            _drop_far_behind(series, active, comparisons, settings, estimate_s)
+        if rounds not in _stats.LOOKS and rounds < settings.max_rounds:
+            continue
+        decisive = _look(series, active, comparisons, rounds)
+        drifting = _stats.drift(control_ms) > settings.noise_limit
+        if rounds >= settings.max_rounds:
+            break
+        if not active and (not drifting or rounds >= 2 * _stats.LOOKS[0]):
+            break
+        budget_s = settings.budget_s * (2 if drifting else 1)
+        elapsed_s = clock() - started
+        if elapsed_s >= budget_s:
+            # Past the budget, the final comparison still resolves the fastest candidate's own comparisons
+            # (and times nothing else): a tie declared for want of rounds would hand the pick to the simpler
+            # side however large the gap. Capped in time, but never below ``decisive_rounds`` for heavy steps.
+            if not decisive or (elapsed_s >= settings.overrun * budget_s and rounds >= settings.decisive_rounds):
+                break
+            active[:] = [k for k in active if k in decisive]
+    if on_round is not None:
+        on_round(rounds, None)
+    noisy = _stats.drift(control_ms) > settings.noise_limit
+    return Interleaved(series, control_ms, noisy, rounds, clock() - started)
+
+
+def _median(series: Series[K]) -> float:
+    return _stats.median(series.round_ms)
+
+
+def _leaders(series: Mapping[K, Series[K]], keys: list[K], comparisons: Comparisons[K]) -> dict[Hashable, K]:
+    leaders: dict[Hashable, K] = {}
+    for key in sorted(keys, key=lambda k: _median(series[k])):
+        leaders.setdefault(comparisons.group(key), key)
+    return leaders
+
+
+def _drop_far_behind(series: dict[K, Series[K]], active: list[K], comparisons: Comparisons[K],
+                     settings: MeasureSettings, estimate_s: Mapping[K, float]) -> None:
+    """After the first round: drop candidates so far behind their group's leader that no interval is needed,
+    and stop timing candidates that far behind the fastest one of another group (outpaced).
+
+    A candidate's time is the better of its first round and its warm-up estimate, so one disturbed round
+    (a hiccup of the machine) cannot push it out.
+    """
+    def ratio_to(key: K, leader: K) -> float:
+        return min(series[key].round_ms[0], 1000 * estimate_s[key]) / series[leader].round_ms[0]
+
+    leaders = _leaders(series, active, comparisons)
+    overall = min(active, key=lambda k: _median(series[k]))
+    for key in list(active):
+        leader = leaders[comparisons.group(key)]
+        ratio = ratio_to(key, leader)
+        if key != leader and ratio > settings.far_behind:
+            series[key].dropped = Dropped(leader, ratio, ratio, ratio, 1, far_behind=True)
+            active.remove(key)
+    for group, leader in _leaders(series, active, comparisons).items():
+        ratio = ratio_to(leader, overall)
+        if group != comparisons.group(overall) and ratio > settings.far_behind_device:
+            _outpace(series, active, comparisons, group, Dropped(overall, ratio, ratio, ratio, 1, far_behind=True))
+
+
+def _outpace(series: dict[K, Series[K]], active: list[K], comparisons: Comparisons[K], group: Hashable,
+             evidence: Dropped[K]) -> None:
+    """The whole group's best is clearly slower than another group's: none of it is timed any more."""
+    for key, one in series.items():
+        if comparisons.group(key) == group and one.dropped is None and one.outpaced is None:
+            one.outpaced = evidence
+            if key in active:
+                active.remove(key)
+
+
+def _pairs(series: Mapping[K, Series[K]], keys: list[K], comparisons: Comparisons[K]) -> Iterator[tuple[K, K]]:
+    """(candidate, the leader it must be resolved against), for every pair the stage decides: each candidate
+    against its group's leader, and in the final comparison each group's leader against the fastest overall."""
+    leaders = _leaders(series, keys, comparisons)
+    overall = min(keys, key=lambda k: _median(series[k]))
+    for key in keys:
+        leader = leaders[comparisons.group(key)]
+        if key != leader:
+            yield key, leader
+        elif comparisons.across_groups and key != overall:
+            yield key, overall
+
+
+def _look(series: dict[K, Series[K]], active: list[K], comparisons: Comparisons[K], rounds: int) -> set[K]:
+    """One look: drop the clearly slower, mark the outpaced, settle the resolved (``active`` keeps the rest).
+
+    Returns the candidates of the fastest candidate's unresolved pairs, in the final comparison (else empty).
+    """
+    contenders = [k for k, s in series.items() if s.dropped is None and s.outpaced is None]
+    overall = min(contenders, key=lambda k: _median(series[k]))
+    unresolved: set[K] = set()
+    decisive: set[K] = set()
+    for key, leader in list(_pairs(series, contenders, comparisons)):
+        if series[key].dropped is not None or series[key].outpaced is not None:
+            continue
+        estimate, low, high = _stats.ratio_interval(series[key].round_ms, series[leader].round_ms)
+        pair_margin = comparisons.margin(key, leader)
+        if low > 1 + pair_margin:
+            evidence = Dropped(leader, estimate, low, high, min(len(series[key].round_ms), rounds), far_behind=False)
+            if comparisons.group(key) == comparisons.group(leader):
+                series[key].dropped = evidence
+                if key in active:
+                    active.remove(key)
+            else:
+                _outpace(series, active, comparisons, comparisons.group(key), evidence)
+        elif high >= 1 + max(pair_margin, INDIFFERENCE) and key in active and leader in active:
+            unresolved.update((key, leader))
+            if overall in (key, leader) and comparisons.across_groups:
+                decisive.update((key, leader))
+    # Settled: every pair resolved (or one side no longer timed); it keeps its rounds and leaves the rounds.
+    active[:] = [k for k in active if k in unresolved and series[k].dropped is None and series[k].outpaced is None]
+    return decisive
+
+
+__all__ = [
+    "Clock", "Comparisons", "Dropped", "Interleaved", "MeasureSettings", "Series", "Steppable", "interleave",
+    "timed", "warm_up",
+]

@@ -1,0 +1,84 @@
+"""What to measure: device x precision for this machine, then variants of each device's best.
+
+``plan`` asks the backends (in the worker); everything else here is pure, so the simulation harness drives
+the same search with candidates taken from a truth profile.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from autotune._env import Search
+from autotune._models import Candidate
+from autotune.backends import all_backends
+
+BASELINE = Candidate(device="cpu", precision="fp32")
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What a built workload says about which variants are worth trying."""
+
+    #: a 4-D (image) input: channels_last may pay off
+    image_inputs: bool
+    #: the built-in AdamW, which has foreach and fused kernels
+    default_optimizer: bool
+
+
+def plan() -> tuple[list[Candidate], dict[str, str]]:
+    """Every device x precision worth measuring here, baseline first, and why other backends offer none."""
+    candidates: list[Candidate] = []
+    notes: dict[str, str] = {}
+    for backend in all_backends():
+        reason = backend.unusable_reason()
+        if reason is not None:
+            notes[backend.name] = reason
+            continue
+        for device in backend.devices():
+            candidates += [Candidate(device=device, precision=p) for p in backend.precisions(device)]
+    candidates.sort(key=lambda c: c != BASELINE)
+    return candidates, notes
+
+
+def fewer_threads(default: int) -> list[int]:
+    """CPU thread counts worth trying below torch's ``default``, e.g. ``[1]`` on 2 cores, ``[1, 4]`` on 8."""
+    return sorted({1, default // 2} - {0, default})
+
+
+def variants(
+    leader: Candidate, stage: int, facts: Facts, *, search: Search, default_threads: int,
+    median_ms: Mapping[Candidate, float],
+) -> list[Candidate]:
+    """Stage 2: layout and optimizer variants of a device's leader. Stage 3: what else helped, and CPU threads.
+
+    ``median_ms`` holds what earlier stages timed; a stage-2 variant that beat the plain leader combines
+    with the new leader in stage 3.
+    """
+    found: list[Candidate] = []
+    if stage == 2:
+        if facts.image_inputs and leader.memory_format == "contiguous":
+            found.append(leader.model_copy(update={"memory_format": "channels_last"}))
+        if facts.default_optimizer and leader.optimizer == "default":
+            found.append(leader.model_copy(update={"optimizer": "fused"}))
+        if search == "extended" and not leader.compiled:
+            found.append(leader.model_copy(update={"compiled": True}))
+        return found
+    base_ms = median_ms.get(leader.base)
+    for other, other_ms in median_ms.items():
+        if (base_ms is not None and other.base == leader.base and other != leader and other.num_threads is None
+                and other_ms < base_ms):
+            combined = leader.model_copy(update={
+                "memory_format": "channels_last" if "channels_last" in (leader.memory_format, other.memory_format)
+                else "contiguous",
+                "optimizer": other.optimizer if other.optimizer != "default" else leader.optimizer,
+                "compiled": leader.compiled or other.compiled,
+            })
+            if combined not in median_ms and combined not in found:
+                found.append(combined)
+    if leader.device == "cpu":
+        found += [leader.model_copy(update={"num_threads": count}) for count in fewer_threads(default_threads)]
+    return found
+
+
+__all__ = ["BASELINE", "Facts", "fewer_threads", "plan", "variants"]

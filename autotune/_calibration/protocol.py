@@ -1,0 +1,104 @@
+"""What crosses the process boundary between the host and the calibration worker, as typed models.
+
+The host writes one :class:`Job` line on the worker's stdin; the worker answers with one :data:`Event` per
+line on its stdout. Both sides validate with the same models (STYLE.md: "a typed model, validated on both
+sides, never a dict built by hand").
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+from autotune._env import Search
+from autotune._models import Candidate, CandidateResult
+from autotune._calibration.measure import MeasureSettings
+
+
+class _Message(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", ser_json_inf_nan="constants")
+
+
+class CalibrationSettings(_Message):
+    """What the host asks of one family's calibration."""
+
+    seed: int = 0
+    #: the first steps of every candidate, checked against the fp32 CPU reference; they also warm it up
+    verify_steps: int = 8
+    #: False runs the same steps unchecked: only benchmarks/overheads.py uses it, to price the numerics gate
+    verify: bool = True
+    #: a first step this many times slower than the same device's best first step stops the candidate
+    slow_first_step_factor: float = 8.0
+    #: ... provided it also took at least this long (steps of tiny models are all noise); later steps too
+    slow_step_floor_s: float = 0.5
+    #: a later step this many times slower than the best steady step so far stops the candidate
+    slow_step_factor: float = 20.0
+    #: "precision": device x precision only; "default": also layout, optimizer and CPU threads, staged;
+    #: "extended": also torch.compile (compile time counts as set-up: tens of seconds per candidate)
+    search: Search = "default"
+    #: the family's timing budget (``budget_s``) and the knobs every stage shares
+    measure: MeasureSettings = MeasureSettings()
+    #: shares of the budget for the pruning stages (1: precisions, 2: variants, 3: combinations and
+    #: threads); the final comparison gets the rest, at least ``final_share``
+    stage_shares: tuple[float, float, float] = (0.3, 0.15, 0.15)
+    final_share: float = 0.4
+    #: pruning stages only prune: what they cannot resolve in this many rounds goes to the final comparison
+    prune_max_rounds: int = 10
+
+
+class FamilyRef(_Message):
+    name: str
+    ref: str
+
+
+class Job(_Message):
+    family: FamilyRef
+    #: None: plan and search here; a list: a restarted worker's remaining candidates, timed in one stage
+    candidates: list[Candidate] | None
+    settings: CalibrationSettings
+    #: like multiprocessing's spawn: the worker must import what the host can (user families, tests)
+    sys_path: list[str]
+
+
+class Ready(_Message):
+    event: Literal["ready"] = "ready"
+
+
+class Planned(_Message):
+    """Candidates about to be set up: the first plan (with why backends offer none), or a stage's variants."""
+
+    event: Literal["plan"] = "plan"
+    candidates: list[Candidate]
+    stage: int
+    backend_notes: dict[str, str] = Field(default_factory=dict)
+
+
+class Begin(_Message):
+    """The worker starts on ``candidate``: if it dies now, this candidate is the one to blame."""
+
+    event: Literal["begin"] = "begin"
+    candidate: Candidate
+    phase: Literal["setup", "timing"]
+    fraction: float
+
+
+class Failed(_Message):
+    """A candidate failed; ``result`` holds its failure and whatever was measured before it."""
+
+    event: Literal["failed"] = "failed"
+    result: CandidateResult
+
+
+class Done(_Message):
+    event: Literal["done"] = "done"
+    results: list[CandidateResult]
+    control_ms: list[float]
+    noisy: bool
+    search_notes: list[str]
+
+
+Event = Annotated[Ready | Planned | Begin | Failed | Done, Field(discriminator="event")]
+EVENT: TypeAdapter[Ready | Planned | Begin | Failed | Done] = TypeAdapter(Event)
+
+__all__ = ["EVENT", "Begin", "CalibrationSettings", "Done", "Event", "Failed", "FamilyRef", "Job", "Planned", "Ready"]

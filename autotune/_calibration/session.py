@@ -1,0 +1,237 @@
+"""One family's search: set-up, pruning stages, and the final paired comparison that decisions use.
+
+Stage 1 times every device x precision; stage 2 the layout and optimizer variants of *each device's* leader;
+stage 3 the combinations that helped, and fewer CPU threads. Each stage interleaves its candidates and only
+*prunes*: a candidate clearly slower than its device's leader is dropped with its evidence; what a stage
+cannot resolve stays alive. Then every live candidate (the best of each device, and every simpler one the tie
+rule could prefer) is timed again, together, in fresh interleaved rounds: the final comparison. Decisions
+compare only those paired final rounds, so a slowdown between stages (throttling, a background job) cannot
+turn into a "clearly faster" verdict.
+
+The lab (real torch in the worker, a truth profile in the simulation), the clock and the control workload
+are injected: ``benchmarks/decision_sim.py`` runs this exact code on a fake clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+from autotune import _rules, _stats
+from autotune._calibration.measure import Clock, Comparisons, Dropped, MeasureSettings, Steppable, interleave, warm_up
+from autotune._calibration.plan import BASELINE, Facts, variants
+from autotune._calibration.protocol import Begin, CalibrationSettings, Done, Failed, Planned
+from autotune._calibration.setup import CandidateFailed, Prepared, classify, unverified
+from autotune._models import Candidate, CandidateResult, Drop, Failure, Interval, Timing
+
+Emit = Callable[[Planned | Begin | Failed | Done], None]
+FINAL_STAGE = 4
+
+
+class Lab(Protocol):
+    #: torch's CPU thread count in the process that times the candidates
+    default_threads: int
+
+    def set_up(self, candidate: Candidate) -> Prepared:
+        """Build and verify ``candidate``; raise CandidateFailed when it cannot be used."""
+
+
+def _device(candidate: Candidate) -> str:
+    return candidate.device
+
+
+class Session:
+    """One pass over a family: candidates set up once, timed in stages, then in the final comparison."""
+
+    def __init__(self, lab: Lab, settings: CalibrationSettings, emit: Emit, *, clock: Clock, control: Steppable,
+                 settle: Callable[[float], None], discard_on_device_error: bool) -> None:
+        self.lab = lab
+        self.settings = settings
+        self.emit = emit
+        self.clock = clock
+        self.control = control
+        self.settle = settle
+        self.discard_on_device_error = discard_on_device_error
+        self.ready: dict[Candidate, Prepared] = {}
+        self.results: dict[Candidate, CandidateResult] = {}
+        self.reference_failure: Failure | None = None
+        self.poisoned = False
+        self.control_ms: list[float] = []
+        self.notes: list[str] = []
+        self.timing_s = 0.0
+
+    def run(self, candidates: list[Candidate], *, staged: bool, backend_notes: dict[str, str]) -> None:
+        """Measure ``candidates`` (and, when ``staged``, their variants); emit Done unless poisoned."""
+        stages = 3 if staged and self.settings.search != "precision" else 1
+        span = 0.8 / stages  # progress: the stages share 80%, the final comparison the rest
+        self.emit(Planned(candidates=candidates, stage=1, backend_notes=backend_notes))
+        alive = self._time(self.set_up(candidates, (0.0, 0.5 * span)), 1, (0.5 * span, span))
+        for stage in range(2, stages + 1):
+            if self.poisoned:
+                return
+            new = self._variants(alive, stage)
+            if not new:
+                continue
+            lo = (stage - 1) * span
+            self.emit(Planned(candidates=new, stage=stage))
+            tried = self.set_up(new, (lo, lo + 0.5 * span))
+            leaders = [self._leader(alive, device) for device in dict.fromkeys(c.device for c in tried)]
+            self.notes.append(f"stage {stage}: " + ", ".join(c.label for c in new)
+                              + " against " + ", ".join(c.label for c in leaders))
+            if tried:
+                timed = self._time([*leaders, *tried], stage, (lo + 0.5 * span, lo + span))
+                dropped = {c for c in [*leaders, *tried] if c not in timed}
+                alive = [c for c in alive if c not in dropped] + [c for c in tried if c not in dropped]
+        if self.poisoned:
+            return
+        self._final(alive)
+        self.emit(Done(
+            results=self._with_baseline_ratios(), control_ms=self.control_ms, search_notes=self.notes,
+            # Judged over every stage's rounds together, the same series the warning quotes.
+            noisy=_stats.drift(self.control_ms) > self.settings.measure.noise_limit,
+        ))
+
+    def set_up(self, candidates: list[Candidate], share: tuple[float, float]) -> list[Candidate]:
+        """Build and verify each candidate; returns those ready to time. Failures are emitted as they happen."""
+        ready = []
+        for index, candidate in enumerate(candidates):
+            if self.poisoned:
+                break
+            fraction = share[0] + (share[1] - share[0]) * index / len(candidates)
+            self.emit(Begin(candidate=candidate, phase="setup", fraction=fraction))
+            try:
+                if self.reference_failure is not None:
+                    raise CandidateFailed(CandidateResult(candidate=candidate, failure=unverified(self.reference_failure)))
+                prepared = self.lab.set_up(candidate)
+            except CandidateFailed as exc:
+                result = exc.result
+            except Exception as exc:  # noqa: BLE001 - every failure is recorded with its class, never swallowed
+                result = CandidateResult(candidate=candidate, failure=classify(exc, candidate.device))
+            else:
+                self.ready[candidate] = prepared
+                self.results[candidate] = prepared.result
+                ready.append(candidate)
+                continue
+            assert result.failure is not None  # noqa: S101 - CandidateFailed always carries one
+            self.results[candidate] = result
+            self.emit(Failed(result=result))
+            if candidate == BASELINE:
+                self.reference_failure = result.failure
+            elif (candidate.device != "cpu" and self.discard_on_device_error
+                  and result.failure.kind not in ("numerics", "too_slow")):
+                self.poisoned = True  # a device error can leave the context poisoned: measure nothing else here
+        return ready
+
+    def _stage_settings(self, stage: int) -> MeasureSettings:
+        measure = self.settings.measure
+        if stage == FINAL_STAGE:
+            # Finalists survived the stages: a single round this far behind is interference, not evidence.
+            budget = max(measure.budget_s - self.timing_s, self.settings.final_share * measure.budget_s)
+            return measure.model_copy(update={"budget_s": budget, "far_behind": float("inf")})
+        rounds = max(look for look in _stats.LOOKS if look <= self.settings.prune_max_rounds)
+        return measure.model_copy(update={
+            "budget_s": self.settings.stage_shares[stage - 1] * measure.budget_s,
+            "max_rounds": min(measure.max_rounds, rounds),
+        })
+
+    def _time(self, candidates: list[Candidate], stage: int, share: tuple[float, float]) -> list[Candidate]:
+        """Interleave ``candidates``, record their timings (replacing earlier ones); those not dropped."""
+        if not candidates:
+            return []
+        settings = self._stage_settings(stage)
+        final = stage == FINAL_STAGE
+
+        def on_round(round_index: int, key: Candidate | None) -> None:
+            if key is not None:
+                fraction = share[0] + (share[1] - share[0]) * min(1.0, round_index / settings.max_rounds)
+                self.emit(Begin(candidate=key, phase="timing", fraction=fraction))
+
+        estimates = {c: _stats.median(warm_up(self.ready[c].step, self.clock, self.ready[c].recent_s, settings)[-3:])
+                     for c in candidates}
+        timed = interleave(
+            {c: self.ready[c].step for c in candidates}, estimate_s=estimates, control=self.control,
+            clock=self.clock, settings=settings, on_round=on_round, settle=self.settle,
+            comparisons=Comparisons(group=_device, margin=_rules.margin, across_groups=final),
+        )
+        self.control_ms += timed.control_ms
+        self.timing_s += timed.elapsed_s
+        for candidate, series in timed.series.items():
+            timing = Timing(
+                round_ms=series.round_ms, steps_per_round=series.steps_per_round,
+                median_ms=_stats.median(series.round_ms), spread=_stats.spread(series.round_ms),
+                stage=stage, final=final, dropped=_drop(series.dropped), outpaced=_drop(series.outpaced),
+            )
+            self.results[candidate] = self.results[candidate].model_copy(update={"timing": timing})
+        return [c for c in candidates if timed.series[c].dropped is None]
+
+    def _final(self, alive: list[Candidate]) -> None:
+        """Time the finalists together; a lone finalist keeps its stage timing, marked final.
+
+        An outpaced candidate (far behind another device) is no finalist: its evidence decides the device
+        choice, and it stays its own device's answer for a user who prefers that device.
+        """
+        alive = [c for c in alive if not self._outpaced(c)]
+        if len(alive) > 1:
+            self._time(alive, FINAL_STAGE, (0.8, 1.0))
+            return
+        for candidate in alive:
+            timing = self.results[candidate].timing
+            if timing is not None:
+                self.results[candidate] = self.results[candidate].model_copy(
+                    update={"timing": timing.model_copy(update={"final": True})})
+
+    def _leader(self, alive: list[Candidate], device: str) -> Candidate:
+        """The fastest live candidate on ``device`` among those timed last (it proposes the next variants):
+        medians of different stages are not compared."""
+        on_device = [c for c in alive if c.device == device]
+        latest = max(self._stage(c) for c in on_device)
+        return min((c for c in on_device if self._stage(c) == latest), key=self._median)
+
+    def _stage(self, candidate: Candidate) -> int:
+        timing = self.results[candidate].timing
+        return timing.stage if timing is not None else 0
+
+    def _outpaced(self, candidate: Candidate) -> bool:
+        timing = self.results[candidate].timing
+        return timing is not None and timing.outpaced is not None
+
+    def _median(self, candidate: Candidate) -> float:
+        timing = self.results[candidate].timing
+        return timing.median_ms if timing is not None else float("inf")
+
+    def _variants(self, alive: list[Candidate], stage: int) -> list[Candidate]:
+        found: list[Candidate] = []
+        for device in dict.fromkeys(c.device for c in alive):
+            leader = self._leader(alive, device)
+            if self._outpaced(leader):
+                continue  # far behind another device: refining it is not worth the budget
+            timed = {c: self._median(c) for c, r in self.results.items()
+                     if c.device == device and r.timing is not None and r.timing.stage == stage - 1}
+            facts: Facts = self.ready[leader].facts
+            found += [c for c in variants(leader, stage, facts, search=self.settings.search,
+                                          default_threads=self.lab.default_threads, median_ms=timed)
+                      if c not in self.results and c not in found]
+        return found
+
+    def _with_baseline_ratios(self) -> list[CandidateResult]:
+        """Each timed candidate's step-time ratio to fp32 on the CPU, where both were timed in the same rounds."""
+        baseline = self.results.get(BASELINE)
+        out = []
+        for candidate, result in self.results.items():
+            if (baseline is not None and baseline.timing is not None and result.timing is not None
+                    and candidate != BASELINE and result.timing.stage == baseline.timing.stage):
+                estimate, low, high = _stats.ratio_interval(result.timing.round_ms, baseline.timing.round_ms)
+                vs_baseline = Interval(estimate=estimate, low=low, high=high)
+                result = result.model_copy(update={"timing": result.timing.model_copy(update={"vs_baseline": vs_baseline})})
+            out.append(result)
+        return out
+
+
+def _drop(dropped: Dropped[Candidate] | None) -> Drop | None:
+    if dropped is None:
+        return None
+    return Drop(by=dropped.by, ratio=Interval(estimate=dropped.estimate, low=dropped.low, high=dropped.high),
+                rounds=dropped.rounds, far_behind=dropped.far_behind)
+
+
+__all__ = ["FINAL_STAGE", "Lab", "Session"]

@@ -1,0 +1,175 @@
+"""One candidate made ready for timing: built, verified against the fp32 CPU reference, warmed up.
+
+The verification window (the first ``verify_steps`` steps from the same seed and batch as the reference)
+doubles as the warm-up, and stops a pathologically slow candidate early (fp16 autocast on a CPU: over a
+second a step, 20-48x slower). fp16 is retried at lower GradScaler scales while steps are skipped.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from autotune import _stats
+from autotune._calibration.measure import Steppable
+from autotune._calibration.plan import BASELINE, Facts
+from autotune._calibration.protocol import CalibrationSettings
+from autotune._calibration.step import TrainStep
+from autotune._calibration.verify import INIT_SCALES, Trajectory, compare
+from autotune._families import Family
+from autotune._models import Candidate, CandidateResult, Failure
+from autotune.backends import Backend, backend_for
+
+
+@dataclass
+class Prepared:
+    """A verified candidate, ready to time: its step, its result so far, its recent step times, its facts."""
+
+    step: Steppable
+    result: CandidateResult
+    recent_s: list[float]
+    facts: Facts
+
+
+class CandidateFailed(Exception):
+    """A candidate cannot be used; ``result`` carries the failure and whatever was measured before it."""
+
+    def __init__(self, result: CandidateResult) -> None:
+        assert result.failure is not None  # noqa: S101 - internal invariant, never user input
+        super().__init__(result.failure.detail)
+        self.result = result
+
+
+def failed(candidate: Candidate, kind: str, detail: str, **measured: float | None) -> CandidateFailed:
+    return CandidateFailed(CandidateResult.model_validate(
+        {"candidate": candidate, "failure": Failure.model_validate({"kind": kind, "detail": detail}), **measured}))
+
+
+def unverified(reference_failure: Failure) -> Failure:
+    """Without the fp32 CPU reference nothing can be verified: say so instead of guessing."""
+    return Failure(kind="error", detail=f"not verified: the fp32 CPU reference failed ({reference_failure.kind})")
+
+
+def classify(exc: BaseException, device: str) -> Failure:
+    """An exception raised by a candidate's step, as a failure class with a human detail."""
+    text = f"{type(exc).__name__}: {exc}".strip()
+    first_line = text.splitlines()[0][:300] if text else type(exc).__name__
+    if backend_for(device).is_oom(exc):
+        return Failure(kind="oom", detail=first_line)
+    if isinstance(exc, NotImplementedError) or "not implemented for" in text or "not supported" in text.lower():
+        return Failure(kind="unsupported", detail=first_line)
+    return Failure(kind="error", detail=first_line)
+
+
+def warm_process() -> None:
+    """Pay the process's one-time costs before any candidate's set-up is timed.
+
+    The first optimizer a process creates imports torch's compiler stack (about 1 s here), and the first
+    backward starts autograd's engine; charged to the baseline's set-up, they would make the CPU look
+    expensive for short jobs.
+    """
+    layer = torch.nn.Linear(4, 4)
+    optimizer = torch.optim.AdamW(layer.parameters())
+    torch.nn.functional.relu(layer(torch.ones(2, 4))).sum().backward()
+    optimizer.step()
+
+
+class TorchLab:
+    """Sets up one family's candidates with real torch; remembers the reference and the best times so far."""
+
+    def __init__(self, family: Family, settings: CalibrationSettings) -> None:
+        self.family = family
+        self.settings = settings
+        self.reference: Trajectory | None = None
+        self.best_first: dict[str, tuple[float, Candidate]] = {}
+        self.best_step_s = float("inf")
+        self.default_threads = torch.get_num_threads()
+
+    def set_up(self, candidate: Candidate) -> Prepared:
+        """Build, verify (retrying lower GradScaler scales for fp16); raises CandidateFailed."""
+        backend = backend_for(candidate.device)
+        default_skipped: int | None = None
+        scales = INIT_SCALES if candidate.precision == "fp16-mixed" else (None,)
+        for init_scale in scales:
+            backend.reset_peak_memory(candidate.device)
+            step = TrainStep(self.family, candidate, backend, seed=self.settings.seed, init_scale=init_scale)
+            with step.selected():
+                trajectory = self._check(step)
+            if trajectory.skipped_steps and all(map(_finite, trajectory.losses)) and init_scale != scales[-1]:
+                default_skipped = trajectory.skipped_steps if default_skipped is None else default_skipped
+                continue  # a lower scale may fix gradient overflow; it cannot fix a forward overflow
+            break
+        if trajectory.step_s[0] < self.best_first.get(candidate.device, (float("inf"),))[0]:
+            self.best_first[candidate.device] = (trajectory.step_s[0], candidate)
+        result = self._result(step, backend, trajectory, default_skipped)
+        if result.failure is not None:
+            raise CandidateFailed(result)
+        steady = trajectory.step_s[1:] or trajectory.step_s
+        self.best_step_s = min(self.best_step_s, _stats.median(steady))
+        facts = Facts(image_inputs=step.image_inputs, default_optimizer=step.default_optimizer)
+        return Prepared(step, result, steady, facts)
+
+    def _result(self, step: TrainStep, backend: Backend, trajectory: Trajectory,
+                default_skipped: int | None) -> CandidateResult:
+        candidate = step.candidate
+        numerics, problem = None, None
+        if self.settings.verify:
+            if self.reference is None and candidate == BASELINE:
+                self.reference = trajectory  # the baseline runs first: fp32 on the CPU
+            if self.reference is not None:
+                numerics, problem = compare(trajectory, self.reference, candidate.precision,
+                                            init_scale=step.init_scale, default_scale_skipped=default_skipped)
+        return CandidateResult(
+            candidate=candidate,
+            failure=None if problem is None else Failure(kind="numerics", detail=problem),
+            setup_s=step.build_s + trajectory.step_s[0],
+            first_step_ms=1000 * trajectory.step_s[0],
+            numerics=numerics,
+            num_threads=candidate.num_threads or self.default_threads,
+            device_name=backend.device_name(candidate.device),
+            peak_bytes=backend.peak_memory_bytes(candidate.device),
+        )
+
+    def _check(self, step: TrainStep) -> Trajectory:
+        """The verification window, which doubles as warm-up; stops a pathologically slow candidate early."""
+        trajectory = Trajectory()
+        candidate = step.candidate
+        for index in range(self.settings.verify_steps):
+            started = time.perf_counter()
+            if self.settings.verify:
+                loss, grad_norm, skipped = step.run_checked()
+                trajectory.losses.append(loss)
+                trajectory.grad_norms.append(grad_norm)
+                trajectory.skipped.append(skipped)
+            else:
+                step.run()
+            elapsed = time.perf_counter() - started
+            trajectory.step_s.append(elapsed)
+            best_first_s, best = self.best_first.get(candidate.device, (float("inf"), candidate))
+            if index == 0 and not candidate.compiled and elapsed > max(
+                self.settings.slow_first_step_factor * best_first_s, self.settings.slow_step_floor_s
+            ):
+                raise failed(candidate, "too_slow", (
+                    f"{_human_s(elapsed)}/step, {elapsed / best_first_s:.0f}x slower than {best.precision}'s "
+                    "first step; stopped after 1 step"), first_step_ms=1000 * elapsed)
+            if index > 0 and elapsed > max(self.settings.slow_step_factor * self.best_step_s,
+                                           self.settings.slow_step_floor_s):
+                raise failed(candidate, "too_slow", (
+                    f"{_human_s(elapsed)}/step, {elapsed / self.best_step_s:.0f}x slower than the fastest "
+                    f"candidate so far; stopped after {index + 1} steps"), first_step_ms=1000 * trajectory.step_s[0])
+        if self.settings.verify:
+            trajectory.update = step.update()
+        return trajectory
+
+
+def _finite(value: float) -> bool:
+    return value == value and abs(value) != float("inf")
+
+
+def _human_s(seconds: float) -> str:
+    return f"{seconds:.1f} s" if seconds >= 1 else f"{1000 * seconds:.1f} ms"
+
+
+__all__ = ["CandidateFailed", "Prepared", "TorchLab", "classify", "failed", "unverified", "warm_process"]

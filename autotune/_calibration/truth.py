@@ -1,0 +1,241 @@
+"""Truth profiles: hardware that is not here, driving the real search and decision code on a fake clock.
+
+A :class:`Truth` says how fast each candidate *really* is (its step-time distribution, set-up time, failure,
+numerics), and how the machine misbehaves while it is measured (per-step noise, heavy-tailed outliers, a
+slowdown between stages, a steady ramp, a background burst). :func:`simulate` runs the real ``Session``
+(stages, sequential timing, final comparison) against it with a seeded random stream and a fake clock, and
+returns the ``FamilyResult`` a worker would have returned; the real ``decide`` then picks from it. Nothing
+here hands ready-made timings to ``decide``: the code must find the right answer under the noise.
+
+Used by ``tests/test_simulated.py`` (a seeded subset) and ``benchmarks/decision_sim.py`` (rates over many runs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from autotune._calibration.plan import Facts
+from autotune._calibration.protocol import CalibrationSettings, Done
+from autotune._calibration.session import Session
+from autotune._calibration.setup import CandidateFailed, Prepared
+from autotune._models import Candidate, CandidateResult, Failure, FamilyResult, Numerics
+from autotune._rules import complexity, margin
+
+#: the control workload's true time: pure Python on the CPU
+CONTROL_MS = 1.0
+
+
+@dataclass(frozen=True)
+class CandidateTruth:
+    """One plain candidate's real behaviour, e.g. ``CandidateTruth(step_ms=5.9, setup_s=4.1)``."""
+
+    step_ms: float
+    setup_s: float = 0.2
+    failure: Failure | None = None
+    init_scale: float | None = None
+    default_scale_skipped: int | None = None
+
+
+@dataclass(frozen=True)
+class Truth:
+    """A machine and a family as they really are, and the weather while they are measured."""
+
+    name: str
+    candidates: Mapping[Candidate, CandidateTruth]
+    #: step-time factor of each variant setting, e.g. ``{"fused-optimizer": 0.9}`` (10% faster); default 1
+    variant_factors: Mapping[str, float] = field(default_factory=dict)
+    facts: Facts = Facts(image_inputs=False, default_optimizer=True)
+    default_threads: int = 8
+    #: log-normal sigma of every step
+    noise: float = 0.03
+    #: share of steps hit by an outlier, and how much slower they are
+    outlier_rate: float = 0.0
+    outlier_factor: float = 3.0
+    #: every device but the CPU runs this much slower once stage 1 is over (a GPU throttling: the
+    #: pure-Python control on the CPU cannot see it)
+    slowdown_after_stage_1: float = 1.0
+    #: everything, the control included, slows by this fraction per second (thermal ramp)
+    ramp_per_s: float = 0.0
+    #: everything, the control included, runs ``burst_factor`` times slower during (start_s, end_s)
+    burst: tuple[float, float] | None = None
+    burst_factor: float = 2.0
+
+    def step_ms(self, candidate: Candidate) -> float:
+        """The candidate's true median step time: its plain candidate's, times each variant's factor."""
+        base = self.candidates[candidate.base].step_ms
+        return base * math.prod(self.variant_factors.get(word, 1.0) for word in candidate.variants)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class _Weather:
+    """The machine's disturbances as a function of the fake time and of the search's progress."""
+
+    def __init__(self, truth: Truth, clock: FakeClock, rng: random.Random) -> None:
+        self.truth = truth
+        self.clock = clock
+        self.rng = rng
+        self.stage_1_over = False
+        #: steps timed by the session (not by a set-up's verification window)
+        self.timed_steps = 0
+        self.in_setup = False
+
+    def factor(self, device: str) -> float:
+        truth, now = self.truth, self.clock.now
+        value = (1 + truth.ramp_per_s * now) * math.exp(self.rng.gauss(0.0, truth.noise))
+        if truth.burst is not None and truth.burst[0] <= now < truth.burst[1]:
+            value *= truth.burst_factor
+        if self.stage_1_over and device != "cpu":
+            value *= truth.slowdown_after_stage_1
+        if self.rng.random() < truth.outlier_rate:
+            value *= truth.outlier_factor
+        return value
+
+
+class _FakeStep:
+    def __init__(self, step_s: float, device: str, weather: _Weather) -> None:
+        self.step_s = step_s
+        self.device = device
+        self.weather = weather
+
+    def run(self) -> None:
+        self.weather.clock.now += self.step_s * self.weather.factor(self.device)
+        if not self.weather.in_setup:
+            self.weather.timed_steps += 1
+
+    def selected(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+
+class TruthLab:
+    """The lab the session asks to set candidates up; here it answers from the truth, on the fake clock."""
+
+    def __init__(self, truth: Truth, weather: _Weather, verify_steps: int) -> None:
+        self.truth = truth
+        self.weather = weather
+        self.verify_steps = verify_steps
+        self.default_threads = truth.default_threads
+
+    def set_up(self, candidate: Candidate) -> Prepared:
+        truth = self.truth.candidates[candidate.base]
+        clock = self.weather.clock
+        if self.weather.timed_steps:
+            self.weather.stage_1_over = True  # a set-up after timing began is a later stage's
+        clock.now += truth.setup_s
+        if truth.failure is not None:
+            raise CandidateFailed(CandidateResult(candidate=candidate, failure=truth.failure, setup_s=truth.setup_s))
+        step = _FakeStep(self.truth.step_ms(candidate) / 1000, candidate.device, self.weather)
+        recent_s = []
+        self.weather.in_setup = True
+        for _ in range(self.verify_steps):
+            started = clock.now
+            step.run()
+            recent_s.append(clock.now - started)
+        self.weather.in_setup = False
+        numerics = Numerics(losses=[1.0] * self.verify_steps, grad_norms=[1.0] * self.verify_steps, loss_error=0.0,
+                            grad_error=0.0, update_cosine=1.0, tolerance=0.05, init_scale=truth.init_scale,
+                            default_scale_skipped=truth.default_scale_skipped)
+        result = CandidateResult(candidate=candidate, setup_s=truth.setup_s + recent_s[0],
+                                 first_step_ms=1000 * recent_s[0], numerics=numerics,
+                                 device_name="simulated")
+        return Prepared(step, result, recent_s[1:], self.truth.facts)
+
+
+def simulate(truth: Truth, seed: int, settings: CalibrationSettings | None = None) -> tuple[FamilyResult, float]:
+    """One calibration of ``truth`` by the real session, seeded; the result and its simulated seconds."""
+    settings = settings or CalibrationSettings()
+    rng = random.Random(seed)
+    clock = FakeClock()
+    weather = _Weather(truth, clock, rng)
+    lab = TruthLab(truth, weather, settings.verify_steps)
+    events: list[object] = []
+    session = Session(lab, settings, events.append, clock=clock,
+                      control=_FakeStep(CONTROL_MS / 1000, "cpu", _ControlWeather(weather)),
+                      settle=_advance(clock), discard_on_device_error=False)
+    planned = sorted(truth.candidates, key=lambda c: c != Candidate(device="cpu", precision="fp32"))
+    session.run(planned, staged=True, backend_notes={})
+    done = next(e for e in events if isinstance(e, Done))
+    result = FamilyResult(
+        model_kind=truth.name, measured_at="simulated", autotune_version="simulated", wall_s=clock.now,
+        budget_s=settings.measure.budget_s, candidates=done.results,
+        control_ms=done.control_ms, noisy=done.noisy, search_notes=done.search_notes,
+    )
+    return result, clock.now
+
+
+class _ControlWeather(_Weather):
+    """The control sees what happens to the whole machine (ramp, burst), not a GPU's own throttling."""
+
+    def __init__(self, weather: _Weather) -> None:
+        super().__init__(weather.truth, weather.clock, weather.rng)
+
+    def factor(self, device: str) -> float:
+        truth, now = self.truth, self.clock.now
+        value = (1 + truth.ramp_per_s * now) * math.exp(self.rng.gauss(0.0, 0.01))
+        if truth.burst is not None and truth.burst[0] <= now < truth.burst[1]:
+            value *= truth.burst_factor
+        return value
+
+
+def _advance(clock: FakeClock) -> Callable[[float], None]:
+    def settle(seconds: float) -> None:
+        clock.now += seconds
+    return settle
+
+
+def true_pick(truth: Truth, candidates: list[Candidate], expected_steps: int | None = None) -> Candidate:
+    """What the decision rules pick when every step time is known exactly (no noise): the right answer."""
+    def score(c: Candidate) -> float:
+        setup_ms = 1000 * truth.candidates[c.base].setup_s
+        return truth.step_ms(c) if expected_steps is None else setup_ms + expected_steps * truth.step_ms(c)
+
+    usable = [c for c in candidates if truth.candidates[c.base].failure is None]
+    picks = {}
+    for device in dict.fromkeys(c.device for c in usable):
+        on_device = [c for c in usable if c.device == device]
+        leader = min(on_device, key=score)
+        simpler = [c for c in on_device if complexity(c) < complexity(leader)
+                   and score(leader) * (1 + margin(leader, c)) >= score(c)]
+        picks[device] = min(simpler, key=lambda c: (complexity(c), score(c))) if simpler else leader
+    best = min(picks.values(), key=score)
+    cpu = picks.get("cpu")
+    if cpu is not None and best != cpu and score(best) * (1 + margin(best, cpu)) >= score(cpu):
+        return cpu
+    return best
+
+
+def true_score(truth: Truth, candidate: Candidate, expected_steps: int | None = None) -> float:
+    step = truth.step_ms(candidate)
+    return step if expected_steps is None else 1000 * truth.candidates[candidate.base].setup_s + expected_steps * step
+
+
+
+
+
+def truth_from_record(measured: FamilyResult, **weather: object) -> Truth:
+    """A recorded family (e.g. ``fixtures/machines/*.json``) read as a truth profile: each plain
+    candidate's recorded median step time, set-up time, failure and GradScaler facts become its truth."""
+    candidates: dict[Candidate, CandidateTruth] = {}
+    for result in measured.candidates:
+        if result.candidate != result.candidate.base:
+            continue
+        numerics = result.numerics
+        candidates[result.candidate] = CandidateTruth(
+            step_ms=result.timing.median_ms if result.timing is not None else 1.0,
+            setup_s=result.setup_s or 0.2,
+            failure=result.failure,
+            init_scale=numerics.init_scale if numerics is not None else None,
+            default_scale_skipped=numerics.default_scale_skipped if numerics is not None else None,
+        )
+    return Truth(name=measured.model_kind, candidates=candidates, **weather)  # type: ignore[arg-type]
+__all__ = ["CandidateTruth", "FakeClock", "Truth", "TruthLab", "simulate", "true_pick", "true_score", "truth_from_record"]

@@ -1,0 +1,38 @@
+"""The decision rules that measurement and decision share: the margin and what counts as simpler.
+
+The calibration prunes with these rules and ``_decide`` picks with them, so both live here, once.
+"""
+
+from __future__ import annotations
+
+from autotune._models import Candidate, Precision
+
+#: a lower precision or another device must be faster by more than this (with the decision's confidence)
+#: to beat the simpler choice: it costs the user numerics headroom, or a driver, device memory and copies
+MARGIN = 0.03
+#: below this, a difference between two settings of the same math is too small to be worth more rounds
+INDIFFERENCE = 0.01
+
+_SIMPLICITY: dict[Precision, int] = {"fp32": 0, "tf32": 1, "bf16-mixed": 2, "fp16-mixed": 3}
+
+
+def margin(a: Candidate, b: Candidate) -> float:
+    """How much faster one of ``a`` and ``b`` must be, with confidence, to be picked over the other.
+
+    Different devices or precisions: :data:`MARGIN`. The same device and precision (memory format, optimizer
+    kernels, thread count, compilation: the same math) need only be confidently faster, so a real 2% gain of
+    a fused optimizer is not given away to a tie.
+    """
+    if a.device != b.device or a.precision != b.precision:
+        return MARGIN
+    return 0.0
+
+
+def complexity(candidate: Candidate) -> tuple[int, int]:
+    """Lower is simpler: the CPU, then fp32 < tf32 < bf16 < fp16, then each non-default variant adds one."""
+    variants = (int(candidate.memory_format != "contiguous") + int(candidate.optimizer != "default")
+                + int(candidate.num_threads is not None) + int(candidate.compiled))
+    return _SIMPLICITY[candidate.precision], variants
+
+
+__all__ = ["INDIFFERENCE", "MARGIN", "complexity", "margin"]

@@ -1,0 +1,132 @@
+"""Decision quality against known truths: the real search and decision code, many seeded runs per scenario.
+
+Each scenario is a truth profile (``autotune._calibration.truth``): how fast every candidate really is and how
+the machine misbehaves while it is measured. The real session (stages, sequential timing, final paired
+comparison) measures it on a fake clock, the real ``decide`` picks, and the pick is scored against the pick
+the same rules make on the exact truth. Printed per scenario (JSON lines):
+
+- ``right_pct``: the right device and precision (variants of equal truth are not told apart);
+- ``faster_claimed_pct``: a lower precision (or a GPU) picked over the simpler answer where the truth says
+  it is *not* faster by more than the margin: a wrong "clearly faster" verdict (goal <= 5%);
+- ``mean_regret_pct`` / ``p95_regret_pct``: true time of the pick over the truly fastest candidate's, - 1;
+- ``sim_s``: simulated calibration seconds (set-up + every timed step), mean.
+
+    python benchmarks/decision_sim.py [--runs N] [SCENARIO ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from autotune._calibration.truth import CandidateTruth, Truth, simulate, true_pick, true_score, truth_from_record
+from autotune._decide import decide
+from autotune._models import Candidate, Failure
+from autotune._rules import complexity
+from autotune._store import Store, StoreFile
+
+MACHINES = Path(__file__).parent.parent / "fixtures" / "machines"
+CPU_THREADS = {"1 thread": 3.0, "4 threads": 1.5}  # an 8-thread CPU: fewer threads are slower
+
+
+def _c(device: str, precision: str) -> Candidate:
+    return Candidate(device=device, precision=precision)  # type: ignore[arg-type]
+
+
+def gpu_family(name: str, fp32_ms: float, bf16_ms: float, *, fused: float = 1.0, **weather: object) -> Truth:
+    """A GPU machine where the question is fp32 vs bf16 on the GPU; the CPU is 10x slower, fp16 fails."""
+    return Truth(
+        name=name,
+        candidates={
+            _c("cpu", "fp32"): CandidateTruth(10 * fp32_ms),
+            _c("cpu", "bf16-mixed"): CandidateTruth(14 * fp32_ms),
+            _c("cuda:0", "fp32"): CandidateTruth(fp32_ms, setup_s=3.0),
+            _c("cuda:0", "bf16-mixed"): CandidateTruth(bf16_ms, setup_s=3.0),
+            _c("cuda:0", "fp16-mixed"): CandidateTruth(bf16_ms, failure=Failure(kind="numerics", detail="overflow")),
+        },
+        variant_factors={**CPU_THREADS, "fused-optimizer": fused},
+        **weather,  # type: ignore[arg-type]
+    )
+
+
+def scenarios() -> dict[str, tuple[Truth, int | None]]:
+    found: dict[str, tuple[Truth, int | None]] = {
+        "gap_10x": (gpu_family("gap_10x", 51.0, 5.9), None),
+        "equal": (gpu_family("equal", 20.0, 20.0), None),
+        **{f"gain_{g}pct": (gpu_family(f"gain_{g}pct", 20.0, 20.0 / (1 + g / 100)), None)
+           for g in (2.99, 3.5, 5, 10)},
+        "equal_slowdown_10pct_between_stages": (gpu_family("s", 20.0, 20.0, slowdown_after_stage_1=1.10), None),
+        "equal_ramp_2pct_per_s": (gpu_family("r", 20.0, 20.0, ramp_per_s=0.02), None),
+        "equal_outliers_5pct_3x": (gpu_family("o", 20.0, 20.0, outlier_rate=0.05), None),
+        "gain_2.99pct_outliers_5pct_3x": (gpu_family("go", 20.0, 20.0 / 1.0299, outlier_rate=0.05), None),
+        "equal_burst_halfway": (gpu_family("b", 20.0, 20.0, burst=(12.0, 16.0)), None),
+        "cpu_vs_gpu_equal": (Truth(name="cg", candidates={
+            _c("cpu", "fp32"): CandidateTruth(10.0), _c("cuda:0", "fp32"): CandidateTruth(10.0, setup_s=3.0)},
+            variant_factors=CPU_THREADS), None),
+        "fused_optimizer_2pct": (gpu_family("f", 20.0, 10.0, fused=0.98), None),
+    }
+    for path in sorted(MACHINES.glob("*.json")):
+        stored = Store(MACHINES)._read(path)
+        assert isinstance(stored, StoreFile)
+        for kind, measured in stored.families.items():
+            found[f"{path.stem}/{kind}"] = (truth_from_record(measured, default_threads=8), None)
+            if kind == "detector":
+                found[f"{path.stem}/{kind}@60steps"] = (truth_from_record(measured, default_threads=8), 60)
+    return found
+
+
+def run(name: str, truth: Truth, expected_steps: int | None, runs: int) -> dict[str, object]:
+    planned = list(truth.candidates)
+    right = true_pick(truth, planned, expected_steps)
+    right_count = claimed = noisy = 0
+    regrets, seconds = [], []
+    for seed in range(runs):
+        measured, sim_s = simulate(truth, seed)
+        # The truly fastest of everything this search could have tried (variants included).
+        best = min(true_score(truth, r.candidate, expected_steps) for r in measured.candidates
+                   if truth.candidates[r.candidate.base].failure is None)
+        pick = decide(measured, expected_steps=expected_steps, digest="sim")
+        chosen = next(r.candidate for r in measured.candidates if r.usable and r.timing is not None
+                      and r.timing.final and (r.candidate.device, r.candidate.precision, r.candidate.variants)
+                      == (pick.device, pick.precision, pick.variants))
+        right_count += (chosen.device, chosen.precision) == (right.device, right.precision)
+        claimed += _more_complex(chosen, right)
+        noisy += measured.noisy
+        regrets.append(true_score(truth, chosen, expected_steps) / best - 1)
+        seconds.append(sim_s)
+    regrets.sort()
+    return {
+        "benchmark": "decision_sim", "scenario": name, "runs": runs,
+        "right_answer": f"{right.device} {right.precision}",
+        "right_pct": round(100 * right_count / runs, 1),
+        "faster_claimed_pct": round(100 * claimed / runs, 1),
+        "mean_regret_pct": round(100 * statistics.fmean(regrets), 2),
+        "p95_regret_pct": round(100 * regrets[int(0.95 * (runs - 1))], 2),
+        "noisy_pct": round(100 * noisy / runs, 1),
+        "sim_s": round(statistics.fmean(seconds), 1),
+    }
+
+
+def _more_complex(chosen: Candidate, right: Candidate) -> bool:
+    """A wrong "clearly faster" verdict: a lower precision or a GPU where the truth says the simpler answer."""
+    if chosen.device != right.device:
+        return right.device == "cpu"
+    return complexity(chosen)[0] > complexity(right)[0]
+
+
+def main(argv: list[str] | None = None, emit: Callable[[str], None] = print) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--runs", type=int, default=300)
+    parser.add_argument("scenario", nargs="*")
+    args = parser.parse_args(argv)
+    for name, (truth, steps) in scenarios().items():
+        if not args.scenario or name in args.scenario:
+            emit(json.dumps(run(name, truth, steps, args.runs)))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
