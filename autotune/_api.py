@@ -7,6 +7,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from autotune import _env, _stats
 from autotune._config import Config
@@ -17,6 +18,9 @@ from autotune._fingerprint import Fingerprint, fingerprint
 from autotune._models import Candidate, FamilyResult, Record
 from autotune._store import Store, default_root
 from autotune._version import __version__
+
+if TYPE_CHECKING:
+    from autotune._calibration.worker import Worker
 
 log = logging.getLogger("autotune")
 
@@ -90,7 +94,10 @@ def best_config(
     if measured is None:
         if not calibrate_on_miss:
             return heuristic(family.name, "calibration was not allowed (calibrate_on_miss=False)", fp.digest)
-        measured = _calibrate_one(family.name, fp, store, force=False, progress=None, index=0, total=1)
+        with _new_worker() as worker:
+            worker.start()  # its interpreter start overlaps taking the lock
+            measured = _calibrate_one(family.name, fp, store, force=False, progress=None, index=0, total=1,
+                                      worker=worker)
         if measured is None:
             return heuristic(family.name, "another process is still calibrating and the wait timed out "
                                           f"after {_env.LOCK_TIMEOUT_S.get():.0f} s (AUTOTUNE_LOCK_TIMEOUT_S)", fp.digest)
@@ -121,14 +128,20 @@ def calibrate(
     store = _store()
     measurements: dict[str, FamilyResult] = {}
     stored = None if force else store.load(fp.digest)  # read once; a miss re-reads under its family's lock
-    for index, family in enumerate(families):
-        result = stored.families.get(family.name) if stored is not None else None
-        if result is None or result.noisy:  # a noisy result serves best_config, but is measured again here
-            result = _calibrate_one(family.name, fp, store, force=force, progress=progress, index=index, total=len(families))
-        if result is not None:
-            measurements[family.name] = result
-        if progress is not None:
-            progress(CalibrationProgress(family.name, None, (index + 1) / len(families)))
+    # A noisy result serves best_config, but is measured again here.
+    cached = {f.name: r for f in families
+              if stored is not None and (r := stored.families.get(f.name)) is not None and not r.noisy}
+    with _new_worker() as worker:  # one worker for every family; killed on any exception
+        if len(cached) < len(families):
+            worker.start()  # first: its interpreter start overlaps everything else
+        for index, family in enumerate(families):
+            result = cached.get(family.name) or _calibrate_one(
+                family.name, fp, store, force=force, progress=progress, index=index, total=len(families),
+                worker=worker)
+            if result is not None:
+                measurements[family.name] = result
+            if progress is not None:
+                progress(CalibrationProgress(family.name, None, (index + 1) / len(families)))
     _decisions.clear()
     configs = {kind: decide(m, forced_device=forced, digest=fp.digest) for kind, m in measurements.items()}
     return CalibrationReport(
@@ -137,9 +150,15 @@ def calibrate(
     )
 
 
+def _new_worker() -> Worker:
+    from autotune._calibration.worker import Worker
+
+    return Worker(isolation=_env.ISOLATION.get(), timeout_s=_env.CANDIDATE_TIMEOUT_S.get())
+
+
 def _calibrate_one(
     model_kind: str, fp: Fingerprint, store: Store, *, force: bool,
-    progress: Callable[[CalibrationProgress], None] | None, index: int, total: int,
+    progress: Callable[[CalibrationProgress], None] | None, index: int, total: int, worker: Worker,
 ) -> FamilyResult | None:
     """Calibrate under the family's lock (single flight); None when waiting for another process timed out."""
     import filelock
@@ -160,7 +179,7 @@ def _calibrate_one(
         # A result written while we waited is the one we asked for, forced or not; a noisy one is not final.
         if existing is not None and (existing.measured_at >= asked_at or not (force or existing.noisy)):
             return existing
-        result = measure_family(model_kind, progress=progress, index=index, total=total)
+        result = measure_family(model_kind, progress=progress, index=index, total=total, worker=worker)
         store.save(fp, result)
         return result
     finally:
@@ -169,12 +188,16 @@ def _calibrate_one(
 
 def measure_family(
     model_kind: str, *, progress: Callable[[CalibrationProgress], None] | None = None, index: int = 0, total: int = 1,
-    verify: bool = True,
+    verify: bool = True, worker: Worker | None = None,
 ) -> FamilyResult:
-    """Run one family's calibration now, with no cache involved (``verify=False``: benchmarks only)."""
+    """Run one family's calibration now, with no cache involved (``verify=False``: benchmarks only), in
+    ``worker`` (a calibration's shared worker) or in a worker of its own."""
     from autotune._calibration.measure import MeasureSettings
     from autotune._calibration.protocol import CalibrationSettings
-    from autotune._calibration.worker import run_family
+
+    if worker is None:
+        with _new_worker() as own:
+            return measure_family(model_kind, progress=progress, index=index, total=total, verify=verify, worker=own)
 
     family = get_family(model_kind)
     settings = CalibrationSettings(search=_env.SEARCH.get(), verify=verify,
@@ -190,9 +213,7 @@ def measure_family(
             progress(CalibrationProgress(model_kind, label, (index + shown) / total))
 
     log.info("calibrating %s on this machine", model_kind)
-    result = run_family(
-        family, settings, isolation=_env.ISOLATION.get(), timeout_s=_env.CANDIDATE_TIMEOUT_S.get(), progress=on_progress
-    )
+    result = worker.run_family(family, settings, progress=on_progress)
     log.info("calibrated %s in %.1f s", model_kind, result.wall_s)
     if result.noisy:
         log.warning("%s was measured while the machine was busy (control workload drifted %.0f%%); "

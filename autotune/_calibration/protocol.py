@@ -62,7 +62,10 @@ class Job(_Message):
 
 
 class Ready(_Message):
+    """The worker imported torch and warmed up; it reads jobs from now on."""
+
     event: Literal["ready"] = "ready"
+    pid: int
 
 
 class Planned(_Message):

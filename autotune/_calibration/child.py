@@ -1,0 +1,120 @@
+"""The calibration worker process itself: ``python -m autotune._calibration.child``.
+
+It warms the process up, says :class:`Ready`, then measures one :class:`Job` per line of its stdin, in turn,
+until the host closes stdin: one worker serves a whole calibration (issue #11), and each family starts from
+a clean slate (fresh model, optimizer, seeds, thread count). Events go out on the original stdout, one per
+line; anything model code prints goes to stderr so it cannot corrupt the protocol.
+
+It dies with its host: on Linux the kernel sends it SIGKILL when the host dies (``PR_SET_PDEATHSIG``), and
+everywhere a watchdog thread exits within a second of the host going away (reparenting), even while a step
+is running, so a hung GPU candidate never outlives the app.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+import torch
+
+from autotune._calibration.plan import plan
+from autotune._calibration.protocol import Begin, Done, Failed, Job, Planned, Ready
+from autotune._calibration.session import Session
+from autotune._calibration.setup import TorchLab, warm_process
+from autotune._families import Family
+
+#: the worker's status after it reported a device error and stopped measuring (its candidate is already failed)
+EXIT_DEVICE_ERROR = 3
+_WATCHDOG_PERIOD_S = 0.5
+
+
+class Control:
+    """A fixed pure-Python workload: no candidate, thread setting or device can change its speed."""
+
+    last = 0
+
+    def run(self) -> None:
+        total = 0
+        for i in range(20_000):
+            total += i * i
+        self.last = total
+
+    def selected(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+
+def calibrate(job: Job, emit: Callable[[Planned | Begin | Failed | Done], None], *,
+              discard_on_device_error: bool = True) -> bool:
+    """Measure the job's family here (in the worker, or in the host when isolation is ``inprocess``).
+
+    Returns False when a device error stopped it before the end (the worker must not go on).
+    """
+    finished: list[bool] = []
+
+    def tracking(event: Planned | Begin | Failed | Done) -> None:
+        if isinstance(event, Done):
+            finished.append(True)
+        emit(event)
+
+    family = Family(job.family.name, job.family.ref)
+    session = Session(TorchLab(family, job.settings), job.settings, tracking, clock=time.perf_counter,
+                      control=Control(), settle=time.sleep, discard_on_device_error=discard_on_device_error)
+    if job.candidates is None:
+        candidates, notes = plan()
+        session.run(candidates, staged=True, backend_notes=notes)
+    else:
+        session.run(job.candidates, staged=False, backend_notes={})
+    return bool(finished)
+
+
+def _die_with_the_host(host_pid: int) -> None:
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        with contextlib.suppress(OSError, AttributeError):
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: the kernel kills us when the host thread dies
+
+    def watchdog() -> None:
+        while True:
+            time.sleep(_WATCHDOG_PERIOD_S)
+            if os.getppid() != host_pid:
+                os._exit(1)  # the host is gone: nobody will read our results
+
+    threading.Thread(target=watchdog, name="autotune-watchdog", daemon=True).start()
+
+
+def main() -> int:
+    protocol = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")  # line-buffered: each event is flushed
+    os.dup2(2, 1)  # print() and C-level writes from model code go to stderr, not into the protocol
+    sys.stdout = sys.stderr
+    import faulthandler
+
+    faulthandler.enable()  # a segfault or abort leaves a Python traceback in stderr, which the host keeps
+    _die_with_the_host(os.getppid())
+
+    def emit(event: Ready | Planned | Begin | Failed | Done) -> None:
+        protocol.write(event.model_dump_json() + "\n")
+
+    warm_process()
+    threads = torch.get_num_threads()
+    emit(Ready(pid=os.getpid()))
+    for line in sys.stdin:
+        job = Job.model_validate_json(line)
+        sys.path[:0] = [p for p in job.sys_path if p not in sys.path]
+        torch.set_num_threads(threads)  # a clean slate for each family
+        if not calibrate(job, emit):
+            return EXIT_DEVICE_ERROR
+    return 0
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stderr.flush()
+    # Everything is reported; skip the interpreter's teardown (torch's takes ~0.5 s) that the host would wait for.
+    os._exit(code)

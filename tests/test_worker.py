@@ -1,0 +1,116 @@
+"""One worker per calibration, and a worker that never outlives its host (real processes, real signals)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+import autotune
+from autotune._calibration.measure import MeasureSettings
+from autotune._calibration.protocol import CalibrationSettings
+from autotune._calibration.worker import Worker
+from autotune._families import get_family
+
+TESTS = Path(__file__).parent
+SETTINGS = CalibrationSettings(search="precision", measure=MeasureSettings(budget_s=0.2))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state not in ("Z", "X")  # a zombie has exited; only its parent's reaping is left
+
+
+def test_one_worker_measures_every_family_in_turn() -> None:
+    autotune.register_family("tiny", "families_for_tests:build_tiny")
+    autotune.register_family("tiny_cnn", "families_for_tests:build_tiny_cnn")
+    with Worker(isolation="subprocess", timeout_s=60) as worker:
+        worker.start()
+        first = worker.run_family(get_family("tiny"), SETTINGS)
+        second = worker.run_family(get_family("tiny_cnn"), SETTINGS)
+        assert worker.starts == 1
+        pid = worker.pid
+    assert pid is not None and not _alive(pid)  # closed with the calibration
+    assert all(r.usable for r in first.candidates if r.candidate.precision == "fp32")
+    assert second.worker_start_s == 0.0 and any(r.usable for r in second.candidates)
+
+
+def test_a_crash_restarts_the_worker_for_the_rest_and_the_next_family() -> None:
+    autotune.register_family("abort_bf16", "families_for_tests:build_abort_under_bf16")
+    autotune.register_family("tiny", "families_for_tests:build_tiny")
+    with Worker(isolation="subprocess", timeout_s=60) as worker:
+        crashed = worker.run_family(get_family("abort_bf16"), SETTINGS)
+        after = worker.run_family(get_family("tiny"), SETTINGS)
+        assert worker.starts == 2
+    failure = next(r.failure for r in crashed.candidates if r.candidate.precision == "bf16-mixed")
+    assert failure is not None and failure.kind == "crashed"
+    assert any(r.usable for r in after.candidates)
+
+
+HOST = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, {tests!r})
+    import autotune
+    from autotune._calibration.measure import MeasureSettings
+    from autotune._calibration.protocol import CalibrationSettings
+    from autotune._calibration.worker import Worker
+    from autotune._families import get_family
+
+    autotune.register_family("hang", "families_for_tests:build_hang")
+    worker = Worker(isolation="subprocess", timeout_s=600)
+    worker.start()
+    print(worker.pid, flush=True)
+    try:
+        worker.run_family(get_family("hang"), CalibrationSettings(search="precision"))
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+""")
+
+
+def _host_with_a_hung_worker() -> tuple[subprocess.Popen[str], int]:
+    host = subprocess.Popen([sys.executable, "-c", HOST.format(tests=str(TESTS))], stdout=subprocess.PIPE, text=True)
+    assert host.stdout is not None
+    pid = int(host.stdout.readline())
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # the worker is busy in the hung candidate once its verification began
+        children = Path(f"/proc/{pid}/task/{pid}/children")
+        if _alive(pid) and Path(f"/proc/{pid}/stat").exists() and children.exists():
+            status = Path(f"/proc/{pid}/status").read_text()
+            if "State:\tS" in status and _cpu_seconds(pid) > 1.0:  # imported torch, now asleep in the step
+                break
+        time.sleep(0.2)
+    return host, pid
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_worker_dies_with_its_killed_host() -> None:
+    host, pid = _host_with_a_hung_worker()
+    host.send_signal(signal.SIGKILL)
+    host.wait()
+    deadline = time.monotonic() + 2.0
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(pid)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_an_interrupted_host_kills_its_worker_before_going_on() -> None:
+    host, pid = _host_with_a_hung_worker()
+    host.send_signal(signal.SIGINT)
+    out, _ = host.communicate(timeout=30)
+    assert "interrupted" in out
+    assert not _alive(pid)
