@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from autotune import _stats
+from autotune import _fp32, _stats
 from autotune._decide import pick_fastest, step_ratio
 from autotune._env import Search
 from autotune._families import Family
@@ -112,6 +112,8 @@ class _FamilyRun:
         self.best_step_s = float("inf")
         #: in later search stages, the leader a variant must keep up with, and its step time
         self.incumbent: tuple[Candidate, float] | None = None
+        #: the host's fp32 settings (the worker starts with them): what mixed-precision candidates run with
+        self.fp32_host = _fp32.current()
 
     def check(self, step: TrainStep) -> Trajectory:
         """The verification window, which doubles as warm-up; stops a pathologically slow candidate early."""
@@ -166,7 +168,8 @@ class _FamilyRun:
         scales = INIT_SCALES if candidate.precision == "fp16-mixed" else (None,)
         for init_scale in scales:
             backend.reset_peak_memory(candidate.device)
-            step = TrainStep(self.family, candidate, backend, seed=self.settings.seed, init_scale=init_scale)
+            step = TrainStep(self.family, candidate, backend, seed=self.settings.seed, fp32_host=self.fp32_host,
+                             init_scale=init_scale)
             trajectory = self.check(step)
             finite_losses = all(map(_finite, trajectory.losses))
             if trajectory.skipped_steps and finite_losses and init_scale != scales[-1]:

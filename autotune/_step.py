@@ -13,9 +13,11 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
+from autotune import _fp32
 from autotune._families import Family, Workload, adamw
 from autotune._models import Candidate, OptimizerImpl
-from autotune._precision import AUTOCAST_DTYPES, DEFAULT_INIT_SCALE, MEMORY_FORMATS, move, precision_context
+from autotune._precision import AUTOCAST_DTYPES, DEFAULT_INIT_SCALE, MEMORY_FORMATS, move
+from autotune._randomness import dropout_off
 from autotune.backends import Backend
 
 def make_optimizer(workload: Workload, model: torch.nn.Module, impl: OptimizerImpl) -> torch.optim.Optimizer:
@@ -42,12 +44,18 @@ def threads_context(threads: int | None) -> Iterator[None]:
 
 
 class TrainStep:
-    """Model, optimizer and GradScaler of one candidate, built from ``family`` with a fixed seed."""
+    """Model, optimizer and GradScaler of one candidate, built from ``family`` with a fixed seed.
+
+    Every step runs with the fp32 settings its precision means (``_fp32.target``; the host's for mixed
+    precision), through forward, backward and optimizer alike, as ``Config.apply_precision`` applies them.
+    """
 
     def __init__(
-        self, family: Family, candidate: Candidate, backend: Backend, *, seed: int, init_scale: float | None = None
+        self, family: Family, candidate: Candidate, backend: Backend, *, seed: int, fp32_host: _fp32.Fp32Settings,
+        init_scale: float | None = None,
     ) -> None:
         self.candidate = candidate
+        self.fp32 = _fp32.target(candidate.precision, fp32_host)
         self.backend = backend
         self.device = torch.device(candidate.device)
         started = time.perf_counter()
@@ -74,9 +82,12 @@ class TrainStep:
         )
         self.build_s = time.perf_counter() - started
 
-    def _forward_backward(self) -> Tensor:
+    def _forward_backward(self, *, checked: bool = False) -> Tensor:
         inputs = tuple(move(t, self.device, self.memory_format) for t in self.inputs)
-        with torch.autocast(self.backend.device_type, dtype=self.dtype or torch.float32, enabled=self.dtype is not None):
+        # Checked steps compare arithmetic with the CPU reference, whose random stream other devices lack.
+        with torch.autocast(self.backend.device_type, dtype=self.dtype or torch.float32, enabled=self.dtype is not None), (
+            dropout_off() if checked else contextlib.nullcontext()
+        ):
             loss = self.loss_fn(self.forward, inputs)  # type: ignore[arg-type]
         self.optimizer.zero_grad(set_to_none=True)
         self.scaler.scale(loss).backward()
@@ -84,16 +95,18 @@ class TrainStep:
 
     def run(self) -> None:
         """One training step, synchronised."""
-        with precision_context(self.candidate.precision), threads_context(self.candidate.threads):
+        _fp32.ensure(self.fp32)
+        with threads_context(self.candidate.threads):
             self._forward_backward()
             self.scaler.step(self.optimizer)
             self.scaler.update()
         self.backend.synchronize(self.candidate.device)
 
     def run_checked(self) -> tuple[float, float, bool]:
-        """One training step that also reports (loss, gradient norm, whether GradScaler skipped it)."""
-        with precision_context(self.candidate.precision), threads_context(self.candidate.threads):
-            loss = self._forward_backward()
+        """One training step that also reports (loss, gradient norm, whether GradScaler skipped it); no dropout."""
+        _fp32.ensure(self.fp32)
+        with threads_context(self.candidate.threads):
+            loss = self._forward_backward(checked=True)
             self.scaler.unscale_(self.optimizer)
             grads = [p.grad.detach().float().norm() for p in self.model.parameters() if p.grad is not None]
             grad_norm = float(torch.stack(grads).norm()) if grads else 0.0

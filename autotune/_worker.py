@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+from autotune import _fp32
 from autotune._calibrate_family import BASELINE, Settings, calibrate_family, unverified, warm_process
 from autotune._errors import CalibrationError
 from autotune._families import Family
@@ -60,6 +61,8 @@ def _job(family: Family, candidates: list[Candidate] | None, settings: Settings)
         "family": {"name": family.name, "ref": family.ref},
         "candidates": None if candidates is None else [c.model_dump() for c in candidates],
         "settings": dataclasses.asdict(settings),
+        # The worker measures with the host's fp32 settings (what mixed precisions leave to the app).
+        "fp32": _fp32.current().model_dump(),
         # Like multiprocessing's spawn: the worker must import what the host can (user families, tests).
         "sys_path": [p for p in sys.path if p],
     }
@@ -102,8 +105,9 @@ def run_family(
             started = time.perf_counter()
             warm_process()
             attempt.start_s = time.perf_counter() - started
-            calibrate_family(family, remaining, settings, lambda e: _record(e, attempt, progress),
-                             discard_on_device_error=False)
+            with _fp32.preserved():  # candidates switch the host's own settings: put them back
+                calibrate_family(family, remaining, settings, lambda e: _record(e, attempt, progress),
+                                 discard_on_device_error=False)
         else:
             _run_subprocess(job, attempt, timeout_s, progress)
         if outcome.worker_starts == 1:
@@ -263,6 +267,7 @@ def _worker_main() -> int:
     def emit(event: dict[str, Any]) -> None:
         protocol.write(json.dumps(event) + "\n")
 
+    _fp32.ensure(_fp32.Fp32Settings.model_validate(job["fp32"]))
     warm_process()
     emit({"event": "ready"})
     family = Family(job["family"]["name"], job["family"]["ref"])

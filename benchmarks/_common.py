@@ -13,6 +13,7 @@ with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
     import torch
 
+from autotune import _fp32
 from autotune._calibrate_family import fewer_threads, plan
 from autotune._families import adamw, get_family
 from autotune._decide import pick_fastest
@@ -55,7 +56,8 @@ def oracle(kind: str, *, extra: list[Candidate] = (), steps: int = 200, warmup: 
     """
     family = get_family(kind)
     candidates = list(dict.fromkeys([*search_space(kind), *extra]))
-    runners = {c: TrainStep(family, c, backend_for(c.device), seed=0) for c in candidates}
+    fp32_host = _fp32.current()
+    runners = {c: TrainStep(family, c, backend_for(c.device), seed=0, fp32_host=fp32_host) for c in candidates}
     warm: dict[Candidate, float] = {}
     for candidate, runner in runners.items():
         first = _one(runner)

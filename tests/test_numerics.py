@@ -65,3 +65,23 @@ def test_fp16_overflow_in_the_first_steps_gets_a_lower_init_scale_not_a_rejectio
     assert fp16.numerics.init_scale == 1024.0
     assert fp16.numerics.default_scale_skipped is not None and fp16.numerics.default_scale_skipped >= 3
     assert fp16.numerics.skipped_steps == 0
+
+
+def test_dropout_on_another_random_stream_passes_the_gate_when_the_math_is_equal(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Under autocast the family's dropout masks come from another stream than the fp32 reference's (as on a
+    # GPU); the verification window runs without dropout, so only arithmetic is compared.
+    monkeypatch.setenv("AUTOTUNE_SEARCH", "precision")
+    results = _measure("build_dropout_other_stream")
+    for precision in ("fp32", "bf16-mixed", "fp16-mixed"):
+        assert results[precision].failure is None, (precision, results[precision].failure)
+
+
+def test_dropout_on_another_random_stream_with_wrong_math_is_still_rejected(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AUTOTUNE_SEARCH", "precision")
+    results = _measure("build_dropout_other_stream_wrong_math")
+    assert results["fp32"].failure is None
+    for precision in ("bf16-mixed", "fp16-mixed"):
+        failure = results[precision].failure
+        assert failure is not None and failure.kind == "numerics", (precision, failure)
