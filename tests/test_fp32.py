@@ -151,11 +151,14 @@ def test_config_applies_its_precision_process_wide_and_autocast_leaves_it() -> N
 
 
 def test_the_worker_measures_with_the_hosts_settings(tiny_family: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    # A spawned worker: the settings travel in the job. The family refuses to train unless fp32 steps run IEEE
-    # and mixed-precision steps run the host's TF32 matmuls and convolutions.
+    # A spawned worker: the settings travel in the job. The family raises (a candidate "error") unless fp32 steps
+    # run IEEE and mixed-precision steps run the host's TF32 matmuls and convolutions. Every candidate runs at
+    # least one step, so one the loaded machine stops as too_slow has still checked its settings.
     monkeypatch.setenv("AUTOTUNE_SEARCH", "precision")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the worker's: two threads stall each other on a busy 2-core host
     autotune.register_family("fp32_settings", "families_for_tests:build_checks_fp32_settings")
     torch.backends.cudnn.fp32_precision = "tf32"  # CUDA's parent setting: matmuls, convolutions and RNNs inherit it
     measured = autotune._api.measure_family("fp32_settings")
     assert {r.candidate.precision for r in measured.candidates} >= {"fp32", "bf16-mixed"}
-    assert all(r.failure is None for r in measured.candidates), [r.failure for r in measured.candidates]
+    errors = [r.failure for r in measured.candidates if r.failure is not None and r.failure.kind == "error"]
+    assert not errors
