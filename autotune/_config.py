@@ -9,8 +9,10 @@ from typing import Any, Literal, TypeVar
 import torch
 from torch import nn
 
+from autotune import _fp32
 from autotune._models import Candidate, MemoryFormat, OptimizerImpl, Precision, Record
-from autotune._precision import AUTOCAST_DTYPES, DEFAULT_INIT_SCALE, MEMORY_FORMATS, move, precision_context
+from autotune._optimizers import optimizer_kwargs_for
+from autotune._precision import AUTOCAST_DTYPES, DEFAULT_INIT_SCALE, MEMORY_FORMATS, move
 
 Source = Literal["measured", "forced", "heuristic"]
 Batch = TypeVar("Batch")
@@ -61,16 +63,38 @@ class Config(Record):
 
     @contextlib.contextmanager
     def autocast(self) -> Iterator[None]:
-        """Wrap forward + loss: ``with cfg.autocast(): loss = model(x)``; a no-op for fp32."""
+        """Wrap forward + loss: ``with cfg.autocast(): loss = model(x)``; a no-op for fp32 and tf32.
+
+        TF32 is not switched here: it is a process-wide setting, applied by :meth:`apply_precision`.
+        """
         dtype = self.autocast_dtype
-        with precision_context(self.precision), torch.autocast(
-            self.device_type, dtype=dtype or torch.float32, enabled=dtype is not None
-        ):
+        with torch.autocast(self.device_type, dtype=dtype or torch.float32, enabled=dtype is not None):
             yield
 
-    def optimizer_kwargs(self) -> dict[str, bool]:
-        """``{"fused": True}``, ``{"foreach": True}`` or ``{}``: pass to a torch optimizer that accepts them."""
-        return {} if self.optimizer == "default" else {self.optimizer: True}
+    def apply_precision(self) -> None:
+        """Set how fp32 matmuls, convolutions and RNNs compute, process-wide, as calibration measured it.
+
+        - ``fp32``: IEEE fp32 for all of them (cuBLAS, cuDNN, oneDNN): torch's default runs cuDNN convolutions
+          and RNNs in TF32 on Ampere and later GPUs.
+        - ``tf32``: TF32 for CUDA matmuls, convolutions and RNNs (forward, backward and optimizer alike).
+        - mixed precisions: nothing changes (autocast decides; the fp32 operations it leaves keep the app's
+          settings, which calibration measured with).
+
+        torch builds with per-backend settings (2.9+) are set through them (``torch.backends.cuda.matmul.
+        fp32_precision`` and ``torch.backends.cudnn.conv`` / ``.rnn`` / ``torch.backends.mkldnn.*``), older
+        builds through ``torch.set_float32_matmul_precision`` and ``torch.backends.cudnn.allow_tf32``. torch
+        forbids mixing the two: after this call on a 2.9+ build, read the per-backend values, not
+        ``torch.get_float32_matmul_precision()``.
+        """
+        _fp32.apply(self.precision)
+
+    def optimizer_kwargs(self, optimizer: Callable[..., torch.optim.Optimizer] = torch.optim.AdamW) -> dict[str, bool]:
+        """``{"fused": True}``, ``{"foreach": True}`` or ``{}``: the measured implementation, if ``optimizer`` takes it.
+
+        Calibration measures these variants with AdamW; an optimizer without the keyword (RMSprop has no
+        ``fused``) gets ``{}``, and a WARNING on the ``autotune`` logger says the measured variant is not applied.
+        """
+        return optimizer_kwargs_for(optimizer, self.optimizer, {})
 
     def prepare(
         self,
@@ -81,10 +105,12 @@ class Config(Record):
         """Model on the device in the measured memory format, and its optimizer in the measured implementation.
 
         ``model, opt = cfg.prepare(model, torch.optim.AdamW, lr=3e-4)``. With ``compiled`` the returned model is
-        ``torch.compile``'d (it shares its parameters with ``model``).
+        ``torch.compile``'d (it shares its parameters with ``model``). The measured ``fused`` / ``foreach``
+        implementation is passed only to an optimizer that takes it, and never over the caller's own ``fused=``
+        or ``foreach=`` (a log line says when the measured variant is not applied).
         """
         model = model.to(self.device, memory_format=MEMORY_FORMATS[self.memory_format])
-        built = optimizer(model.parameters(), **options, **self.optimizer_kwargs())
+        built = optimizer(model.parameters(), **options, **optimizer_kwargs_for(optimizer, self.optimizer, options))
         return (torch.compile(model) if self.compiled else model), built  # type: ignore[return-value]
 
     def prepare_batch(self, batch: Batch) -> Batch:

@@ -18,6 +18,7 @@ import sys
 import torch
 from pydantic import computed_field
 
+from autotune._fp32 import current as current_fp32_settings
 from autotune._models import Record
 from autotune.backends import Accelerator, all_backends
 
@@ -168,7 +169,8 @@ def _static_fields() -> dict[str, object]:
 def fingerprint() -> Fingerprint:
     """This machine's fingerprint; hardware facts are read once per process, flags on every call."""
     # Process-level settings that change speed are re-read: an app may set them at any time.
-    return _fingerprint(_usable_cores(), torch.get_float32_matmul_precision())
+    # Read through torch's per-backend API where it exists: the legacy getter raises once an app used it.
+    return _fingerprint(_usable_cores(), current_fp32_settings().summary())
 
 
 @functools.lru_cache(maxsize=8)

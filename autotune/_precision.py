@@ -1,9 +1,9 @@
-"""What a Config means to torch: the autocast dtype, the GradScaler default, the tf32 switch, the layout."""
+"""What a Config means to torch: the autocast dtype, the GradScaler default, the layout, the batch copy.
+
+The fp32 / tf32 settings live in :mod:`autotune._fp32`.
+"""
 
 from __future__ import annotations
-
-import contextlib
-from collections.abc import Iterator
 
 import torch
 
@@ -20,28 +20,31 @@ AUTOCAST_DTYPES: dict[Precision, torch.dtype | None] = {
 DEFAULT_INIT_SCALE = 65536.0
 
 
-@contextlib.contextmanager
-def precision_context(precision: Precision) -> Iterator[None]:
-    """tf32 is a process-wide matmul setting, so it is switched on only around the steps that use it."""
-    if precision != "tf32":
-        yield
-        return
-    before = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("high")
-    try:
-        yield
-    finally:
-        torch.set_float32_matmul_precision(before)
-
-
 MEMORY_FORMATS = {"contiguous": torch.contiguous_format, "channels_last": torch.channels_last}
+
+
+#: device types whose copies from pinned host memory are stream-ordered and keep the source alive
+_ASYNC_COPY_TARGETS = frozenset({"cuda", "xpu"})
+
+
+def copies_non_blocking(source: torch.device, target: torch.device, *, pinned: bool) -> bool:
+    """Whether a batch copy may be ``non_blocking``: only from pinned host memory to CUDA or XPU.
+
+    From pageable memory the copy is staged and synchronous anyway; CPU-to-MPS non-blocking copies have
+    silently corrupted data when the source was freed early (pytorch/pytorch#189690, #139550), which is what
+    a training loop does with each batch.
+    """
+    return pinned and source.type == "cpu" and target.type in _ASYNC_COPY_TARGETS
 
 
 def move(tensor: torch.Tensor, device: torch.device, memory_format: torch.memory_format) -> torch.Tensor:
     """A batch tensor on the device; 4-D tensors (images) in the requested memory format."""
+    # is_pinned() asks the accelerator's host allocator: only worth asking when the answer can matter
+    pinned = device.type in _ASYNC_COPY_TARGETS and tensor.device.type == "cpu" and tensor.is_pinned()
+    non_blocking = copies_non_blocking(tensor.device, device, pinned=pinned)
     if tensor.dim() == 4 and memory_format is not torch.contiguous_format:
-        return tensor.to(device, memory_format=memory_format, non_blocking=True)
-    return tensor.to(device, non_blocking=True)
+        return tensor.to(device, memory_format=memory_format, non_blocking=non_blocking)
+    return tensor.to(device, non_blocking=non_blocking)
 
 
-__all__ = ["AUTOCAST_DTYPES", "DEFAULT_INIT_SCALE", "MEMORY_FORMATS", "move", "precision_context"]
+__all__ = ["AUTOCAST_DTYPES", "DEFAULT_INIT_SCALE", "MEMORY_FORMATS", "copies_non_blocking", "move"]

@@ -13,6 +13,7 @@ with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
     import torch
 
+from autotune import _fp32
 from autotune._calibration.plan import fewer_threads, plan
 from autotune._calibration.step import TrainStep
 from autotune._decide import finalists, pick_fastest
@@ -47,15 +48,19 @@ def search_space(kind: str) -> list[Candidate]:
     return space
 
 
-def oracle(kind: str, *, extra: list[Candidate] = (), steps: int = 200, warmup: int = 10) -> dict[str, float]:
+def oracle(
+    kind: str, *, extra: list[Candidate] = (), steps: int = 200, warmup: int = 10, space: list[Candidate] | None = None,
+) -> dict[str, float]:
     """Median ms/step of every candidate in the search space, timed in-process, interleaved step by step.
 
     After warm-up, candidates within 1.5x of the fastest get ``steps`` timed steps; the rest 10 (enough to
     rank them, cheap for fp16 convolutions on a CPU at over a second a step, which get 1 warm-up step).
+    ``space`` replaces the whole search space (e.g. only the planned device x precision candidates).
     """
     family = get_family(kind)
-    candidates = list(dict.fromkeys([*search_space(kind), *extra]))
-    runners = {c: TrainStep(family, c, backend_for(c.device), seed=0) for c in candidates}
+    candidates = list(dict.fromkeys([*(search_space(kind) if space is None else space), *extra]))
+    fp32_host = _fp32.current()
+    runners = {c: TrainStep(family, c, backend_for(c.device), seed=0, fp32_host=fp32_host) for c in candidates}
     warm: dict[Candidate, float] = {}
     for candidate, runner in runners.items():
         first = _one(runner)

@@ -204,3 +204,53 @@ def _tensor_core_like_loss(model: nn.Module, inputs: tuple[Tensor, ...]) -> Tens
 
 def build_tensor_core_like() -> Workload:
     return _failing(_tensor_core_like_loss)
+
+
+# -- randomness and fp32 settings ------------------------------------------------------------------------------
+
+
+class _OtherStreamDropout(nn.Module):
+    """Dropout whose masks come from another random stream under autocast, as a GPU's generator's do against
+    the CPU reference's from the same seed; with ``wrong_math`` it also scales its output under autocast."""
+
+    def __init__(self, wrong_math: bool) -> None:
+        super().__init__()
+        self.wrong_math = wrong_math
+
+    def forward(self, x: Tensor) -> Tensor:
+        if torch.is_autocast_enabled("cpu"):
+            torch.rand(7)  # advances the stream: every later mask differs from the reference's
+            if self.wrong_math:
+                x = 1.5 * x
+        return F.dropout(x, 0.5, self.training)
+
+
+def _dropout_family(wrong_math: bool) -> Workload:
+    torch.manual_seed(3)
+    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), _OtherStreamDropout(wrong_math), nn.Dropout(0.3),
+                          nn.Linear(32, 4))
+    return Workload(model, (torch.randn(32, 8), torch.randint(0, 4, (32,))), cross_entropy)
+
+
+def build_dropout_other_stream() -> Workload:
+    return _dropout_family(wrong_math=False)
+
+
+def build_dropout_other_stream_wrong_math() -> Workload:
+    return _dropout_family(wrong_math=True)
+
+
+def _checks_fp32_settings(model: nn.Module, inputs: tuple[Tensor, ...]) -> Tensor:
+    """Refuses to run unless the step's fp32 settings are what its precision means: IEEE for fp32, and the
+    host's for mixed precision (the host test sets TF32 for CUDA through torch's per-backend API)."""
+    matmul = torch.backends.cuda.matmul.fp32_precision
+    conv = torch.backends.cudnn.conv.fp32_precision
+    expected = ("tf32", "tf32") if torch.is_autocast_enabled("cpu") else ("ieee", "ieee")
+    if (matmul, conv) != expected:
+        raise RuntimeError(f"fp32 settings matmul={matmul} conv={conv}, expected {expected}")
+    return cross_entropy(model, inputs)
+
+
+def build_checks_fp32_settings() -> Workload:
+    base = build_tiny()
+    return Workload(base.model, base.inputs, _checks_fp32_settings)

@@ -26,13 +26,6 @@ def test_autocast_is_a_no_op_for_fp32() -> None:
         assert not torch.is_autocast_enabled("cpu")
 
 
-def test_tf32_sets_and_restores_matmul_precision() -> None:
-    before = torch.get_float32_matmul_precision()
-    with _config("tf32").autocast():
-        assert torch.get_float32_matmul_precision() == "high"
-    assert torch.get_float32_matmul_precision() == before
-
-
 def test_grad_scaler_only_for_fp16_with_the_chosen_scale() -> None:
     assert not _config("bf16-mixed").grad_scaler().is_enabled()
     scaler = _config("fp16-mixed", init_scale=1024.0).grad_scaler()

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
+import torch
 
 import autotune
 from autotune._api import measure_family
@@ -65,3 +68,44 @@ def test_fp16_overflow_in_the_first_steps_gets_a_lower_init_scale_not_a_rejectio
     assert fp16.numerics.init_scale == 1024.0
     assert fp16.numerics.default_scale_skipped is not None and fp16.numerics.default_scale_skipped >= 3
     assert fp16.numerics.skipped_steps == 0
+
+
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """One intra-op thread: on a loaded 2-core machine two threads stall each other for 10-100x a step, which
+    stops candidates as too_slow before the gate speaks. (This process runs the calibration: in-process.)"""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _gate_verdicts(results: dict[str, FamilyResult]) -> dict[str, str]:
+    """What the gate said about each mixed precision: "passed" or the failure kind ("numerics")."""
+    verdicts = {}
+    for precision in ("bf16-mixed", "fp16-mixed"):
+        failure = results[precision].failure  # type: ignore[attr-defined]
+        verdicts[precision] = "passed" if failure is None else failure.kind
+    return verdicts
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_dropout_on_another_random_stream_passes_the_gate_when_the_math_is_equal(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Under autocast the family's dropout masks come from another stream than the fp32 reference's (as on a
+    # GPU); the verification window runs without dropout, so only arithmetic is compared.
+    monkeypatch.setenv("AUTOTUNE_SEARCH", "precision")
+    results = _measure("build_dropout_other_stream")
+    assert results["fp32"].failure is None
+    verdicts = _gate_verdicts(results)
+    assert verdicts == {"bf16-mixed": "passed", "fp16-mixed": "passed"}
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_dropout_on_another_random_stream_with_wrong_math_is_still_rejected(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AUTOTUNE_SEARCH", "precision")
+    results = _measure("build_dropout_other_stream_wrong_math")
+    assert results["fp32"].failure is None
+    verdicts = _gate_verdicts(results)
+    assert verdicts == {"bf16-mixed": "numerics", "fp16-mixed": "numerics"}

@@ -22,6 +22,7 @@ from collections.abc import Callable
 
 import torch
 
+from autotune import _fp32
 from autotune._calibration.plan import plan
 from autotune._calibration.protocol import Begin, Done, Failed, Job, Planned, Ready
 from autotune._calibration.session import Session
@@ -107,7 +108,8 @@ def main() -> int:
     for line in sys.stdin:
         job = Job.model_validate_json(line)
         sys.path[:0] = [p for p in job.sys_path if p not in sys.path]
-        torch.set_num_threads(threads)  # a clean slate for each family
+        torch.set_num_threads(threads)  # a clean slate for each family, with the host's fp32 settings
+        _fp32.ensure(job.fp32)
         if not calibrate(job, emit):
             return EXIT_DEVICE_ERROR
     return 0

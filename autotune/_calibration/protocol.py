@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from autotune._env import Search
+from autotune._fp32 import Fp32Settings
 from autotune._models import Candidate, CandidateResult
 from autotune._calibration.measure import MeasureSettings
 
@@ -57,6 +58,9 @@ class Job(_Message):
     #: None: plan and search here; a list: a restarted worker's remaining candidates, timed in one stage
     candidates: list[Candidate] | None
     settings: CalibrationSettings
+    #: the host's fp32 settings: mixed precisions run with them, as they will in the app (fp32 and tf32 set
+    #: their own; issue #16)
+    fp32: Fp32Settings
     #: like multiprocessing's spawn: the worker must import what the host can (user families, tests)
     sys_path: list[str]
 

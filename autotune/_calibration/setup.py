@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from autotune import _stats
+from autotune import _fp32, _stats
 from autotune._calibration.measure import Steppable
 from autotune._calibration.plan import BASELINE, Facts
 from autotune._calibration.protocol import CalibrationSettings
@@ -86,6 +86,8 @@ class TorchLab:
         self.best_first: dict[str, tuple[float, Candidate]] = {}
         self.best_step_s = float("inf")
         self.default_threads = torch.get_num_threads()
+        #: the host's fp32 settings (the worker starts with them): what mixed-precision candidates run with
+        self.fp32_host = _fp32.current()
 
     def set_up(self, candidate: Candidate) -> Prepared:
         """Build, verify (retrying lower GradScaler scales for fp16); raises CandidateFailed."""
@@ -94,7 +96,8 @@ class TorchLab:
         scales = INIT_SCALES if candidate.precision == "fp16-mixed" else (None,)
         for init_scale in scales:
             backend.reset_peak_memory(candidate.device)
-            step = TrainStep(self.family, candidate, backend, seed=self.settings.seed, init_scale=init_scale)
+            step = TrainStep(self.family, candidate, backend, seed=self.settings.seed, fp32_host=self.fp32_host,
+                             init_scale=init_scale)
             with step.selected():
                 trajectory = self._check(step)
             if trajectory.skipped_steps and all(map(_finite, trajectory.losses)) and init_scale != scales[-1]:

@@ -13,10 +13,13 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
+from autotune import _fp32
 from autotune._families import Family, Workload, adamw
 from autotune._models import Candidate, OptimizerImpl
-from autotune._precision import AUTOCAST_DTYPES, DEFAULT_INIT_SCALE, MEMORY_FORMATS, move, precision_context
+from autotune._precision import AUTOCAST_DTYPES, DEFAULT_INIT_SCALE, MEMORY_FORMATS, move
+from autotune._randomness import dropout_off
 from autotune.backends import Backend
+
 
 def make_optimizer(workload: Workload, model: torch.nn.Module, impl: OptimizerImpl) -> torch.optim.Optimizer:
     """The workload's optimizer; the built-in AdamW in its foreach or fused implementation when asked."""
@@ -46,12 +49,18 @@ def threads_context(num_threads: int | None) -> Iterator[None]:
 
 
 class TrainStep:
-    """Model, optimizer and GradScaler of one candidate, built from ``family`` with a fixed seed."""
+    """Model, optimizer and GradScaler of one candidate, built from ``family`` with a fixed seed.
+
+    Every step runs with the fp32 settings its precision means (``_fp32.target``; the host's for mixed
+    precision), through forward, backward and optimizer alike, as ``Config.apply_precision`` applies them.
+    """
 
     def __init__(
-        self, family: Family, candidate: Candidate, backend: Backend, *, seed: int, init_scale: float | None = None
+        self, family: Family, candidate: Candidate, backend: Backend, *, seed: int, fp32_host: _fp32.Fp32Settings,
+        init_scale: float | None = None,
     ) -> None:
         self.candidate = candidate
+        self.fp32 = _fp32.target(candidate.precision, fp32_host)
         self.backend = backend
         self.device = torch.device(candidate.device)
         started = time.perf_counter()
@@ -78,36 +87,44 @@ class TrainStep:
         )
         self.build_s = time.perf_counter() - started
 
-    def _forward_backward(self) -> Tensor:
+    def _forward_backward(self, *, checked: bool = False) -> Tensor:
         inputs = tuple(move(t, self.device, self.memory_format) for t in self.inputs)
-        with torch.autocast(self.backend.device_type, dtype=self.dtype or torch.float32, enabled=self.dtype is not None):
+        # Checked steps compare arithmetic with the CPU reference, whose random stream other devices lack.
+        with torch.autocast(self.backend.device_type, dtype=self.dtype or torch.float32, enabled=self.dtype is not None), (
+            dropout_off() if checked else contextlib.nullcontext()
+        ):
             loss = self.loss_fn(self.forward, inputs)  # type: ignore[arg-type]
         self.optimizer.zero_grad(set_to_none=True)
         self.scaler.scale(loss).backward()
         return loss
 
-    def selected(self) -> contextlib.AbstractContextManager[None]:
-        """This candidate's thread count, for a block of steps (set outside the timed region)."""
-        return threads_context(self.candidate.num_threads)
+    @contextlib.contextmanager
+    def selected(self) -> Iterator[None]:
+        """This candidate's process-wide settings for a block of steps, applied outside the timed region:
+        the fp32 settings its precision means and its thread count."""
+        _fp32.ensure(self.fp32)
+        with threads_context(self.candidate.num_threads):
+            yield
 
     def run(self) -> None:
         """One training step, synchronised (inside ``selected()``)."""
-        with precision_context(self.candidate.precision):
-            self._forward_backward()
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
+        self._forward_backward()
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
         self.backend.synchronize(self.candidate.device)
 
     def run_checked(self) -> tuple[float, float, bool]:
-        """One training step that also reports (loss, gradient norm, whether GradScaler skipped it)."""
-        with precision_context(self.candidate.precision):
-            loss = self._forward_backward()
-            self.scaler.unscale_(self.optimizer)
-            grads = [p.grad.detach().float().norm() for p in self.model.parameters() if p.grad is not None]
-            grad_norm = float(torch.stack(grads).norm()) if grads else 0.0
-            scale_before = self.scaler.get_scale() if self.scaler.is_enabled() else None
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
+        """One training step that also reports (loss, gradient norm, whether GradScaler skipped it); no dropout.
+
+        Inside ``selected()``, like ``run``.
+        """
+        loss = self._forward_backward(checked=True)
+        self.scaler.unscale_(self.optimizer)
+        grads = [p.grad.detach().float().norm() for p in self.model.parameters() if p.grad is not None]
+        grad_norm = float(torch.stack(grads).norm()) if grads else 0.0
+        scale_before = self.scaler.get_scale() if self.scaler.is_enabled() else None
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
         self.backend.synchronize(self.candidate.device)
         # GradScaler has no "skipped" flag (pytorch/pytorch#67590): it halves the scale at every skip.
         skipped = scale_before is not None and self.scaler.get_scale() < scale_before

@@ -30,6 +30,7 @@ from typing import TextIO
 
 from pydantic import ValidationError
 
+from autotune import _fp32
 from autotune._calibration.child import calibrate
 from autotune._calibration.plan import BASELINE
 from autotune._calibration.protocol import EVENT, Begin, CalibrationSettings, Done, Failed, FamilyRef, Job, Planned, Ready
@@ -206,7 +207,7 @@ class Worker:
             attempt = _Attempt()
             answered = len(failed)
             job = Job(family=FamilyRef(name=family.name, ref=family.ref), candidates=remaining, settings=settings,
-                      sys_path=[p for p in sys.path if p])
+                      fp32=_fp32.current(), sys_path=[p for p in sys.path if p])
             start_s += self._attempt(job, attempt, progress, since=started)
             for event in attempt.events:
                 if isinstance(event, Planned):  # the first plan, then the variants each later stage adds
@@ -252,7 +253,8 @@ class Worker:
                 warm_process()
                 self._warm = True
                 waited = time.perf_counter() - warm_started
-            calibrate(job, lambda event: _record(event, attempt, progress), discard_on_device_error=False)
+            with _fp32.preserved():  # candidates switch the host's own settings: put them back
+                calibrate(job, lambda event: _record(event, attempt, progress), discard_on_device_error=False)
             return waited
         self.start()
         process = self._process

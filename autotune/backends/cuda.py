@@ -1,6 +1,8 @@
 """NVIDIA CUDA (and AMD ROCm, which torch exposes as ``cuda``).
 
-bf16 is *proposed* on every card but only called native on compute capability >= 8 (Ampere):
+bf16 is *proposed* on every card but only called native on compute capability >= 8 (Ampere) on NVIDIA, and
+on the AMD architectures with bf16 matrix instructions (:data:`ROCM_NATIVE_BF16`; a ROCm "capability" is the
+gcnArch, e.g. 9.0 for gfx90a and gfx906 alike, so its major says nothing about bf16):
 ``torch.cuda.is_bf16_supported()`` defaults to ``including_emulation=True`` and says True on a Turing card
 where bf16 ran at 0.23x of fp32 (BACKGROUND.md fact 4). The measurement, not that flag, decides.
 """
@@ -19,6 +21,62 @@ from autotune._models import Precision
 from autotune.backends import Accelerator, Backend
 
 _PROC_DRIVER = "/proc/driver/nvidia"
+#: where the amdgpu kernel driver describes each GPU (Linux), readable without initialising HIP
+_KFD_NODES = "/sys/class/kfd/kfd/topology/nodes"
+_AMDGPU_VERSION = "/sys/module/amdgpu/version"
+
+#: AMD architectures with native bf16 matrix instructions: MI200 (gfx90a), MI300 (gfx94x), MI350 (gfx950),
+#: RDNA3 (gfx11xx) and RDNA4 (gfx12xx). Older ones (gfx906, gfx908, gfx10xx) emulate or lack it.
+ROCM_NATIVE_BF16 = ("gfx90a", "gfx94", "gfx95", "gfx11", "gfx12")
+
+
+def gfx_arch(target_version: int) -> str:
+    """The gfx name of a KFD ``gfx_target_version``, e.g. ``90010 -> 'gfx90a'``, ``110000 -> 'gfx1100'``."""
+    major, minor, stepping = target_version // 10000, target_version // 100 % 100, target_version % 100
+    return f"gfx{major}{minor}{stepping:x}"
+
+
+def rocm_native_bf16(arch: str) -> bool:
+    """Whether a gcnArch name (``'gfx90a:sramecc+:xnack-'``) has native bf16 matrix instructions."""
+    return arch.split(":", 1)[0].startswith(ROCM_NATIVE_BF16)
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def _node_index(path: str) -> int:
+    name = os.path.basename(path)
+    return int(name) if name.isdigit() else -1
+
+
+def _properties(text: str) -> dict[str, str]:
+    """A KFD ``properties`` file: one ``name value`` pair per line."""
+    pairs = (line.split(None, 1) for line in text.splitlines())
+    return {pair[0]: pair[1].strip() for pair in pairs if len(pair) == 2}
+
+
+def amd_gpus(nodes_dir: str = _KFD_NODES) -> list[tuple[str, int]]:
+    """(gfx arch, PCI device id) of each AMD GPU in the KFD topology, in node order; CPU nodes are skipped."""
+    found = []
+    for node in sorted(glob.glob(f"{nodes_dir}/*"), key=_node_index):
+        properties = _properties(_read(f"{node}/properties") or "")
+        target = properties.get("gfx_target_version", "0")
+        if target.isdigit() and int(target):
+            device_id = properties.get("device_id", "0")
+            found.append((gfx_arch(int(target)), int(device_id) if device_id.isdigit() else 0))
+    return found
+
+
+def amd_accelerators(nodes_dir: str = _KFD_NODES, version_file: str = _AMDGPU_VERSION) -> list[Accelerator]:
+    """AMD GPUs named by architecture and PCI id (a card swap changes the name), with the amdgpu driver version."""
+    driver = _read(version_file) or None  # the in-tree driver has no version file: the kernel release says it
+    return [Accelerator(backend="cuda", name=f"AMD {arch} (device 0x{device_id:04x})", driver=driver)
+            for arch, device_id in amd_gpus(nodes_dir)]
 
 
 def nvidia_driver_version() -> str | None:
@@ -73,6 +131,8 @@ class CudaBackend(Backend):
     def host_accelerators(self) -> list[Accelerator]:
         if torch.version.cuda is None and torch.version.hip is None:
             return []
+        if torch.version.hip is not None:
+            return amd_accelerators() if sys.platform == "linux" else []
         if sys.platform == "linux":
             driver = nvidia_driver_version()
             found = [Accelerator(backend="cuda", name=m, driver=driver) for m in _linux_gpu_models()]
@@ -108,12 +168,15 @@ class CudaBackend(Backend):
 
     def device_name(self, device: str) -> str:
         props = torch.cuda.get_device_properties(torch.device(device))
+        memory = f"{props.total_memory / 2**30:.0f} GiB"
+        if torch.version.hip is not None:
+            arch = str(getattr(props, "gcnArchName", "unknown gfx arch"))
+            native = "native bf16" if rocm_native_bf16(arch) else "bf16 emulated"
+            return (f"{props.name}, {arch.split(':', 1)[0]} ({native}), HIP {torch.version.hip}, {memory}, "
+                    f"{props.multi_processor_count} CUs")
         major, minor = props.major, props.minor
         native = "native bf16" if major >= 8 else "bf16 emulated"
-        return (
-            f"{props.name}, compute capability {major}.{minor} ({native}), "
-            f"{props.total_memory / 2**30:.0f} GiB, {props.multi_processor_count} SMs"
-        )
+        return f"{props.name}, compute capability {major}.{minor} ({native}), {memory}, {props.multi_processor_count} SMs"
 
     def synchronize(self, device: str) -> None:
         torch.cuda.synchronize(torch.device(device))

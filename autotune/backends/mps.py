@@ -15,8 +15,14 @@ FALLBACK_VAR = "PYTORCH_ENABLE_MPS_FALLBACK"
 
 
 class MpsBackend(Backend):
+    """Apple's GPU. torch.mps has no peak-memory counter, so this backend keeps one (see ``synchronize``)."""
+
     name = "mps"
     device_type = "mps"
+
+    def __init__(self) -> None:
+        #: the largest driver allocation seen since ``reset_peak_memory``; None before the first reset
+        self._peak_bytes: int | None = None
 
     def host_accelerators(self) -> list[Accelerator]:
         if sys.platform != "darwin" or not torch.backends.mps.is_built():
@@ -56,9 +62,22 @@ class MpsBackend(Backend):
 
     def synchronize(self, device: str) -> None:
         torch.mps.synchronize()
+        # Every measured step ends here. The driver allocation keeps the allocator's cached buffers, so after a
+        # step it still holds that step's activations: its maximum over the steps is the peak they needed.
+        self._track_peak()
+
+    def _track_peak(self) -> None:
+        now = int(torch.mps.driver_allocated_memory())
+        self._peak_bytes = now if self._peak_bytes is None else max(self._peak_bytes, now)
+
+    def reset_peak_memory(self, device: str) -> None:
+        self._peak_bytes = None
+        self._track_peak()
 
     def peak_memory_bytes(self, device: str) -> int | None:
-        return int(torch.mps.driver_allocated_memory())
+        """The largest driver allocation over the steps since the last reset (``driver_allocated_memory`` is current)."""
+        self._track_peak()
+        return self._peak_bytes
 
     def is_oom(self, exc: BaseException) -> bool:
         return super().is_oom(exc) or "MPS backend out of memory" in str(exc)

@@ -1,0 +1,76 @@
+"""Backend facts that need no device: ROCm architectures, Intel and AMD cards read from a sysfs tree."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from autotune.backends.cuda import amd_accelerators, gfx_arch, rocm_native_bf16
+from autotune.backends.xpu import intel_gpus
+
+
+@pytest.mark.parametrize(("target", "arch"), [(90010, "gfx90a"), (90402, "gfx942"), (90500, "gfx950"),
+                                              (90006, "gfx906"), (110000, "gfx1100"), (120001, "gfx1201")])
+def test_kfd_target_versions_name_the_gfx_architecture(target: int, arch: str) -> None:
+    assert gfx_arch(target) == arch
+
+
+@pytest.mark.parametrize(("arch", "native"), [
+    ("gfx90a:sramecc+:xnack-", True), ("gfx942", True), ("gfx950", True), ("gfx1100", True), ("gfx1201", True),
+    ("gfx906", False), ("gfx908", False), ("gfx1030", False),  # gcnArch major 9 or 10: "capability >= 8" said yes
+])
+def test_native_bf16_on_rocm_comes_from_the_architecture(arch: str, native: bool) -> None:
+    assert rocm_native_bf16(arch) is native
+
+
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def test_amd_gpus_are_read_from_the_kfd_topology(tmp_path: Path) -> None:
+    nodes = tmp_path / "nodes"
+    _write(nodes / "0" / "properties", "cpu_cores_count 64\ngfx_target_version 0\n")  # the CPU node
+    _write(nodes / "1" / "properties", "cpu_cores_count 0\ngfx_target_version 90402\ndevice_id 29857\n")
+    _write(nodes / "2" / "properties", "gfx_target_version 110000\ndevice_id 29772\n")
+    _write(tmp_path / "amdgpu_version", "6.8.5\n")
+    found = amd_accelerators(str(nodes), str(tmp_path / "amdgpu_version"))
+    assert [(a.name, a.driver) for a in found] == [("AMD gfx942 (device 0x74a1)", "6.8.5"),
+                                                   ("AMD gfx1100 (device 0x744c)", "6.8.5")]
+    assert amd_accelerators(str(nodes), str(tmp_path / "missing"))[0].driver is None
+
+
+def test_intel_gpus_are_named_by_pci_id_with_their_driver(tmp_path: Path) -> None:
+    drm, modules = tmp_path / "drm", tmp_path / "module"
+    for card, vendor, device, klass, driver in [("card0", "0x8086", "0x56a0", "0x030000", "xe"),
+                                                ("card1", "0x10de", "0x2684", "0x030000", "nvidia"),
+                                                ("card2", "0x8086", "0x46a6", "0x038000", "i915")]:
+        _write(drm / card / "device" / "vendor", vendor)
+        _write(drm / card / "device" / "device", device)
+        _write(drm / card / "device" / "class", klass)
+        (tmp_path / "drivers" / driver).mkdir(parents=True, exist_ok=True)
+        os.symlink(tmp_path / "drivers" / driver, drm / card / "device" / "driver")
+    (drm / "card0-DP-1").mkdir()  # a connector, not a card
+    _write(modules / "i915" / "version", "1.6.0\n")
+    found = intel_gpus(str(drm), str(modules))
+    assert [(a.name, a.driver) for a in found] == [("Intel GPU 0x56a0", "xe"), ("Intel GPU 0x46a6", "i915 1.6.0")]
+
+
+def test_mps_peak_memory_is_the_largest_driver_allocation_over_the_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The device boundary is faked (no Metal here): the driver allocation after each step, then at the read.
+    import torch
+
+    from autotune.backends.mps import MpsBackend
+
+    allocations = iter([100, 500, 300, 200, 50, 60])
+    monkeypatch.setattr(torch.mps, "driver_allocated_memory", lambda: next(allocations))
+    monkeypatch.setattr(torch.mps, "synchronize", lambda: None)
+    backend = MpsBackend()
+    backend.reset_peak_memory("mps")  # 100
+    backend.synchronize("mps")  # 500: the step's activations are still cached
+    backend.synchronize("mps")  # 300
+    assert backend.peak_memory_bytes("mps") == 500  # reads 200 now: the current value would have said 200
+    backend.reset_peak_memory("mps")  # 50
+    assert backend.peak_memory_bytes("mps") == 60
