@@ -28,6 +28,7 @@ from autotune._errors import (
     CalibrationError,
     ConfigurationError,
     FamilyRegistrationError,
+    FrameworkError,
     UnknownFamilyError,
 )
 from autotune._families import Family, Workload, get_family, register_family
@@ -44,6 +45,7 @@ __all__ = [
     "Family",
     "FamilyRegistrationError",
     "Fingerprint",
+    "FrameworkError",
     "UnknownFamilyError",
     "Workload",
     "__version__",

@@ -49,6 +49,19 @@ class ConfigurationError(AutotuneError, ValueError):
         return f"{self.variable}={self.value!r} is invalid: expected {self.expected}"
 
 
+class FrameworkError(AutotuneError, ValueError):
+    """A Config a training framework would silently run otherwise, e.g. fp16 on the CPU through Lightning."""
+
+    def __init__(self, framework: str, setting: str, why: str) -> None:
+        self.framework = framework
+        self.setting = setting
+        self.why = why
+        super().__init__(framework, setting, why)
+
+    def __str__(self) -> str:
+        return f"{self.framework} cannot run this Config's {self.setting} as measured: {self.why}"
+
+
 class CalibrationError(AutotuneError, RuntimeError):
     """Every candidate of a model kind failed; ``failures`` maps candidate to its failure."""
 
@@ -71,5 +84,6 @@ __all__ = [
     "CalibrationError",
     "ConfigurationError",
     "FamilyRegistrationError",
+    "FrameworkError",
     "UnknownFamilyError",
 ]
