@@ -49,12 +49,17 @@ class Config(Record):
     measured_at: str | None = None
 
     @property
-    def variants(self) -> list[str]:
-        """What differs from torch's defaults besides device and precision, e.g. ``['channels_last']``."""
+    def candidate(self) -> Candidate:
+        """The measured candidate this Config applies, e.g. ``Candidate(device="cpu", precision="bf16-mixed")``."""
         return Candidate(
             device=self.device, precision=self.precision, memory_format=self.memory_format,
             optimizer=self.optimizer, threads=self.num_threads, compiled=self.compiled,
-        ).variants
+        )
+
+    @property
+    def variants(self) -> list[str]:
+        """What differs from torch's defaults besides device and precision, e.g. ``['channels_last']``."""
+        return self.candidate.variants
 
     @property
     def device_type(self) -> str:

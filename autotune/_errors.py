@@ -62,6 +62,23 @@ class FrameworkError(AutotuneError, ValueError):
         return f"{self.framework} cannot run this Config's {self.setting} as measured: {self.why}"
 
 
+class TraceError(AutotuneError, RuntimeError):
+    """Profiling one candidate's training step failed, e.g. its worker crashed; ``kind`` and ``detail`` say how."""
+
+    def __init__(self, model_kind: str, candidate: str, kind: str, detail: str) -> None:
+        self.model_kind = model_kind
+        self.candidate = candidate
+        self.kind = kind
+        self.detail = detail
+        super().__init__(model_kind, candidate, kind, detail)
+
+    def __str__(self) -> str:
+        return (
+            f"tracing {self.model_kind!r} on {self.candidate} failed ({self.kind}: {self.detail}); run "
+            f"`python -m autotune --explain {self.model_kind}` to see how this candidate fared when measured"
+        )
+
+
 class CalibrationError(AutotuneError, RuntimeError):
     """Every candidate of a model kind failed; ``failures`` maps candidate to its failure."""
 
@@ -85,5 +102,6 @@ __all__ = [
     "ConfigurationError",
     "FamilyRegistrationError",
     "FrameworkError",
+    "TraceError",
     "UnknownFamilyError",
 ]

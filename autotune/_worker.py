@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TextIO
+from typing import Any, NoReturn, TextIO
 
 from autotune._calibrate_family import BASELINE, Settings, calibrate_family, unverified, warm_process
 from autotune._errors import CalibrationError
@@ -157,10 +157,23 @@ def _record(event: dict[str, Any], attempt: _Attempt, progress: Progress | None)
             progress(None, 1.0)
 
 
-def _run_subprocess(job: dict[str, Any], attempt: _Attempt, timeout_s: float, progress: Progress | None) -> None:
+def run_job(module: str, job: dict[str, Any], *, timeout_s: float) -> tuple[list[dict[str, Any]], Failure | None]:
+    """Run one job in a fresh ``python -m module`` worker (a module that calls :func:`serve`).
+
+    Returns the events it emitted, and how it ended when it stopped abnormally: killed after ``timeout_s`` of
+    silence, crashed, or exited non-zero.
+    """
+    attempt = _Attempt()
+    _run_subprocess(job, attempt, timeout_s, None, module=module)
+    return attempt.events, attempt.ended
+
+
+def _run_subprocess(
+    job: dict[str, Any], attempt: _Attempt, timeout_s: float, progress: Progress | None, *, module: str = "autotune._worker"
+) -> None:
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "autotune._worker"],
+            [sys.executable, "-m", module],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             # Its own process group, so a timeout kills the worker and anything it started.
             start_new_session=os.name == "posix",
@@ -250,7 +263,12 @@ def _crash_failure(returncode: int, stderr_tail: list[str]) -> Failure:
     return Failure(kind="crashed", detail=f"worker exited with status {returncode}" + (f": {last[:200]}" if last else ""))
 
 
-def _worker_main() -> int:
+Handler = Callable[[dict[str, Any], Callable[[dict[str, Any]], None]], int]
+
+
+def serve(handle: Handler) -> NoReturn:
+    """The worker's side of the protocol: read one JSON job from stdin, warm up, say ``ready``, then let
+    ``handle(job, emit)`` emit JSON-line events and return the exit status."""
     protocol = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")  # line-buffered: each event is flushed
     os.dup2(2, 1)  # print() and C-level writes from model code go to stderr, not into the protocol
     sys.stdout = sys.stderr
@@ -265,6 +283,13 @@ def _worker_main() -> int:
 
     warm_process()
     emit({"event": "ready"})
+    code = handle(job, emit)
+    sys.stderr.flush()
+    # Everything is reported; skip the interpreter's teardown (torch's takes ~0.5 s) that the host would wait for.
+    os._exit(code)
+
+
+def _calibrate_job(job: dict[str, Any], emit: Callable[[dict[str, Any]], None]) -> int:
     family = Family(job["family"]["name"], job["family"]["ref"])
     candidates = None if job["candidates"] is None else [Candidate.model_validate(c) for c in job["candidates"]]
     events: list[str] = []
@@ -278,7 +303,4 @@ def _worker_main() -> int:
 
 
 if __name__ == "__main__":
-    code = _worker_main()
-    sys.stderr.flush()
-    # Everything is reported; skip the interpreter's teardown (torch's takes ~0.5 s) that the host would wait for.
-    os._exit(code)
+    serve(_calibrate_job)

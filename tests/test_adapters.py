@@ -161,8 +161,8 @@ def test_fp16_on_the_cpu_is_refused_because_both_frameworks_would_run_something_
         config.accelerate_kwargs()
     # The evidence, with the real libraries: what they do with fp16 on the CPU when asked plainly ...
     assert _accelerate_steps(cpu=True, mixed_precision="fp16").seen == [(False, None)] * 2
+    module = TinyLightning(config)
     with pytest.warns(UserWarning, match="Using `precision='bf16-mixed'` instead"):
-        module = TinyLightning(config)
         _fit(module, tmp_path, accelerator="cpu", devices=1, precision="16-mixed")
     assert module.seen == [(True, torch.bfloat16)] * 2
     # ... and the way around it that the Lightning error names.
