@@ -52,6 +52,7 @@ def test_explain_registers_and_recalibrates_a_kind_given_by_reference(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("AUTOTUNE_SEARCH", "precision")
+    monkeypatch.setenv("AUTOTUNE_ISOLATION", "inprocess")  # the worker path is the test above
     assert main(["--explain", "mine=families_for_tests:build_tiny", "--recalibrate", "--json"]) == 0
     measured = autotune._api.cached_families(["mine"])["mine"]
     assert json.loads(capsys.readouterr().out)["measured_at"] == measured.measured_at
