@@ -262,6 +262,10 @@ def trace(model_kind: str, *, out_dir: str | Path = ".", candidate: str | None =
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     slug = re.sub(r"[^A-Za-z0-9.-]+", "-", chosen.label)
     path = Path(out_dir).expanduser().resolve() / f"trace-{model_kind}-{slug}-{stamp}.json"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigurationError("out_dir", str(out_dir), f"a directory this user can write ({exc})") from exc
     log.info("tracing %s on %s into %s", model_kind, chosen.label, path)
     return run_trace(family, chosen, init_scale=init_scale, path=path, isolation=_env.ISOLATION.get(),
                      timeout_s=_env.CANDIDATE_TIMEOUT_S.get())

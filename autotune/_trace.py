@@ -9,6 +9,7 @@ worker's protocol and crash handling, so a native crash in a candidate cannot ta
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -45,7 +46,12 @@ class OperatorTime(Record):
 
 
 class TraceReport(Record):
-    """What ``trace`` found: the Chrome trace file and the operators that took the most self time."""
+    """What ``trace`` found: the Chrome trace file and the operators that took the most self time.
+
+    ``operators`` are sorted by self device time when the device's kernels were recorded (``device_activity``
+    is ``"CUDA"`` or ``"XPU"``: their time is the step's), else by self CPU time; ``self_total_ms`` is the sum
+    of that time over every operator, per step.
+    """
 
     model_kind: str
     candidate: Candidate
@@ -56,11 +62,6 @@ class TraceReport(Record):
     device_activity: str | None
     self_total_ms: float
     operators: list[OperatorTime]
-
-    @property
-    def sorted_by(self) -> str:
-        """``'device'`` when the device's kernels were recorded (their time is the step's), else ``'cpu'``."""
-        return "device" if self.device_activity is not None else "cpu"
 
 
 class TraceJob(Record):
@@ -102,8 +103,9 @@ def trace_candidate(job: TraceJob) -> TraceReport:
             with torch.profiler.record_function(f"{_STEP_MARKER} {index}"):
                 step.run()
             step_s.append(time.perf_counter() - started)
-    Path(job.path).parent.mkdir(parents=True, exist_ok=True)
     profile.export_chrome_trace(job.path)
+    if not Path(job.path).is_file():  # the profiler logs "Failed to write to log file!" and carries on
+        raise OSError(f"torch.profiler could not write the trace to {job.path}")
     by_device = device_activity is not None
     operators = [e for e in profile.key_averages() if not e.key.startswith(_STEP_MARKER)]
     operators.sort(key=lambda e: _self_us(e, by_device), reverse=True)
@@ -131,8 +133,6 @@ def run_trace(
     family: Family, candidate: Candidate, *, init_scale: float | None, path: Path, isolation: str, timeout_s: float,
 ) -> TraceReport:
     """Trace ``candidate`` of ``family`` into ``path``: in a fresh worker, or here with ``isolation="inprocess"``."""
-    import sys
-
     from autotune._worker import run_job
 
     job = TraceJob(family_name=family.name, family_ref=family.ref, candidate=candidate, init_scale=init_scale,

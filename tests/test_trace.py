@@ -12,6 +12,7 @@ import autotune
 from autotune._cli import main
 from autotune._models import Candidate
 from autotune._store import Store
+from autotune._trace import TraceJob, trace_candidate
 
 
 def _measured(kind: str, isolated_autotune: Path) -> None:
@@ -66,3 +67,20 @@ def test_a_candidate_that_crashes_under_the_profiler_is_a_trace_error(isolated_a
         autotune.trace("abort", out_dir=tmp_path)
     assert info.value.candidate == "cpu bf16-mixed"
     assert "--explain abort" in str(info.value)
+
+
+def test_an_output_directory_that_cannot_be_made_is_a_configuration_error(isolated_autotune: Path,
+                                                                          tmp_path: Path) -> None:
+    _measured("tiny_mlp", isolated_autotune)
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(autotune.ConfigurationError, match="out_dir=.*a directory this user can write"):
+        autotune.trace("tiny_mlp", out_dir=tmp_path / "a-file" / "traces")
+
+
+def test_a_trace_the_profiler_could_not_write_is_an_error_not_a_report(tmp_path: Path) -> None:
+    family = autotune.get_family("tiny_mlp")
+    job = TraceJob(family_name=family.name, family_ref=family.ref, candidate=Candidate(device="cpu", precision="fp32"),
+                   init_scale=None, path=str(tmp_path / "missing" / "trace.json"), warmup_steps=1, steps=1,
+                   sys_path=[])
+    with pytest.raises(OSError, match="could not write the trace"):
+        trace_candidate(job)
