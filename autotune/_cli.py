@@ -153,12 +153,20 @@ def _decisions(args: argparse.Namespace) -> int:
         _calibrate_with_progress(kinds if args.recalibrate else [k for k in kinds if k not in cached],
                                  force=args.recalibrate)
     # Kinds registered here are decided as an app would see them; the others (an app registered and measured
-    # them in its own process; with no --family, every kind the cache holds) from their cached measurements.
-    decided = cached_configs(kinds if args.family else None, prefer=args.prefer, expected_steps=args.steps)
+    # them in its own process) from their cached measurements.
     registered = set(family_names())
-    configs = {kind: autotune.best_config(kind, prefer=args.prefer, expected_steps=args.steps) if kind in registered
-               else decided[kind] for kind in kinds}
-    configs.update({kind: config for kind, config in sorted(decided.items()) if kind not in configs})
+    configs = {
+        kind: autotune.best_config(kind, prefer=args.prefer, expected_steps=args.steps) if kind in registered
+        else cached_configs([kind], prefer=args.prefer, expected_steps=args.steps)[kind]
+        for kind in kinds
+    }
+    unusable = []
+    if not args.family:  # every other kind the cache holds; one no candidate could train does not fail the table
+        for kind in sorted(set(cached_families()) - set(configs)):
+            try:
+                configs[kind] = cached_configs([kind], prefer=args.prefer, expected_steps=args.steps)[kind]
+            except autotune.CalibrationError:
+                unusable.append(kind)
     fp = autotune.fingerprint()
     if args.json:
         print(json.dumps({"fingerprint": fp.model_dump(mode="json"),
@@ -181,6 +189,9 @@ def _decisions(args: argparse.Namespace) -> int:
     console.print(table)
     for kind, config in configs.items():
         console.print(f"[bold]{kind}[/bold]: {config.reason}", highlight=False)
+    for kind in unusable:
+        console.print(f"[bold]{kind}[/bold]: measured here, but no candidate could train it "
+                      f"(python -m autotune --explain {kind})", highlight=False)
     return 0
 
 

@@ -39,10 +39,13 @@ def test_a_kind_registered_by_another_process_is_listed_and_explained_here(
         autotune.get_family("mine")  # not registered in this process ...
     assert cached_configs()["mine"].source == "measured"  # ... yet its decision is in the cache
     _builtins_measured(isolated_autotune)
+    Store(isolated_autotune).save(autotune.fingerprint(), samples.family(  # another app's kind that nothing trains
+        "broken", samples.failed("cpu", "fp32", "error", "ValueError: bad model")))
     monkeypatch.setenv("COLUMNS", "200")
     assert main([]) == 0
     table = capsys.readouterr().out
     assert all(kind in table for kind in ("tiny_mlp", "transformer", "mine"))
+    assert "broken: measured here, but no candidate could train it" in table
     assert main(["--explain", "mine"]) == 0
     explained = capsys.readouterr().out
     assert "cpu fp32" in explained and "decision:" in explained
