@@ -21,6 +21,7 @@ from autotune._api import (
     best_config,
     calibrate,
     clear_cache,
+    trace,
 )
 from autotune._config import Config
 from autotune._errors import (
@@ -28,10 +29,13 @@ from autotune._errors import (
     CalibrationError,
     ConfigurationError,
     FamilyRegistrationError,
+    FrameworkError,
+    TraceError,
     UnknownFamilyError,
 )
 from autotune._families import Family, Workload, get_family, register_family
 from autotune._fingerprint import Fingerprint, fingerprint
+from autotune._models import OperatorTime, TraceReport
 from autotune._version import __version__
 
 __all__ = [
@@ -44,6 +48,10 @@ __all__ = [
     "Family",
     "FamilyRegistrationError",
     "Fingerprint",
+    "FrameworkError",
+    "OperatorTime",
+    "TraceError",
+    "TraceReport",
     "UnknownFamilyError",
     "Workload",
     "__version__",
@@ -53,4 +61,5 @@ __all__ = [
     "fingerprint",
     "get_family",
     "register_family",
+    "trace",
 ]

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import re
+import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+from pathlib import Path
 
 from autotune import _env, _stats
 from autotune._config import Config
@@ -15,7 +18,7 @@ from autotune._decide import PREFERENCES, Prefer, decide, heuristic
 from autotune._errors import ConfigurationError
 from autotune._families import builtin_family_names, get_family
 from autotune._fingerprint import Fingerprint, fingerprint
-from autotune._models import Candidate, FamilyResult, Record
+from autotune._models import Candidate, FamilyResult, Record, TraceReport
 from autotune._store import Store, default_root
 from autotune._version import __version__
 
@@ -228,6 +231,60 @@ def clear_cache() -> list[str]:
     return [str(p) for p in _store().clear()]
 
 
+def cached_configs(
+    model_kinds: Iterable[str] | None = None, *, prefer: Prefer = "auto", expected_steps: int | None = None
+) -> dict[str, Config]:
+    """Decisions for the model kinds measured on this machine, without measuring anything.
+
+    Kinds an app registered in its own process are included: the cache keeps results per kind name, and a
+    decision needs only the measurements (only measuring again needs the kind's ``build``).
+    """
+    _validate(prefer, expected_steps)
+    forced = _env.DEVICE.get()
+    digest = fingerprint().digest
+    return {
+        kind: decide(measured, prefer=prefer, expected_steps=expected_steps, forced_device=forced, digest=digest)
+        for kind, measured in cached_families(model_kinds).items()
+    }
+
+
+def trace(model_kind: str, *, out_dir: str | Path = ".", candidate: str | None = None) -> TraceReport:
+    """Profile ``model_kind``'s picked configuration (calibrating on a miss) for a few training steps.
+
+    ``candidate`` names another measured candidate by its label instead, e.g. ``"cpu fp32"``. The step runs
+    in a fresh worker under ``torch.profiler`` (warm-up steps outside the trace, CPU and device activity); a
+    Chrome trace is written under ``out_dir`` (open it in https://ui.perfetto.dev or ``chrome://tracing``)
+    and the report lists the operators with the most self time per step.
+    """
+    family = get_family(model_kind)
+    config = best_config(model_kind)
+    chosen, init_scale = config.candidate, config.init_scale
+    if candidate is not None:
+        measured = cached_families([model_kind]).get(model_kind)
+        results = {r.candidate.label: r for r in (measured.candidates if measured is not None else [])}
+        if candidate not in results:
+            raise ConfigurationError("candidate", candidate, f"a candidate measured for {model_kind}: "
+                                     + ", ".join(results))
+        chosen = results[candidate].candidate
+        numerics = results[candidate].numerics
+        init_scale = numerics.init_scale if numerics is not None else None
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    slug = re.sub(r"[^A-Za-z0-9.-]+", "-", chosen.label)
+    path = Path(out_dir).expanduser().resolve() / f"trace-{model_kind}-{slug}-{stamp}.json"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigurationError("out_dir", str(out_dir), f"a directory this user can write ({exc})") from exc
+    log.info("tracing %s on %s into %s", model_kind, chosen.label, path)
+    from autotune import _fp32
+    from autotune._calibration.protocol import FamilyRef, TraceJob
+
+    job = TraceJob(family=FamilyRef(name=family.name, ref=family.ref), candidate=chosen, init_scale=init_scale,
+                   path=str(path), fp32=_fp32.current(), sys_path=[p for p in sys.path if p])
+    with _new_worker() as worker:
+        return worker.run_trace(job)
+
+
 def cached_families(model_kinds: Iterable[str] | None = None) -> dict[str, FamilyResult]:
     """The stored measurements of this machine, without measuring anything."""
     stored = _store().load(fingerprint().digest)
@@ -237,4 +294,13 @@ def cached_families(model_kinds: Iterable[str] | None = None) -> dict[str, Famil
     return {k: v for k, v in stored.families.items() if wanted is None or k in wanted}
 
 
-__all__ = ["CalibrationProgress", "CalibrationReport", "best_config", "cached_families", "calibrate", "clear_cache"]
+__all__ = [
+    "CalibrationProgress",
+    "CalibrationReport",
+    "best_config",
+    "cached_configs",
+    "cached_families",
+    "calibrate",
+    "clear_cache",
+    "trace",
+]

@@ -23,6 +23,9 @@ examples:
   python -m autotune --recalibrate         measure again (after a GPU, driver or torch change)
   python -m autotune --family cnn --json   one model kind, machine-readable on stdout
   python -m autotune --explain cnn         every candidate: times, intervals, numerics, failures
+  python -m autotune --trace cnn --out traces   profile the picked configuration: Chrome trace + top operators
+  python -m autotune --trace cnn --candidate "cpu fp32"   ... or another measured candidate, to compare
+  python -m autotune --family mine=my_app.models:build_model   your own model kind (also --explain, --trace)
   python -m autotune --prefer gpu --steps 60   decisions for a user who chose "GPU" and a short job
   python -m autotune --doctor              GPU hardware that this torch build cannot use, and what to do
   python -m autotune --clear               delete the stored measurements
@@ -39,10 +42,18 @@ def _parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--family", action="append", metavar="NAME", help="model kind (repeatable; default: built-ins)")
+    parser.add_argument("--family", action="append", metavar="NAME[=MODULE:FUNC]",
+                        help="model kind (repeatable; default: built-ins and every kind measured here); "
+                        "NAME=package.module:function registers your own for this run")
     parser.add_argument("--recalibrate", action="store_true", help="measure again even if results are cached")
     parser.add_argument("--json", action="store_true", help="print JSON on stdout and nothing else there")
-    parser.add_argument("--explain", metavar="NAME", help="show every candidate measured for one model kind")
+    parser.add_argument("--explain", metavar="NAME[=MODULE:FUNC]",
+                        help="show every candidate measured for one model kind")
+    parser.add_argument("--trace", metavar="NAME[=MODULE:FUNC]",
+                        help="profile a few training steps of the picked configuration; write a Chrome trace")
+    parser.add_argument("--out", metavar="DIR", help="where --trace writes its trace (default: the current directory)")
+    parser.add_argument("--candidate", metavar="LABEL",
+                        help="with --trace: a measured candidate instead of the pick, e.g. 'cpu fp32'")
     parser.add_argument("--prefer", choices=["auto", "gpu", "cpu"], default="auto", help="the user's device choice")
     parser.add_argument("--steps", type=int, metavar="N", help="expected training steps (short jobs count set-up)")
     parser.add_argument("--clear", action="store_true", help="delete all stored measurements and exit")
@@ -55,12 +66,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.steps is not None and args.steps < 1:
         _parser().error("--steps must be a positive integer")
+    if args.trace is None and (args.out is not None or args.candidate is not None):
+        _parser().error("--out and --candidate go with --trace")
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING, format="autotune: %(message)s", stream=sys.stderr
     )
     logging.getLogger("filelock").setLevel(logging.WARNING)
     import autotune
-    from autotune._errors import AutotuneError
 
     try:
         if args.clear:
@@ -70,10 +82,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.doctor:
             return _doctor(args)
         if args.explain:
-            return _explain(args.explain, recalibrate=args.recalibrate, as_json=args.json)
+            return _explain(_register(args.explain), recalibrate=args.recalibrate, as_json=args.json)
+        if args.trace:
+            return _trace(_register(args.trace), args)
         return _decisions(args)
-    except AutotuneError as exc:
+    except autotune.AutotuneError as exc:
         print(f"autotune: error: {exc}", file=sys.stderr)
+        if isinstance(exc, autotune.UnknownFamilyError):
+            print("autotune: your own model kind: --family NAME=package.module:function (also --explain, --trace)",
+                  file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("autotune: interrupted; nothing was stored for the family in progress", file=sys.stderr)
@@ -111,25 +128,45 @@ def _plain_progress() -> Callable[[CalibrationProgress], None]:
     return report
 
 
-def _kinds(args: argparse.Namespace) -> list[str]:
-    from autotune._families import builtin_family_names, get_family
+def _register(value: str) -> str:
+    """``NAME`` as is; ``NAME=package.module:function`` registered for this run first. Returns the name.
 
-    kinds = args.family or builtin_family_names()
-    for kind in kinds:
-        get_family(kind)  # unknown names fail before anything is measured
-    return kinds
+    A name alone need not be registered here while its measurements are cached (an app registered and measured
+    it); measuring it needs its build, and an unknown name fails before anything is measured.
+    """
+    import autotune
+
+    name, sep, ref = value.partition("=")
+    if sep:
+        autotune.register_family(name, ref)
+    return name
 
 
 def _decisions(args: argparse.Namespace) -> int:
     import autotune
-    from autotune._api import cached_families
+    from autotune._api import cached_configs, cached_families
+    from autotune._families import builtin_family_names, family_names
 
-    kinds = _kinds(args)
-    missing = set(kinds) - set(cached_families(kinds))
-    if args.recalibrate or missing:
-        _calibrate_with_progress(kinds if args.recalibrate else [k for k in kinds if k in missing],
+    kinds = [_register(value) for value in args.family] if args.family else builtin_family_names()
+    cached = cached_families(kinds)
+    if args.recalibrate or set(kinds) - set(cached):
+        _calibrate_with_progress(kinds if args.recalibrate else [k for k in kinds if k not in cached],
                                  force=args.recalibrate)
-    configs = {kind: autotune.best_config(kind, prefer=args.prefer, expected_steps=args.steps) for kind in kinds}
+    # Kinds registered here are decided as an app would see them; the others (an app registered and measured
+    # them in its own process) from their cached measurements.
+    registered = set(family_names())
+    configs = {
+        kind: autotune.best_config(kind, prefer=args.prefer, expected_steps=args.steps) if kind in registered
+        else cached_configs([kind], prefer=args.prefer, expected_steps=args.steps)[kind]
+        for kind in kinds
+    }
+    unusable = []
+    if not args.family:  # every other kind the cache holds; one no candidate could train does not fail the table
+        for kind in sorted(set(cached_families()) - set(configs)):
+            try:
+                configs[kind] = cached_configs([kind], prefer=args.prefer, expected_steps=args.steps)[kind]
+            except autotune.CalibrationError:
+                unusable.append(kind)
     fp = autotune.fingerprint()
     if args.json:
         print(json.dumps({"fingerprint": fp.model_dump(mode="json"),
@@ -152,14 +189,15 @@ def _decisions(args: argparse.Namespace) -> int:
     console.print(table)
     for kind, config in configs.items():
         console.print(f"[bold]{kind}[/bold]: {config.reason}", highlight=False)
+    for kind in unusable:
+        console.print(f"[bold]{kind}[/bold]: measured here, but no candidate could train it "
+                      f"(python -m autotune --explain {kind})", highlight=False)
     return 0
 
 
 def _explain(kind: str, *, recalibrate: bool, as_json: bool) -> int:
-    import autotune
-    from autotune._api import cached_families
+    from autotune._api import cached_configs, cached_families
 
-    autotune.get_family(kind)
     if recalibrate or kind not in cached_families([kind]):
         _calibrate_with_progress([kind], force=recalibrate)
     measured = cached_families([kind])[kind]
@@ -192,7 +230,40 @@ def _explain(kind: str, *, recalibrate: bool, as_json: bool) -> int:
         console.print(f"[dim]{note}[/dim]", highlight=False)
     for backend, why in measured.backend_notes.items():
         console.print(f"[dim]{backend}: {why}[/dim]")
-    console.print(f"decision: {autotune.best_config(kind).reason}")
+    console.print(f"decision: {cached_configs([kind])[kind].reason}")
+    return 0
+
+
+def _trace(kind: str, args: argparse.Namespace) -> int:
+    import autotune
+    from autotune._api import cached_families
+
+    if args.recalibrate or kind not in cached_families([kind]):
+        _calibrate_with_progress([kind], force=args.recalibrate)
+    report = autotune.trace(kind, out_dir=args.out or ".", candidate=args.candidate)
+    if args.json:
+        print(report.model_dump_json(indent=1))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=None if sys.stdout.isatty() else 120)  # pipes and logs: no 80-column squeeze
+    on_device = report.device_activity is not None
+    console.print(f"[bold]{kind}[/bold] on {report.candidate.label}: {report.steps} steps traced after "
+                  f"{report.warmup_steps} warm-up steps, {report.step_ms:.3g} ms/step under the profiler", highlight=False)
+    table = Table(title=f"top operators by self {'device' if on_device else 'CPU'} time per step")
+    for column in ("operator", "calls", "self CPU ms", *(["self device ms"] if on_device else []), "share"):
+        table.add_column(column, overflow="fold")
+    for op in report.operators:
+        own = op.self_device_ms if op.self_device_ms is not None else op.self_cpu_ms
+        share = f"{100 * own / report.self_total_ms:.0f}%" if report.self_total_ms > 0 else "-"
+        device = [f"{op.self_device_ms:.3g}"] if op.self_device_ms is not None else []
+        table.add_row(op.name, f"{op.calls_per_step:g}", f"{op.self_cpu_ms:.3g}", *device, share)
+    console.print(table)
+    if not on_device and report.candidate.device != "cpu":
+        console.print(f"[dim]torch.profiler records no {report.candidate.device} kernels: CPU side only[/dim]")
+    console.print(f"trace: {report.path}", highlight=False, soft_wrap=True)
+    console.print("[dim]open it in https://ui.perfetto.dev or chrome://tracing[/dim]")
     return 0
 
 

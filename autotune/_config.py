@@ -10,12 +10,19 @@ import torch
 from torch import nn
 
 from autotune import _fp32
+from autotune._errors import FrameworkError
 from autotune._models import Candidate, MemoryFormat, OptimizerImpl, Precision, Record
 from autotune._optimizers import optimizer_kwargs_for
 from autotune._precision import AUTOCAST_DTYPES, DEFAULT_INIT_SCALE, MEMORY_FORMATS, move
 
 Source = Literal["measured", "forced", "heuristic"]
 Batch = TypeVar("Batch")
+
+#: each precision in the frameworks' words; tf32 is fp32 there plus torch.set_float32_matmul_precision("high")
+LIGHTNING_PRECISIONS: dict[Precision, str] = {
+    "fp32": "32-true", "tf32": "32-true", "bf16-mixed": "bf16-mixed", "fp16-mixed": "16-mixed",
+}
+ACCELERATE_PRECISIONS: dict[Precision, str] = {"fp32": "no", "tf32": "no", "bf16-mixed": "bf16", "fp16-mixed": "fp16"}
 
 
 class Config(Record):
@@ -44,12 +51,17 @@ class Config(Record):
     measured_at: str | None = None
 
     @property
-    def variants(self) -> list[str]:
-        """What differs from torch's defaults besides device and precision, e.g. ``['channels_last']``."""
+    def candidate(self) -> Candidate:
+        """The measured candidate this Config applies, e.g. ``Candidate(device="cpu", precision="bf16-mixed")``."""
         return Candidate(
             device=self.device, precision=self.precision, memory_format=self.memory_format,
             optimizer=self.optimizer, num_threads=self.num_threads, compiled=self.compiled,
-        ).variants
+        )
+
+    @property
+    def variants(self) -> list[str]:
+        """What differs from torch's defaults besides device and precision, e.g. ``['channels_last']``."""
+        return self.candidate.variants
 
     @property
     def device_type(self) -> str:
@@ -130,6 +142,67 @@ class Config(Record):
         """Set torch's CPU thread count (process-wide) when fewer threads measured faster; else a no-op."""
         if self.device == "cpu" and self.num_threads is not None:
             torch.set_num_threads(self.num_threads)
+
+    def lightning_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for ``lightning.Trainer``, e.g. ``{"accelerator": "cpu", "devices": 1, "precision": "bf16-mixed"}``.
+
+        ``trainer = lightning.Trainer(**cfg.lightning_kwargs(), max_epochs=10)``
+
+        Carries over the device (``"cuda:1"`` -> ``accelerator="cuda", devices=[1]``; ``"mps"``; ``"cpu"``, one
+        process) and the precision (``"32-true"``, ``"bf16-mixed"``, ``"16-mixed"``). The rest you apply:
+
+        - tf32: ``torch.set_float32_matmul_precision("high")`` before ``fit`` (Lightning has no switch for it);
+        - threads: ``cfg.apply_threads()``;
+        - channels_last: ``model.to(memory_format=torch.channels_last)`` before ``fit``, and in the
+          LightningModule ``def on_after_batch_transfer(self, batch, i): return cfg.prepare_batch(batch)``;
+        - fused optimizer: in ``configure_optimizers``, ``torch.optim.AdamW(self.parameters(), lr=3e-4,
+          **cfg.optimizer_kwargs())``;
+        - fp16 init_scale: ``plugins=[MixedPrecision("16-mixed", "cuda", scaler=cfg.grad_scaler())]`` (from
+          ``lightning.pytorch.plugins.precision``) with ``precision=None`` in place of the precision here;
+        - compiled: ``trainer.fit(torch.compile(model))``.
+
+        Raises :class:`FrameworkError` where Lightning would run something else than was measured: fp16 on the
+        CPU (Lightning warns and trains in bf16 instead) and Intel XPU (no built-in Lightning accelerator).
+        """
+        device = torch.device(self.device)
+        if device.type == "xpu":
+            raise FrameworkError("Lightning", f"device {self.device!r}", (
+                "Lightning has no built-in accelerator for Intel XPU; train with cfg.prepare() and cfg.autocast() "
+                "in your own loop, or through Accelerate (cfg.accelerate_kwargs())"))
+        if device.type == "cpu" and self.precision == "fp16-mixed":
+            raise FrameworkError("Lightning", "fp16 mixed precision on the CPU", (
+                "Lightning replaces precision='16-mixed' on the CPU with 'bf16-mixed'; train with cfg.autocast() "
+                "in your own loop, or pass plugins=[MixedPrecision('16-mixed', 'cpu')] with precision=None"))
+        devices: int | list[int] = [device.index] if device.index is not None else 1
+        return {"accelerator": device.type, "devices": devices, "precision": LIGHTNING_PRECISIONS[self.precision]}
+
+    def accelerate_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for ``accelerate.Accelerator``, e.g. ``{"cpu": True, "mixed_precision": "bf16"}``.
+
+        ``accelerator = accelerate.Accelerator(**cfg.accelerate_kwargs())``
+
+        Carries over the device (``cpu=True`` for the CPU; otherwise Accelerate takes the GPU it finds, the
+        current CUDA device for CUDA) and the precision (``"no"``, ``"bf16"``, ``"fp16"``). The rest you apply:
+
+        - a GPU other than the first: ``torch.cuda.set_device(cfg.device)`` before creating the Accelerator;
+        - tf32: ``torch.set_float32_matmul_precision("high")``;
+        - threads: ``cfg.apply_threads()``;
+        - channels_last: ``model.to(memory_format=torch.channels_last)`` before ``prepare``, and
+          ``cfg.prepare_batch(batch)`` in the loop;
+        - fused optimizer: ``torch.optim.AdamW(model.parameters(), lr=3e-4, **cfg.optimizer_kwargs())``;
+        - fp16 init_scale: ``kwargs_handlers=[GradScalerKwargs(init_scale=cfg.init_scale)]`` (from
+          ``accelerate.utils``);
+        - compiled: ``model = torch.compile(model)`` before ``prepare``.
+
+        Raises :class:`FrameworkError` for fp16 on the CPU: Accelerate accepts ``mixed_precision="fp16"`` with
+        ``cpu=True`` and then trains without autocast, in fp32.
+        """
+        device = torch.device(self.device)
+        if device.type == "cpu" and self.precision == "fp16-mixed":
+            raise FrameworkError("Accelerate", "fp16 mixed precision on the CPU", (
+                "Accelerate accepts mixed_precision='fp16' with cpu=True but trains without autocast; keep "
+                "mixed_precision='no' and wrap forward + loss in cfg.autocast() yourself"))
+        return {"cpu": device.type == "cpu", "mixed_precision": ACCELERATE_PRECISIONS[self.precision]}
 
     def grad_scaler(self) -> torch.amp.GradScaler:
         """A GradScaler enabled only for fp16, starting at the init_scale calibration found safe."""

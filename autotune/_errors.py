@@ -49,6 +49,36 @@ class ConfigurationError(AutotuneError, ValueError):
         return f"{self.variable}={self.value!r} is invalid: expected {self.expected}"
 
 
+class FrameworkError(AutotuneError, ValueError):
+    """A Config a training framework would silently run otherwise, e.g. fp16 on the CPU through Lightning."""
+
+    def __init__(self, framework: str, setting: str, why: str) -> None:
+        self.framework = framework
+        self.setting = setting
+        self.why = why
+        super().__init__(framework, setting, why)
+
+    def __str__(self) -> str:
+        return f"{self.framework} cannot run this Config's {self.setting} as measured: {self.why}"
+
+
+class TraceError(AutotuneError, RuntimeError):
+    """Profiling one candidate's training step failed, e.g. its worker crashed; ``kind`` and ``detail`` say how."""
+
+    def __init__(self, model_kind: str, candidate: str, kind: str, detail: str) -> None:
+        self.model_kind = model_kind
+        self.candidate = candidate
+        self.kind = kind
+        self.detail = detail
+        super().__init__(model_kind, candidate, kind, detail)
+
+    def __str__(self) -> str:
+        return (
+            f"tracing {self.model_kind!r} on {self.candidate} failed ({self.kind}: {self.detail}); run "
+            f"`python -m autotune --explain {self.model_kind}` to see how this candidate fared when measured"
+        )
+
+
 class CalibrationError(AutotuneError, RuntimeError):
     """Every candidate of a model kind failed; ``failures`` maps candidate to its failure."""
 
@@ -71,5 +101,7 @@ __all__ = [
     "CalibrationError",
     "ConfigurationError",
     "FamilyRegistrationError",
+    "FrameworkError",
+    "TraceError",
     "UnknownFamilyError",
 ]

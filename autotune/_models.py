@@ -185,6 +185,37 @@ class FamilyResult(Record):
         return next((r for r in self.candidates if r.candidate == candidate), None)
 
 
+class OperatorTime(Record):
+    """One operator's share of a traced step, e.g. ``OperatorTime(name="aten::convolution_backward", ...)``.
+
+    Times are per training step (totals over the traced steps divided by their count), in milliseconds.
+    """
+
+    name: str
+    calls_per_step: float
+    self_cpu_ms: float
+    self_device_ms: float | None
+
+
+class TraceReport(Record):
+    """What ``autotune.trace`` found: the Chrome trace file and the operators that took the most self time.
+
+    ``operators`` are sorted by self device time when the device's kernels were recorded (``device_activity``
+    is ``"CUDA"`` or ``"XPU"``: their time is the step's), else by self CPU time; ``self_total_ms`` is the sum
+    of that time over every operator, per step.
+    """
+
+    model_kind: str
+    candidate: Candidate
+    path: str
+    warmup_steps: int
+    steps: int
+    step_ms: float = Field(description="mean wall time of a traced step, the profiler's overhead included")
+    device_activity: str | None
+    self_total_ms: float
+    operators: list[OperatorTime]
+
+
 __all__ = [
     "PRECISIONS",
     "MemoryFormat",
@@ -197,6 +228,8 @@ __all__ = [
     "FamilyResult",
     "Interval",
     "Numerics",
+    "OperatorTime",
     "Precision",
     "Timing",
+    "TraceReport",
 ]

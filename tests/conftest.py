@@ -6,8 +6,10 @@ from pathlib import Path
 
 import pytest
 
+import torch
+
 import autotune
-from autotune import _api, _families
+from autotune import _api, _families, _fp32
 
 
 @pytest.fixture(autouse=True)
@@ -22,7 +24,10 @@ def isolated_autotune(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterat
     registry = dict(_families._registry)
     _api._decisions.clear()
     _api._stores.clear()
-    yield cache
+    threads = torch.get_num_threads()
+    with _fp32.preserved():  # an in-process candidate, a framework or a test may switch them: put them back
+        yield cache
+    torch.set_num_threads(threads)
     _families._registry.clear()
     _families._registry.update(registry)
     _api._decisions.clear()

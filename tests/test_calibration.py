@@ -28,7 +28,8 @@ def test_end_to_end_calibration_of_builtin_tiny_mlp(isolated_autotune: Path) -> 
     labels = [r.candidate.label for r in measured.candidates]
     assert labels[0] == "cpu fp32" and "cpu bf16-mixed" in labels
     baseline = measured.candidates[0]
-    assert baseline.timing is not None and baseline.timing.n >= 3
+    assert baseline.timing is not None
+    assert baseline.timing.n >= 3 or baseline.timing.dropped is not None  # timed to a verdict, or far behind
     assert baseline.numerics is not None and baseline.numerics.loss_error == 0.0
     assert baseline.num_threads is not None and baseline.setup_s is not None
     # Every backend that offered no candidate says why; CPU always offers one.

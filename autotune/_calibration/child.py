@@ -24,10 +24,11 @@ import torch
 
 from autotune import _fp32
 from autotune._calibration.plan import plan
-from autotune._calibration.protocol import Begin, Done, Failed, Job, Planned, Ready
+from autotune._calibration.protocol import REQUEST, Begin, Done, Failed, Job, Planned, Ready, TraceJob, Traced
 from autotune._calibration.session import Session
 from autotune._calibration.setup import TorchLab, warm_process
 from autotune._families import Family
+from autotune._models import CandidateResult, Failure
 
 #: the worker's status after it reported a device error and stopped measuring (its candidate is already failed)
 EXIT_DEVICE_ERROR = 3
@@ -99,20 +100,34 @@ def main() -> int:
     faulthandler.enable()  # a segfault or abort leaves a Python traceback in stderr, which the host keeps
     _die_with_the_host(os.getppid())
 
-    def emit(event: Ready | Planned | Begin | Failed | Done) -> None:
+    def emit(event: Ready | Planned | Begin | Failed | Done | Traced) -> None:
         protocol.write(event.model_dump_json() + "\n")
 
     warm_process()
     threads = torch.get_num_threads()
     emit(Ready(pid=os.getpid()))
     for line in sys.stdin:
-        job = Job.model_validate_json(line)
+        job = REQUEST.validate_json(line)
         sys.path[:0] = [p for p in job.sys_path if p not in sys.path]
-        torch.set_num_threads(threads)  # a clean slate for each family, with the host's fp32 settings
+        torch.set_num_threads(threads)  # a clean slate for each job, with the host's fp32 settings
         _fp32.ensure(job.fp32)
-        if not calibrate(job, emit):
+        if isinstance(job, TraceJob):
+            trace(job, emit)
+        elif not calibrate(job, emit):
             return EXIT_DEVICE_ERROR
     return 0
+
+
+def trace(job: TraceJob, emit: Callable[[Begin | Failed | Traced], None]) -> None:
+    """Trace the job's candidate; a failure is reported like a candidate's (the worker goes on)."""
+    from autotune._calibration.trace import traced_or_failure
+
+    emit(Begin(candidate=job.candidate, phase="timing", fraction=0.0))
+    outcome = traced_or_failure(job)
+    if isinstance(outcome, Failure):
+        emit(Failed(result=CandidateResult(candidate=job.candidate, failure=outcome)))
+    else:
+        emit(Traced(report=outcome))
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from autotune._env import Search
 from autotune._fp32 import Fp32Settings
-from autotune._models import Candidate, CandidateResult
+from autotune._models import Candidate, CandidateResult, TraceReport
 from autotune._calibration.measure import MeasureSettings
 
 
@@ -54,6 +54,9 @@ class FamilyRef(_Message):
 
 
 class Job(_Message):
+    """Calibrate one family."""
+
+    kind: Literal["calibrate"] = "calibrate"
     family: FamilyRef
     #: None: plan and search here; a list: a restarted worker's remaining candidates, timed in one stage
     candidates: list[Candidate] | None
@@ -63,6 +66,26 @@ class Job(_Message):
     fp32: Fp32Settings
     #: like multiprocessing's spawn: the worker must import what the host can (user families, tests)
     sys_path: list[str]
+
+
+class TraceJob(_Message):
+    """Run one candidate's measured step under ``torch.profiler`` and write a Chrome trace to ``path``."""
+
+    kind: Literal["trace"] = "trace"
+    family: FamilyRef
+    candidate: Candidate
+    init_scale: float | None
+    path: str
+    warmup_steps: int = 3
+    steps: int = 5
+    #: operators in the report, most self time first
+    top: int = 15
+    fp32: Fp32Settings
+    sys_path: list[str]
+
+
+Request = Annotated[Job | TraceJob, Field(discriminator="kind")]
+REQUEST: TypeAdapter[Job | TraceJob] = TypeAdapter(Request)
 
 
 class Ready(_Message):
@@ -105,7 +128,15 @@ class Done(_Message):
     search_notes: list[str]
 
 
-Event = Annotated[Ready | Planned | Begin | Failed | Done, Field(discriminator="event")]
-EVENT: TypeAdapter[Ready | Planned | Begin | Failed | Done] = TypeAdapter(Event)
+class Traced(_Message):
+    event: Literal["traced"] = "traced"
+    report: TraceReport
 
-__all__ = ["EVENT", "Begin", "CalibrationSettings", "Done", "Event", "Failed", "FamilyRef", "Job", "Planned", "Ready"]
+
+Event = Annotated[Ready | Planned | Begin | Failed | Done | Traced, Field(discriminator="event")]
+EVENT: TypeAdapter[Ready | Planned | Begin | Failed | Done | Traced] = TypeAdapter(Event)
+
+__all__ = [
+    "EVENT", "REQUEST", "Begin", "CalibrationSettings", "Done", "Event", "Failed", "FamilyRef", "Job", "Planned",
+    "Ready", "Request", "TraceJob", "Traced",
+]

@@ -33,17 +33,19 @@ from pydantic import ValidationError
 from autotune import _fp32
 from autotune._calibration.child import calibrate
 from autotune._calibration.plan import BASELINE
-from autotune._calibration.protocol import EVENT, Begin, CalibrationSettings, Done, Failed, FamilyRef, Job, Planned, Ready
+from autotune._calibration.protocol import (
+    EVENT, Begin, CalibrationSettings, Done, Failed, FamilyRef, Job, Planned, Ready, TraceJob, Traced,
+)
 from autotune._calibration.setup import unverified, warm_process
-from autotune._errors import CalibrationError
+from autotune._errors import CalibrationError, TraceError
 from autotune._families import Family
-from autotune._models import Candidate, CandidateResult, Failure, FamilyResult
+from autotune._models import Candidate, CandidateResult, Failure, FamilyResult, TraceReport
 from autotune._version import __version__
 
 log = logging.getLogger("autotune")
 
 Progress = Callable[[Candidate | None, float], None]
-Event = Planned | Begin | Failed | Done
+Event = Planned | Begin | Failed | Done | Traced
 
 #: the worker imports torch before its first word; allow a slow disk that long whatever the candidate timeout
 STARTUP_TIMEOUT_S = 120.0
@@ -75,8 +77,9 @@ class _Process:
         for thread in self.threads:
             thread.start()
 
-    def run(self, job: Job, attempt: _Attempt, timeout_s: float, progress: Progress | None) -> bool:
-        """Send ``job`` and record its events; True when the worker finished it and is still alive."""
+    def run(self, job: Job | TraceJob, attempt: _Attempt, timeout_s: float, progress: Progress | None,
+            until: tuple[type[Event], ...] = (Done,)) -> bool:
+        """Send ``job`` and record its events up to one of ``until``; True when the worker is still alive."""
         try:
             assert self.proc.stdin is not None  # noqa: S101 - always a pipe
             self.proc.stdin.write(job.model_dump_json() + "\n")
@@ -106,7 +109,7 @@ class _Process:
                 self.ready_at = time.perf_counter()
                 continue
             _record(event, attempt, progress)
-            if isinstance(event, Done):
+            if isinstance(event, until):
                 return True
         returncode = self.proc.wait()
         for thread in self.threads:
@@ -243,6 +246,36 @@ class Worker:
             backend_notes=backend_notes,
             search_notes=done.search_notes if done is not None else [],
         )
+
+    def run_trace(self, job: TraceJob) -> TraceReport:
+        """Trace one candidate in the worker; raises TraceError when it crashes, hangs or fails."""
+        from autotune._calibration.trace import traced_or_failure
+
+        if self.isolation == "inprocess":
+            with _fp32.preserved():
+                outcome = traced_or_failure(job)
+            if isinstance(outcome, TraceReport):
+                return outcome
+            raise TraceError(job.family.name, job.candidate.label, outcome.kind, outcome.detail)
+        attempt = _Attempt()
+        self.start()
+        process = self._process
+        if process is None:
+            failure = self.start_failure or Failure(kind="crashed", detail="no worker")
+            raise TraceError(job.family.name, job.candidate.label, failure.kind, failure.detail)
+        try:
+            if not process.run(job, attempt, self.timeout_s, None, until=(Traced, Failed)):
+                self._process = None
+        except BaseException:
+            process.kill()
+            self._process = None
+            raise
+        for event in attempt.events:
+            if isinstance(event, Traced):
+                return event.report
+        failed = next((e.result.failure for e in attempt.events if isinstance(e, Failed)), None)
+        failure = failed or attempt.ended or Failure(kind="crashed", detail="the worker stopped without a result")
+        raise TraceError(job.family.name, job.candidate.label, failure.kind, failure.detail)
 
     def _attempt(self, job: Job, attempt: _Attempt, progress: Progress | None, *, since: float) -> float:
         """Run ``job`` once; returns how long this family waited for a worker to start."""

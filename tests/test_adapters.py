@@ -1,0 +1,171 @@
+"""Config.lightning_kwargs() and Config.accelerate_kwargs() against the real Lightning and Accelerate, on the CPU.
+
+Each test trains two steps through the framework and records the autocast state seen inside the step: the
+Config's precision must be what the framework actually runs, not just what it was told.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import accelerate
+import lightning
+import pytest
+import torch
+import torch.nn.functional as F
+from accelerate.state import AcceleratorState
+from lightning.pytorch.plugins.precision import MixedPrecision
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from autotune import Config, FrameworkError
+
+AutocastSeen = tuple[bool, torch.dtype | None]
+
+
+def _config(precision: str, device: str = "cpu") -> Config:
+    return Config(model_kind="tiny", device=device, precision=precision, source="measured",  # type: ignore[arg-type]
+                  reason="test", fingerprint_digest="d")
+
+
+def _expected(config: Config) -> AutocastSeen:
+    return (config.autocast_dtype is not None, config.autocast_dtype)
+
+
+def _seen() -> AutocastSeen:
+    enabled = torch.is_autocast_enabled("cpu")
+    return (enabled, torch.get_autocast_dtype("cpu") if enabled else None)
+
+
+def _data() -> TensorDataset:
+    torch.manual_seed(0)
+    return TensorDataset(torch.randn(8, 8), torch.randint(0, 4, (8,)))
+
+
+class TinyLightning(lightning.LightningModule):
+    def __init__(self, config: Config) -> None:
+        super().__init__()
+        self.config = config
+        self.net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+        self.seen: list[AutocastSeen] = []
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        self.seen.append(_seen())
+        features, labels = batch
+        return F.cross_entropy(self.net(features), labels)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(self.parameters(), **self.config.optimizer_kwargs())
+
+    def train_dataloader(self) -> DataLoader[tuple[Tensor, ...]]:
+        return DataLoader(_data(), batch_size=4)
+
+
+def _fit(module: TinyLightning, tmp_path: Path, **trainer_kwargs: object) -> lightning.Trainer:
+    trainer = lightning.Trainer(
+        **trainer_kwargs, max_steps=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,  # type: ignore[arg-type]
+        enable_model_summary=False, default_root_dir=tmp_path,
+    )
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+        trainer.fit(module)
+    return trainer
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16-mixed"])
+def test_lightning_trains_in_the_configs_precision(precision: str, tmp_path: Path) -> None:
+    config = _config(precision)
+    module = TinyLightning(config)
+    trainer = _fit(module, tmp_path, **config.lightning_kwargs())
+    assert trainer.global_step == 2
+    assert module.seen == [_expected(config)] * 2
+    assert module.device.type == "cpu"
+
+
+class TinyModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+        self.seen: list[AutocastSeen] = []
+
+    def forward(self, features: Tensor) -> Tensor:
+        # Accelerate autocasts by wrapping forward(), so a forward pre-hook would not see it: record in here.
+        self.seen.append(_seen())
+        return self.net(features)  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def fresh_accelerate_state() -> Iterator[None]:
+    """Accelerate keeps its state process-wide (a singleton): every test starts and ends without one."""
+    AcceleratorState._reset_state(reset_partial_state=True)
+    yield
+    AcceleratorState._reset_state(reset_partial_state=True)
+
+
+def _accelerate_steps(**accelerator_kwargs: object) -> TinyModel:
+    accelerator = accelerate.Accelerator(**accelerator_kwargs)  # type: ignore[arg-type]
+    model = TinyModel()
+    optimizer = torch.optim.AdamW(model.parameters())
+    prepared, optimizer, loader = accelerator.prepare(model, optimizer, DataLoader(_data(), batch_size=4))
+    for features, labels in loader:
+        loss = F.cross_entropy(prepared(features), labels)
+        optimizer.zero_grad(set_to_none=True)
+        accelerator.backward(loss)
+        optimizer.step()
+    assert accelerator.device.type == "cpu"
+    return model
+
+
+@pytest.mark.usefixtures("fresh_accelerate_state")
+@pytest.mark.parametrize("precision", ["fp32", "bf16-mixed"])
+def test_accelerate_trains_in_the_configs_precision(precision: str) -> None:
+    config = _config(precision)
+    model = _accelerate_steps(**config.accelerate_kwargs())
+    assert model.seen == [_expected(config)] * 2
+
+
+@pytest.mark.parametrize(("device", "expected"), [
+    pytest.param("cpu", {"accelerator": "cpu", "devices": 1}, id="cpu"),
+    pytest.param("cuda:1", {"accelerator": "cuda", "devices": [1]}, id="second-cuda-gpu"),
+    pytest.param("mps", {"accelerator": "mps", "devices": 1}, id="mps"),
+])
+def test_lightning_device_words(device: str, expected: dict[str, object]) -> None:
+    kwargs = _config("bf16-mixed", device).lightning_kwargs()
+    assert kwargs == {**expected, "precision": "bf16-mixed"}
+
+
+@pytest.mark.parametrize(("precision", "lightning_word", "accelerate_word"), [
+    ("fp32", "32-true", "no"), ("tf32", "32-true", "no"), ("bf16-mixed", "bf16-mixed", "bf16"),
+    ("fp16-mixed", "16-mixed", "fp16"),
+])
+def test_precision_words_on_a_gpu(precision: str, lightning_word: str, accelerate_word: str) -> None:
+    config = _config(precision, "cuda:0")
+    assert config.lightning_kwargs()["precision"] == lightning_word
+    assert config.accelerate_kwargs() == {"cpu": False, "mixed_precision": accelerate_word}
+
+
+def test_lightning_refuses_xpu_with_what_to_do() -> None:
+    with pytest.raises(FrameworkError, match="no built-in accelerator for Intel XPU.*accelerate_kwargs"):
+        _config("bf16-mixed", "xpu:0").lightning_kwargs()
+    assert _config("bf16-mixed", "xpu:0").accelerate_kwargs() == {"cpu": False, "mixed_precision": "bf16"}
+
+
+@pytest.mark.usefixtures("fresh_accelerate_state")
+def test_fp16_on_the_cpu_is_refused_because_both_frameworks_would_run_something_else(tmp_path: Path) -> None:
+    config = _config("fp16-mixed")
+    with pytest.raises(FrameworkError, match="Lightning replaces"):
+        config.lightning_kwargs()
+    with pytest.raises(FrameworkError, match="trains without autocast"):
+        config.accelerate_kwargs()
+    # The evidence, with the real libraries: what they do with fp16 on the CPU when asked plainly ...
+    assert _accelerate_steps(cpu=True, mixed_precision="fp16").seen == [(False, None)] * 2
+    module = TinyLightning(config)
+    with pytest.warns(UserWarning, match="Using `precision='bf16-mixed'` instead"):
+        _fit(module, tmp_path, accelerator="cpu", devices=1, precision="16-mixed")
+    assert module.seen == [(True, torch.bfloat16)] * 2
+    # ... and the way around it that the Lightning error names.
+    module = TinyLightning(config)
+    _fit(module, tmp_path, accelerator="cpu", devices=1, plugins=[MixedPrecision("16-mixed", "cpu")])
+    assert module.seen == [(True, torch.float16)] * 2
