@@ -1,8 +1,10 @@
-"""Wall time of a full cold calibration per family, and its cost in step-equivalents per candidate.
+"""Wall time of a full cold calibration, per family and for all of them, against ``import torch``.
 
-step-equivalents per candidate = (wall - one worker start) / sum of the candidates' median step times,
-where a candidate stopped after its first step counts with that step's time. The worker's start (a fresh
-interpreter importing torch, ~3 s here) is timed inside the same calibration and reported separately.
+One cold ``autotune.calibrate()`` of the families (one worker for all of them, as an app's first launch
+runs it), in a fresh cache. Printed per family: its wall time, the worker start it waited for, its cost in
+step-equivalents per candidate ((wall - worker start) / sum of the candidates' median step times, a
+candidate stopped after its first step counting with that step), and wall / ``import torch`` in a fresh
+process, timed in the same run, so the figure compares across machines.
 
     python benchmarks/calibration_cost.py [FAMILY ...]
 """
@@ -11,34 +13,50 @@ from __future__ import annotations
 
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
+import time
 
 from _common import emit, families_from_argv
 
 import autotune
-from autotune._api import measure_family
+from autotune._decide import decide
+
+
+def import_torch_s(runs: int = 3) -> float:
+    """Median wall time of ``python -c "import torch"`` in a fresh process."""
+    times = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "import torch"], check=True, capture_output=True)
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
 
 
 def main() -> None:
     os.environ["AUTOTUNE_CACHE_DIR"] = tempfile.mkdtemp(prefix="autotune-bench-")
+    torch_s = import_torch_s()
+    kinds = families_from_argv()
+    report = autotune.calibrate(kinds)
     per_candidate = []
-    total_wall = 0.0
-    for kind in families_from_argv():
-        measured = measure_family(kind)
+    for kind in kinds:
+        measured = report.measurements[kind]
         step_ms = [
             r.timing.median_ms if r.timing else r.first_step_ms
             for r in measured.candidates if r.timing or r.first_step_ms
         ]
         equivalents = 1000 * (measured.wall_s - measured.worker_start_s) / sum(step_ms)
         per_candidate.append(equivalents)
-        total_wall += measured.wall_s
         emit({
             "benchmark": "calibration_cost", "family": kind, "wall_s": round(measured.wall_s, 2),
             "worker_start_s": round(measured.worker_start_s, 2), "candidates": len(measured.candidates),
             "step_equivalents_per_candidate": round(equivalents, 1),
-            "pick": f"{autotune._decide.decide(measured, digest='-').precision}",
+            "wall_over_import_torch": round(measured.wall_s / torch_s, 2),
+            "pick": " ".join([decide(measured, digest="-").precision, *decide(measured, digest="-").variants]),
         })
-    emit({"benchmark": "calibration_cost", "family": "ALL", "wall_s": round(total_wall, 2),
+    emit({"benchmark": "calibration_cost", "family": "ALL", "wall_s": round(report.wall_s, 2),
+          "import_torch_s": round(torch_s, 2), "wall_over_import_torch": round(report.wall_s / torch_s, 2),
           "mean_step_equivalents_per_candidate": round(statistics.fmean(per_candidate), 1)})
 
 

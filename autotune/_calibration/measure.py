@@ -188,13 +188,14 @@ def interleave(
             break
         if not active and (not drifting or rounds >= 2 * _stats.LOOKS[0]):
             break
-        budget_s = settings.budget_s * (2 if drifting else 1)
         elapsed_s = clock() - started
-        if elapsed_s >= budget_s:
-            # Past the budget, the final comparison still resolves the fastest candidate's own comparisons
-            # (and times nothing else): a tie declared for want of rounds would hand the pick to the simpler
-            # side however large the gap. Capped in time, but never below ``decisive_rounds`` for heavy steps.
-            if not decisive or (elapsed_s >= settings.overrun * budget_s and rounds >= settings.decisive_rounds):
+        if elapsed_s >= settings.budget_s * (2 if drifting else 1):
+            # Past the budget, the final comparison still resolves the fastest candidate's comparisons whose
+            # estimate lies well beyond the margin (and times nothing else): a tie declared for want of rounds
+            # would hand the pick to the simpler side however large the gap. Capped in time, but never below
+            # ``decisive_rounds`` for heavy steps.
+            capped = elapsed_s >= settings.overrun * settings.budget_s and rounds >= settings.decisive_rounds
+            if not decisive or capped:
                 break
             active[:] = [k for k in active if k in decisive]
     if on_round is not None:
@@ -265,12 +266,14 @@ def _pairs(series: Mapping[K, Series[K]], keys: list[K], comparisons: Comparison
 def _look(series: dict[K, Series[K]], active: list[K], comparisons: Comparisons[K], rounds: int) -> set[K]:
     """One look: drop the clearly slower, mark the outpaced, settle the resolved (``active`` keeps the rest).
 
-    Returns the candidates of the fastest candidate's unresolved pairs, in the final comparison (else empty).
+    Returns, in the final comparison, the candidates of the fastest candidate's unresolved pairs when one of
+    them is a gap well beyond its margin (else nothing): they are worth timing past the budget.
     """
     contenders = [k for k, s in series.items() if s.dropped is None and s.outpaced is None]
     overall = min(contenders, key=lambda k: _median(series[k]))
     unresolved: set[K] = set()
-    decisive: set[K] = set()
+    with_leader: set[K] = set()
+    decisive = False
     for key, leader in list(_pairs(series, contenders, comparisons)):
         if series[key].dropped is not None or series[key].outpaced is not None:
             continue
@@ -287,10 +290,12 @@ def _look(series: dict[K, Series[K]], active: list[K], comparisons: Comparisons[
         elif high >= 1 + max(pair_margin, INDIFFERENCE) and key in active and leader in active:
             unresolved.update((key, leader))
             if overall in (key, leader) and comparisons.across_groups:
-                decisive.update((key, leader))
+                with_leader.update((key, leader))
+                wide = estimate > 1 + 2 * max(pair_margin, INDIFFERENCE)  # a gap, not a near-tie, is unresolved
+                decisive = decisive or wide
     # Settled: every pair resolved (or one side no longer timed); it keeps its rounds and leaves the rounds.
     active[:] = [k for k in active if k in unresolved and series[k].dropped is None and series[k].outpaced is None]
-    return decisive
+    return with_leader if decisive else set()
 
 
 __all__ = [
