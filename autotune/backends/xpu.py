@@ -1,6 +1,15 @@
-"""Intel GPUs (``xpu``)."""
+"""Intel GPUs (``xpu``).
+
+The host lists them from sysfs (PCI vendor 0x8086, display class), never through ``torch.xpu``, which starts
+the Level Zero runtime. sysfs has no marketing name, so a GPU is named by its PCI ids, e.g.
+``'Intel GPU 8086:56a0'`` (an Arc A770), and its kernel driver (``i915`` or ``xe``) is part of the driver field.
+"""
 
 from __future__ import annotations
+
+import glob
+import os
+import sys
 
 import torch
 
@@ -12,15 +21,59 @@ def _compiled() -> bool:
     return hasattr(torch, "xpu") and torch.xpu._is_compiled()
 
 
+_SYSFS_PCI = "/sys/bus/pci/devices"
+
+
+def sysfs_gpus(root: str = _SYSFS_PCI) -> list[tuple[str, str | None]]:
+    """(name, kernel driver) of each Intel display device, in PCI bus order."""
+    found = []
+    for device in sorted(glob.glob(f"{root}/*")):
+        try:
+            with open(f"{device}/vendor", encoding="ascii") as f:
+                vendor = f.read().strip()
+            with open(f"{device}/class", encoding="ascii") as f:
+                pci_class = f.read().strip()
+            with open(f"{device}/device", encoding="ascii") as f:
+                device_id = f.read().strip()
+        except OSError:
+            continue
+        if vendor.lower() != "0x8086" or not pci_class.startswith("0x03"):  # 0x03: display controllers
+            continue
+        driver = os.path.basename(os.path.realpath(f"{device}/driver")) if os.path.exists(f"{device}/driver") else None
+        found.append((f"Intel GPU 8086:{device_id.lower().removeprefix('0x')}", driver))
+    return found
+
+
+def visible_indices(count: int, ze_affinity_mask: str | None) -> list[int]:
+    """The devices ``ZE_AFFINITY_MASK`` leaves visible, e.g. ``'1,0.1'`` -> ``[1, 0]`` (sub-devices: their card).
+
+    An empty mask is read as unset; either way the raw value is part of the fingerprint.
+    """
+    if not ze_affinity_mask:
+        return list(range(count))
+    chosen: list[int] = []
+    for entry in ze_affinity_mask.split(","):
+        root = entry.strip().split(".")[0]
+        if not root.isdigit() or int(root) >= count:
+            continue  # Level Zero ignores entries that name no device
+        if int(root) not in chosen:
+            chosen.append(int(root))
+    return chosen
+
+
 class XpuBackend(Backend):
     name = "xpu"
     device_type = "xpu"
 
     def host_accelerators(self) -> list[Accelerator]:
-        if not _compiled():
-            return []
-        count = torch.xpu.device_count()
-        return [Accelerator(backend="xpu", name=f"Intel XPU #{i}", driver=getattr(torch.version, "xpu", None)) for i in range(count)]
+        if not _compiled() or sys.platform != "linux":
+            return []  # elsewhere the model cannot be read without starting the runtime; the env vars still count
+        gpus = sysfs_gpus()
+        runtime = getattr(torch.version, "xpu", None)
+        return [
+            Accelerator(backend="xpu", name=gpus[i][0], driver=" ".join(filter(None, (gpus[i][1], runtime))) or None)
+            for i in visible_indices(len(gpus), os.environ.get("ZE_AFFINITY_MASK"))
+        ]
 
     def unusable_reason(self) -> str | None:
         if not _compiled():
