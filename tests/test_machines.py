@@ -13,15 +13,13 @@ import pytest
 from autotune._calibration.truth import simulate, truth_from_record
 from autotune._config import Config
 from autotune._decide import decide
-from autotune._store import SCHEMA_VERSION, Store, StoreFile
+from autotune._store import SCHEMA_VERSION, StoreFile
 
 MACHINES = Path(__file__).parent.parent / "fixtures" / "machines"
 
 
 def machine(name: str) -> StoreFile:
-    stored = Store(MACHINES)._read(MACHINES / f"{name}.json")
-    assert isinstance(stored, StoreFile), f"{name}.json is not a valid results file"
-    return stored
+    return StoreFile.model_validate_json((MACHINES / f"{name}.json").read_bytes())
 
 
 def pick(name: str, kind: str, seed: int = 0, **kwargs: object) -> Config:
