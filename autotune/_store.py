@@ -104,6 +104,8 @@ class Store:
     def __init__(self, root: Path) -> None:
         self.root = root
         self._memory: dict[str, StoreFile] = {}
+        #: families whose save did not reach the disk (full, refused): still served next to the file
+        self._unsaved: dict[str, dict[str, FamilyResult]] = {}
         self._warned: set[str] = set()
         self._locks: dict[Path, filelock.BaseFileLock] = {}
         self._marked: dict[str, float] = {}
@@ -131,11 +133,11 @@ class Store:
         if not isinstance(on_disk, _Parsed):
             return remembered
         self._mark_used(digest)
-        if remembered is None or remembered.families.keys() <= on_disk.valid.families.keys():
+        unsaved = {k: v for k, v in self._unsaved.get(digest, {}).items() if k not in on_disk.valid.families}
+        if not unsaved:
             return on_disk.valid
         # Families this process could only keep in memory (a write failed) still answer here.
-        families = {**remembered.families, **on_disk.valid.families}
-        return on_disk.valid.model_copy(update={"families": families})
+        return on_disk.valid.model_copy(update={"families": {**on_disk.valid.families, **unsaved}})
 
     # -- reading -------------------------------------------------------------------------------------------
 
@@ -214,6 +216,7 @@ class Store:
         families = {**(remembered.families if remembered is not None else {}), result.model_kind: result}
         merged = StoreFile(schema_version=SCHEMA_VERSION, fingerprint=fingerprint, families=families)
         self._memory[digest] = merged
+        self._unsaved.setdefault(digest, {})[result.model_kind] = result
         try:
             problem = self._root_problem(create=True)
             if problem is not None:
@@ -229,12 +232,12 @@ class Store:
                     document = current.document
                     if result.model_kind in current.invalid:
                         self._set_aside(path, result.model_kind, current)
-                    merged = current.valid.model_copy(
-                        update={"families": {**current.valid.families, result.model_kind: result}}
-                    )
+                    families = {**self._unsaved[digest], **current.valid.families, result.model_kind: result}
+                    merged = current.valid.model_copy(update={"families": families})
                 self._remove_stale_temps(path)
                 self._write_atomic(path, _render(document, fingerprint, result))
             self._memory[digest] = merged
+            del self._unsaved[digest][result.model_kind]
             self._mark_used(digest, now=True)
             self._prune()
         except (OSError, TimeoutError) as exc:
@@ -279,6 +282,7 @@ class Store:
     def clear(self) -> list[Path]:
         """Delete every results file (quarantined ones and last-use markers too); returns what was removed."""
         self._memory.clear()
+        self._unsaved.clear()
         removed = []
         candidates = {*self.root.glob("*.json"), *self.root.glob("*.corrupt-*"), *self.root.glob("*.used")}
         for path in sorted(candidates):

@@ -148,3 +148,21 @@ def test_explain_says_when_each_failure_is_retried(tiny_family: str, capsys: pyt
     _stored(tiny_family, hours_ago=1, failure_kind="numerics")
     assert _cli.main(["--explain", tiny_family]) == 0
     assert "kept until the machine" in " ".join(capsys.readouterr().out.split())
+
+
+def test_a_family_this_version_cannot_read_is_measured_again_and_the_other_keeps_serving(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import json
+
+    before = _two_families()
+    path = _store().path(autotune.fingerprint().digest)
+    document = json.loads(path.read_text())
+    document["families"]["tiny"]["candidates"][0]["candidate"]["precision"] = "fp8-mixed"  # a newer version's
+    path.write_text(json.dumps(document))
+    with caplog.at_level(logging.INFO, logger="autotune"):
+        autotune.best_config("other")
+        assert "calibrating" not in caplog.text
+        autotune.best_config("tiny")
+    assert "calibrating tiny" in caplog.text and "setting them aside" in caplog.text
+    assert _measured_at("tiny") != before["tiny"] and _measured_at("other") == before["other"]
