@@ -98,8 +98,9 @@ def _ram_gib() -> int:
 def _static_fields() -> dict[str, object]:
     brand, isa = cpu_facts()
     cudnn = None
-    if torch.version.cuda is not None and torch.backends.cudnn.is_available():
-        cudnn = torch.backends.cudnn.version()
+    # torch.backends.cudnn has no annotations; neither call initialises CUDA.
+    if torch.version.cuda is not None and torch.backends.cudnn.is_available():  # type: ignore[no-untyped-call]
+        cudnn = torch.backends.cudnn.version()  # type: ignore[no-untyped-call]
     return {
         "os": platform.system(),
         "os_release": kernel_release(platform.release()),
