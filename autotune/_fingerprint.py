@@ -34,6 +34,7 @@ DEVICE_VARIABLES = (
 )
 #: Environment variables that set the CPU thread pools of the worker (it inherits the environment).
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+_VARIABLES = (*DEVICE_VARIABLES, *THREAD_VARIABLES)
 
 
 class Fingerprint(Record):
@@ -126,9 +127,8 @@ def _accelerators(device_environment: tuple[tuple[str, str], ...]) -> tuple[Acce
 def fingerprint() -> Fingerprint:
     """This machine's fingerprint; hardware facts are read once per process, settings on every call."""
     # Process-level settings that change speed are re-read: an app may set them at any time before calibrating.
-    environment = tuple(
-        (name, os.environ[name]) for name in (*DEVICE_VARIABLES, *THREAD_VARIABLES) if name in os.environ
-    )
+    values = [(name, os.environ.get(name)) for name in _VARIABLES]
+    environment = tuple((name, value) for name, value in values if value is not None)
     return _fingerprint(_usable_cores(), torch.get_num_threads(), environment)
 
 
