@@ -189,13 +189,14 @@ class Store:
                                 invalid[name], name)
         return _Parsed(document, header.model_copy(update={"families": valid}), invalid)
 
-    def _quarantine(self, path: Path, identity: tuple[int, ...], reason: str) -> _Unusable:
+    def _quarantine(self, path: Path, identity: tuple[int, ...], reason: str) -> _Parsed | _Unusable:
         target = path.with_name(f"{path.name}.corrupt-{_utc_stamp()}")
         try:
             with self._lock(path):
-                # Another process may have replaced the file since we read it: move only what we judged.
+                # Another process may have replaced the file since we read it: move only what we judged, and
+                # judge the new one instead (writing over it as if absent would lose that process's results).
                 if _identity(os.lstat(path)) != identity:
-                    return "absent"
+                    return self._read(path)
                 os.replace(path, target)
         except FileNotFoundError:
             return "absent"

@@ -372,3 +372,33 @@ def test_temp_files_of_a_killed_writer_are_removed_by_the_next_save(store: Store
     stale.write_text('{"half a wri')
     Store(store.root).save(fp, _result("cnn"))
     assert not stale.exists()
+
+
+def test_a_corrupt_file_replaced_by_another_process_meanwhile_is_judged_again_not_overwritten(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fp = autotune.fingerprint()
+    theirs = Store(tmp_path / "theirs")
+    theirs.save(fp, _result("mlp"))  # what the other process is about to publish
+    store = Store(tmp_path / "store")
+    store.root.mkdir(mode=0o700)
+    path = store.path(fp.digest)
+    path.write_bytes(b"garbage")
+    real_lstat = os.lstat
+    calls = 0
+
+    def racing(file: Any, *args: Any, **kwargs: Any) -> os.stat_result:
+        nonlocal calls
+        if Path(file) == path:
+            calls += 1
+            if calls == 2:  # between our read and our quarantine, the other process replaces the file
+                os.replace(theirs.path(fp.digest), path)
+        return real_lstat(file, *args, **kwargs)
+
+    monkeypatch.setattr(os, "lstat", racing)
+    saved = store.save(fp, cnn := _result("cnn"))
+    monkeypatch.undo()
+    assert set(saved.families) == {"cnn", "mlp"} and saved.families["cnn"] == cnn
+    loaded = Store(store.root).load(fp.digest)
+    assert loaded is not None and set(loaded.families) == {"cnn", "mlp"}
+    assert list(store.root.glob("*.corrupt-*")) == []
