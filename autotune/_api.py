@@ -97,7 +97,8 @@ def best_config(
     forced = _env.DEVICE.get()
     # The key's parts as a plain tuple: building the FamilyKey model is left to a miss (the warm path is µs).
     key_parts = (family.ref, family.version, _env.SEARCH.get(), _env.BUDGET_S.get())
-    memo = (str(store.root), fp.digest, family.name, key_parts, prefer, expected_steps, forced, store.stamp(fp.digest))
+    memo = (str(store.root), fp.digest, family.name, key_parts, prefer, expected_steps, forced,
+            store.stamp(fp.digest))
     cached = _decisions.get(memo)
     if cached is not None and (cached[1] is None or now_utc() < cached[1]):
         return cached[0]
@@ -118,7 +119,7 @@ def best_config(
         if measured is None:
             return heuristic(family.name, "another process is still calibrating and the wait timed out "
                                           f"after {_env.LOCK_TIMEOUT_S.get():.0f} s (AUTOTUNE_LOCK_TIMEOUT_S)", fp.digest)
-        memo = memo[:-1] + (store.stamp(fp.digest),)
+        memo = (*memo[:-1], store.stamp(fp.digest))
     config = decide(measured, prefer=prefer, expected_steps=expected_steps, forced_device=forced, digest=fp.digest)
     # A transient failure's retry is due later: the memo answers until then, so a long-running app retries too.
     _decisions[memo] = (config, fresh_until(measured) if calibrate_on_miss else None)

@@ -11,7 +11,6 @@ import re
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Union
 
 import torch
 import torch.nn.functional as F
@@ -186,7 +185,7 @@ def _reference_for(name: str, build: object) -> str:
 
 
 def register_family(
-    name: str, build: Union[BuildFn, str], *, description: str = "", version: str | None = None
+    name: str, build: BuildFn | str, *, description: str = "", version: str | None = None
 ) -> Family:
     """Register a model kind: ``register_family("detector", "my_app.models:build_detector", version="2")``.
 
@@ -198,7 +197,9 @@ def register_family(
             str(name), "names are 1-64 letters, digits, '_', '.', '-', starting with a letter or digit"
         )
     if version is not None and (not isinstance(version, str) or not version or len(version) > 64):
-        raise FamilyRegistrationError(name, f"version must be a non-empty string of at most 64 characters, got {version!r}")
+        raise FamilyRegistrationError(
+            name, f"version must be a non-empty string of at most 64 characters, got {version!r}"
+        )
     family = Family(name, _reference_for(name, build), description, version)
     _registry[name] = family
     return family

@@ -99,9 +99,8 @@ def _ram_gib() -> int:
 def _static_fields() -> dict[str, object]:
     brand, isa = cpu_facts()
     cudnn = None
-    # torch.backends.cudnn has no annotations; neither call initialises CUDA.
-    if torch.version.cuda is not None and torch.backends.cudnn.is_available():  # type: ignore[no-untyped-call]
-        cudnn = torch.backends.cudnn.version()  # type: ignore[no-untyped-call]
+    if torch.version.cuda is not None and torch.backends.cudnn.is_available():  # neither initialises CUDA
+        cudnn = torch.backends.cudnn.version()
     return {
         "os": platform.system(),
         "os_release": kernel_release(platform.release()),

@@ -134,7 +134,8 @@ _POSIX_ONLY = pytest.mark.skipif(os.name != "posix", reason="needs symlinks and 
 
 
 @pytest.mark.parametrize(
-    "variant", [pytest.param(v, marks=_POSIX_ONLY) if v in ("symlink", "named-pipe-in-its-place") else v for v in VARIANTS]
+    "variant",
+    [pytest.param(v, marks=_POSIX_ONLY) if v in ("symlink", "named-pipe-in-its-place") else v for v in VARIANTS],
 )
 def test_corrupt_file_suite(store: Store, variant: str, caplog: pytest.LogCaptureFixture) -> None:
     mutate, outcome = VARIANTS[variant]

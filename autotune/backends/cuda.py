@@ -97,8 +97,8 @@ def visible(gpus: list[NvidiaGpu], cuda_visible_devices: str | None) -> list[Nvi
     if cuda_visible_devices is None:
         return list(gpus)
     chosen: list[NvidiaGpu] = []
-    for entry in cuda_visible_devices.split(","):
-        entry = entry.strip()
+    for raw in cuda_visible_devices.split(","):
+        entry = raw.strip()
         if entry.isdigit():
             gpu = gpus[int(entry)] if int(entry) < len(gpus) else None
         elif entry.startswith("GPU-"):
