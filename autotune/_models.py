@@ -168,7 +168,7 @@ class FamilyKey(Record):
     """What a family's measurements depend on besides the machine; any change measures that family again.
 
     e.g. ``FamilyKey(reference='autotune._families:build_cnn', version=None, search='default', budget_s=8.0,
-    measurement_version=2)``
+    measurement_version=3)``
     """
 
     reference: str = Field(description="the build function, 'module:function'")
