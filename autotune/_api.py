@@ -15,10 +15,19 @@ from pathlib import Path
 from autotune import _env, _stats
 from autotune._config import Config
 from autotune._decide import PREFERENCES, Prefer, decide, heuristic
-from autotune._errors import ConfigurationError
-from autotune._families import builtin_family_names, get_family
+from autotune._errors import CalibrationError, ConfigurationError
+from autotune._families import Family, builtin_family_names, family_names, get_family
 from autotune._fingerprint import Fingerprint, fingerprint
-from autotune._models import Candidate, FamilyResult, Record, TraceReport
+from autotune._freshness import (
+    due_retries,
+    family_key,
+    fresh_until,
+    key_change,
+    now_utc,
+    reference_failure,
+    stale_reason,
+)
+from autotune._models import Candidate, FamilyKey, FamilyResult, Record, TraceReport
 from autotune._store import Store, default_root
 from autotune._version import __version__
 
@@ -51,9 +60,10 @@ class CalibrationReport(Record):
     store_path: str
 
 
-# Warm-path memo: (root, digest, kind, prefer, steps, forced, file stamp) -> Config. A write by another process
-# changes the file's stamp, which is the only check a repeated call pays for besides the fingerprint.
-_decisions: dict[tuple[object, ...], Config] = {}
+# Warm-path memo: (root, digest, kind, family key parts, prefer, steps, forced, file stamp) -> (Config, good until).
+# A write by another process changes the file's stamp, which is the only check a repeated call pays for besides
+# the fingerprint.
+_decisions: dict[tuple[object, ...], tuple[Config, dt.datetime | None]] = {}
 _stores: dict[str, Store] = {}
 
 
@@ -88,25 +98,34 @@ def best_config(
     fp = fingerprint()
     store = _store()
     forced = _env.DEVICE.get()
-    key = (str(store.root), fp.digest, family.name, prefer, expected_steps, forced, store.stamp(fp.digest))
-    cached = _decisions.get(key)
-    if cached is not None:
-        return cached
+    # The key's parts as a plain tuple: building the FamilyKey model is left to a miss (the warm path is µs).
+    key_parts = (family.ref, family.version, _env.SEARCH.get(), _env.BUDGET_S.get())
+    memo = (str(store.root), fp.digest, family.name, key_parts, prefer, expected_steps, forced,
+            store.stamp(fp.digest))
+    cached = _decisions.get(memo)
+    if cached is not None and (cached[1] is None or now_utc() < cached[1]):
+        return cached[0]
+    key = family_key(family)
     stored = store.load(fp.digest)
     measured = stored.families.get(family.name) if stored is not None else None
-    if measured is None:
+    now = now_utc()
+    if measured is not None and (changed := key_change(measured, key)) is not None:
+        log.info("measuring %s again: %s", family.name, changed)
+        measured = None
+    if measured is None or (calibrate_on_miss and due_retries(measured, now)):
         if not calibrate_on_miss:
             return heuristic(family.name, "calibration was not allowed (calibrate_on_miss=False)", fp.digest)
         with _new_worker() as worker:
             worker.start()  # its interpreter start overlaps taking the lock
-            measured = _calibrate_one(family.name, fp, store, force=False, progress=None, index=0, total=1,
+            measured = _calibrate_one(family, key, fp, store, force=False, progress=None, index=0, total=1,
                                       worker=worker)
         if measured is None:
             return heuristic(family.name, "another process is still calibrating and the wait timed out "
                                           f"after {_env.LOCK_TIMEOUT_S.get():.0f} s (AUTOTUNE_LOCK_TIMEOUT_S)", fp.digest)
-        key = key[:-1] + (store.stamp(fp.digest),)
+        memo = (*memo[:-1], store.stamp(fp.digest))
     config = decide(measured, prefer=prefer, expected_steps=expected_steps, forced_device=forced, digest=fp.digest)
-    _decisions[key] = config
+    # A transient failure's retry is due later: the memo answers until then, so a long-running app retries too.
+    _decisions[memo] = (config, fresh_until(measured) if calibrate_on_miss else None)
     return config
 
 
@@ -118,9 +137,12 @@ def calibrate(
 ) -> CalibrationReport:
     """Measure each family (default: the built-ins) on this machine, for an app's first launch.
 
-    Families already measured on this machine are reused unless ``force=True``, or unless they were measured
-    while the machine was busy (``noisy``): those are measured again (``best_config`` serves them meanwhile).
-    ``progress`` receives a :class:`CalibrationProgress` as each candidate starts, for a progress bar.
+    Families already measured on this machine for the same key (build, ``version=``, search, budget) are reused
+    unless ``force=True``, or unless they were measured while the machine was busy (``noisy``): those are
+    measured again (``best_config`` serves them meanwhile). A candidate that timed out, crashed or ran out of
+    memory more than a day ago is tried again. ``progress`` receives a :class:`CalibrationProgress` as each
+    candidate starts, for a progress bar. A failure of the fp32 CPU reference raises CalibrationError (after
+    the other families) and is not stored.
     """
     kinds = list(model_kinds) if model_kinds is not None else builtin_family_names()
     families = [get_family(kind) for kind in kinds]  # unknown names fail before anything is measured
@@ -130,22 +152,39 @@ def calibrate(
     fp = fingerprint()
     store = _store()
     measurements: dict[str, FamilyResult] = {}
+    failed: list[CalibrationError] = []
     stored = None if force else store.load(fp.digest)  # read once; a miss re-reads under its family's lock
-    # A noisy result serves best_config, but is measured again here.
-    cached = {f.name: r for f in families
-              if stored is not None and (r := stored.families.get(f.name)) is not None and not r.noisy}
+    now = now_utc()
+    cached: dict[str, FamilyResult] = {}
+    for family in families:
+        result = stored.families.get(family.name) if stored is not None else None
+        if result is None:
+            continue
+        # A noisy result serves best_config, but is measured again here; so is one measured for another key
+        # or holding a transient failure due for a retry.
+        why = "it was measured on a busy machine" if result.noisy else stale_reason(result, family_key(family), now)
+        if why is None:
+            cached[family.name] = result
+        else:
+            log.info("measuring %s again: %s", family.name, why)
     with _new_worker() as worker:  # one worker for every family; killed on any exception
         if len(cached) < len(families):
             worker.start()  # first: its interpreter start overlaps everything else
         for index, family in enumerate(families):
-            result = cached.get(family.name) or _calibrate_one(
-                family.name, fp, store, force=force, progress=progress, index=index, total=len(families),
-                worker=worker)
+            result = cached.get(family.name)
+            if result is None:
+                try:
+                    result = _calibrate_one(family, family_key(family), fp, store, force=force, progress=progress,
+                                            index=index, total=len(families), worker=worker)
+                except CalibrationError as exc:  # the fp32 CPU reference failed: nothing stored; the others go on
+                    failed.append(exc)
             if result is not None:
                 measurements[family.name] = result
             if progress is not None:
                 progress(CalibrationProgress(family.name, None, (index + 1) / len(families)))
     _decisions.clear()
+    if failed:
+        raise failed[0]
     configs = {kind: decide(m, forced_device=forced, digest=fp.digest) for kind, m in measurements.items()}
     return CalibrationReport(
         fingerprint=fp, measurements=measurements, configs=configs,
@@ -160,33 +199,48 @@ def _new_worker() -> Worker:
 
 
 def _calibrate_one(
-    model_kind: str, fp: Fingerprint, store: Store, *, force: bool,
+    family: Family, key: FamilyKey, fp: Fingerprint, store: Store, *, force: bool,
     progress: Callable[[CalibrationProgress], None] | None, index: int, total: int, worker: Worker,
 ) -> FamilyResult | None:
-    """Calibrate under the family's lock (single flight); None when waiting for another process timed out."""
+    """Calibrate under the family's lock (single flight); None when waiting for another process timed out.
+
+    Raises CalibrationError, and stores nothing, when the fp32 CPU reference fails: the next call measures again.
+    """
     import filelock
 
-    lock = store.calibration_lock(fp.digest, model_kind)
+    lock = store.calibration_lock(fp.digest, family.name)
     asked_at = dt.datetime.now(dt.timezone.utc).isoformat()
-    try:
-        lock.acquire(timeout=0)
-    except filelock.Timeout:
-        log.info("another process is calibrating %s on this machine; waiting for its result", model_kind)
+    if lock is not None:  # None: the directory cannot hold a lock (refused, unwritable); calibrate unlocked
         try:
-            lock.acquire(timeout=_env.LOCK_TIMEOUT_S.get())
+            lock.acquire(timeout=0)
         except filelock.Timeout:
-            return None
+            log.info("another process is calibrating %s on this machine; waiting for its result", family.name)
+            try:
+                lock.acquire(timeout=_env.LOCK_TIMEOUT_S.get())
+            except filelock.Timeout:
+                return None
     try:
         stored = store.load(fp.digest)
-        existing = stored.families.get(model_kind) if stored is not None else None
-        # A result written while we waited is the one we asked for, forced or not; a noisy one is not final.
-        if existing is not None and (existing.measured_at >= asked_at or not (force or existing.noisy)):
+        existing = stored.families.get(family.name) if stored is not None else None
+        # A result written while we waited is the one we asked for, forced or not; a noisy one is not final,
+        # nor one measured for another key or holding a transient failure due for a retry.
+        if existing is not None and key_change(existing, key) is None and (
+            existing.measured_at >= asked_at
+            or not (force or existing.noisy or stale_reason(existing, key, now_utc()) is not None)
+        ):
             return existing
-        result = measure_family(model_kind, progress=progress, index=index, total=total, worker=worker)
+        result = measure_family(family.name, progress=progress, index=index, total=total, worker=worker)
+        reference = reference_failure(result)
+        if reference is not None and reference.failure is not None:
+            log.warning("%s: the fp32 CPU reference failed (%s: %s); nothing is stored, the next call measures "
+                        "again", family.name, reference.failure.kind, reference.failure.detail)
+            raise CalibrationError(family.name, [(r.candidate.label, f"{r.failure.kind}: {r.failure.detail}")
+                                                 for r in result.candidates if r.failure is not None])
         store.save(fp, result)
         return result
     finally:
-        lock.release()
+        if lock is not None:
+            lock.release()
 
 
 def measure_family(
@@ -216,7 +270,8 @@ def measure_family(
             progress(CalibrationProgress(model_kind, label, (index + shown) / total))
 
     log.info("calibrating %s on this machine", model_kind)
-    result = worker.run_family(family, settings, progress=on_progress)
+    # Stamped here with what it was measured for: the settings above come from the same variables.
+    result = worker.run_family(family, settings, progress=on_progress).model_copy(update={"key": family_key(family)})
     log.info("calibrated %s in %.1f s", model_kind, result.wall_s)
     if result.noisy:
         log.warning("%s was measured while the machine was busy (control workload drifted %.0f%%); "
@@ -285,13 +340,22 @@ def trace(model_kind: str, *, out_dir: str | Path = ".", candidate: str | None =
         return worker.run_trace(job)
 
 
-def cached_families(model_kinds: Iterable[str] | None = None) -> dict[str, FamilyResult]:
-    """The stored measurements of this machine, without measuring anything."""
+def cached_families(model_kinds: Iterable[str] | None = None, *, fresh_only: bool = False) -> dict[str, FamilyResult]:
+    """The stored measurements of this machine, without measuring anything.
+
+    ``fresh_only``: leave out what the next calibration would measure again (another build, version, search or
+    budget; a transient failure due for a retry).
+    """
     stored = _store().load(fingerprint().digest)
     if stored is None:
         return {}
     wanted = set(model_kinds) if model_kinds is not None else None
-    return {k: v for k, v in stored.families.items() if wanted is None or k in wanted}
+    found = {k: v for k, v in stored.families.items() if wanted is None or k in wanted}
+    if not fresh_only:
+        return found
+    now, registered = now_utc(), set(family_names())
+    return {k: v for k, v in found.items()
+            if k in registered and stale_reason(v, family_key(get_family(k)), now) is None}
 
 
 __all__ = [

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from autotune._api import CalibrationProgress
-    from autotune._models import CandidateResult
+    from autotune._models import CandidateResult, FamilyResult
 
 EPILOG = """\
 examples:
@@ -148,9 +148,9 @@ def _decisions(args: argparse.Namespace) -> int:
     from autotune._families import builtin_family_names, family_names
 
     kinds = [_register(value) for value in args.family] if args.family else builtin_family_names()
-    cached = cached_families(kinds)
-    if args.recalibrate or set(kinds) - set(cached):
-        _calibrate_with_progress(kinds if args.recalibrate else [k for k in kinds if k not in cached],
+    missing = set(kinds) - set(cached_families(kinds, fresh_only=True))
+    if args.recalibrate or missing:
+        _calibrate_with_progress(kinds if args.recalibrate else [k for k in kinds if k in missing],
                                  force=args.recalibrate)
     # Kinds registered here are decided as an app would see them; the others (an app registered and measured
     # them in its own process) from their cached measurements.
@@ -198,7 +198,12 @@ def _decisions(args: argparse.Namespace) -> int:
 def _explain(kind: str, *, recalibrate: bool, as_json: bool) -> int:
     from autotune._api import cached_configs, cached_families
 
-    if recalibrate or kind not in cached_families([kind]):
+    from autotune._families import family_names
+
+    # A kind registered here is measured again when stale; one only another process registered is shown
+    # as the cache holds it.
+    fresh = cached_families([kind], fresh_only=kind in family_names())
+    if recalibrate or kind not in fresh:
         _calibrate_with_progress([kind], force=recalibrate)
     measured = cached_families([kind])[kind]
     if as_json:
@@ -226,6 +231,9 @@ def _explain(kind: str, *, recalibrate: bool, as_json: bool) -> int:
             _outcome(r),
         )
     console.print(table)
+    for r in measured.candidates:
+        if r.failure is not None:
+            console.print(f"{r.candidate.label} {r.failure.kind}: {_retry_words(measured, r)}", highlight=False)
     for note in measured.search_notes:
         console.print(f"[dim]{note}[/dim]", highlight=False)
     for backend, why in measured.backend_notes.items():
@@ -276,6 +284,20 @@ def _outcome(result: CandidateResult) -> str:
     if result.timing.dropped is not None:
         return f"{stage}: {result.timing.dropped.describe()}"
     return f"{stage}: finalist" if result.timing.final else f"{stage}: ok"
+
+
+def _retry_words(measured: FamilyResult, result: CandidateResult) -> str:
+    """When this failure is measured again, e.g. 'retried after 2026-12-01 14:03 UTC'."""
+    import datetime as dt
+
+    from autotune._freshness import retry_at
+
+    at = retry_at(measured, result)
+    if at is None:
+        return "kept until the machine, the family or the search changes, or --recalibrate"
+    if at <= dt.datetime.now(dt.timezone.utc):
+        return "retried by the next calibration"
+    return f"retried after {at.astimezone(dt.timezone.utc):%Y-%m-%d %H:%M} UTC, or at once with --recalibrate"
 
 
 def _doctor(args: argparse.Namespace) -> int:

@@ -12,9 +12,9 @@ from typing import Literal
 
 import torch
 
-from autotune._fingerprint import cpu_brand
 from autotune._models import Record
 from autotune.backends import all_backends
+from autotune.backends.cpu import cpu_brand
 from autotune.backends.cuda import nvidia_driver_version, nvidia_hardware_present
 from autotune.backends.mps import FALLBACK_VAR
 

@@ -11,7 +11,6 @@ import re
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Union
 
 import torch
 import torch.nn.functional as F
@@ -59,6 +58,8 @@ class Family:
     name: str
     ref: str
     description: str = ""
+    #: the app's own version of the model behind ``ref``; a new one measures the family again
+    version: str | None = None
 
     def build(self) -> Workload:
         """Import the build function by reference and call it."""
@@ -183,13 +184,23 @@ def _reference_for(name: str, build: object) -> str:
     return f"{module_name}:{qualname}"
 
 
-def register_family(name: str, build: Union[BuildFn, str], *, description: str = "") -> Family:
-    """Register a model kind: ``register_family("detector", "my_app.models:build_detector")``."""
+def register_family(
+    name: str, build: BuildFn | str, *, description: str = "", version: str | None = None
+) -> Family:
+    """Register a model kind: ``register_family("detector", "my_app.models:build_detector", version="2")``.
+
+    Stored measurements are keyed by ``build``'s reference and ``version``: registering another build, or
+    the same build with another ``version`` (the app changed the model), measures the family again.
+    """
     if not isinstance(name, str) or not _NAME.match(name):
         raise FamilyRegistrationError(
             str(name), "names are 1-64 letters, digits, '_', '.', '-', starting with a letter or digit"
         )
-    family = Family(name, _reference_for(name, build), description)
+    if version is not None and (not isinstance(version, str) or not version or len(version) > 64):
+        raise FamilyRegistrationError(
+            name, f"version must be a non-empty string of at most 64 characters, got {version!r}"
+        )
+    family = Family(name, _reference_for(name, build), description, version)
     _registry[name] = family
     return family
 

@@ -1,8 +1,14 @@
 """What identifies this machine's training speed, and nothing that identifies its user.
 
-No hostname, user name, serial number, UUID or MAC address is read. The digest is a hash of the canonical
-JSON of the fields, so any change in them (a GPU swap, a torch upgrade, a ``taskset`` with fewer cores)
-selects a different results file, and swapping back finds the old one again.
+No hostname, user name, serial number, UUID or MAC address is stored (GPU UUIDs are read only to match
+``CUDA_VISIBLE_DEVICES``). The digest is a hash of the canonical JSON of the fields, so any change in them (a
+GPU swap, a torch upgrade, a ``taskset`` with fewer cores, another ``CUDA_VISIBLE_DEVICES`` or
+``OMP_NUM_THREADS``) selects a different results file, and swapping back finds the old one again.
+
+Left out on purpose: the kernel's patch level (only major.minor is kept) and process settings the calibration
+worker does not apply, such as ``torch.set_float32_matmul_precision`` (the worker sets each candidate's own).
+What a single family's measurements depend on (its build, the search, the budget) is the family's key, not
+the machine's: see ``_freshness``.
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ import hashlib
 import json
 import os
 import platform
-import subprocess
+import re
 import sys
 
 import torch
@@ -21,21 +27,20 @@ from pydantic import computed_field
 from autotune._fp32 import current as current_fp32_settings
 from autotune._models import Record
 from autotune.backends import Accelerator, all_backends
+from autotune.backends.cpu import cpu_facts
 
-#: Bumped when the meaning of stored measurements changes; part of the digest.
-MEASUREMENT_VERSION = 2
-
-_ISA_FLAGS = (
-    "sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16",
-    "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8", "amx_fp16",
-    "neon", "asimd", "asimdhp", "fphp", "sve", "sve2", "bf16", "i8mm", "sme",
+#: Environment variables that choose which accelerators the worker sees, and in which order.
+DEVICE_VARIABLES = (
+    "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "ZE_AFFINITY_MASK",
 )
+#: Environment variables that set the CPU thread pools of the worker (it inherits the environment).
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+_VARIABLES = (*DEVICE_VARIABLES, *THREAD_VARIABLES)
 
 
 class Fingerprint(Record):
     """The machine, e.g. ``cpu_brand='AMD EPYC', usable_cores=2, accelerators=[]``; ``digest`` keys the cache."""
 
-    measurement_version: int
     os: str
     os_release: str
     arch: str
@@ -48,9 +53,11 @@ class Fingerprint(Record):
     cpu_isa: list[str]
     cpu_capability: str
     usable_cores: int
+    torch_threads: int
     ram_gib: int
-    float32_matmul_precision: str
     accelerators: list[Accelerator]
+    #: the set ones of DEVICE_VARIABLES and THREAD_VARIABLES, e.g. ``{'OMP_NUM_THREADS': '1'}``
+    environment: dict[str, str]
 
     @computed_field  # type: ignore[prop-decorator]
     @functools.cached_property
@@ -67,49 +74,10 @@ class Fingerprint(Record):
         )
 
 
-def _read_cpuinfo() -> dict[str, str]:
-    fields: dict[str, str] = {}
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if not line.strip():
-                    break  # the first processor block describes them all
-                key, _, value = line.partition(":")
-                fields.setdefault(key.strip(), value.strip())
-    except OSError:
-        pass
-    return fields
-
-
-def _sysctl(name: str) -> str:
-    try:
-        return subprocess.run(
-            ["sysctl", "-n", name], capture_output=True, text=True, timeout=5, check=True
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return ""
-
-
-@functools.cache
-def _cpu() -> tuple[str, tuple[str, ...]]:
-    if sys.platform == "linux":
-        info = _read_cpuinfo()
-        brand = info.get("model name") or info.get("Model") or info.get("Hardware") or platform.processor()
-        flags = set((info.get("flags") or info.get("Features") or "").split())
-    elif sys.platform == "darwin":
-        brand = _sysctl("machdep.cpu.brand_string")
-        flags = {"neon"} if platform.machine() == "arm64" else set()
-        if _sysctl("hw.optional.arm.FEAT_BF16") == "1":  # M2 and later
-            flags.add("bf16")
-    else:
-        brand, flags = platform.processor(), set()
-    isa = tuple(flag for flag in _ISA_FLAGS if flag in flags)
-    return brand or platform.machine() or "unknown CPU", isa
-
-
-def cpu_brand() -> str:
-    """e.g. ``'AMD EPYC'`` or ``'Apple M1'``"""
-    return _cpu()[0]
+def kernel_release(release: str) -> str:
+    """Major.minor of an OS release: ``'6.8.0-45-generic'`` -> ``'6.8'``; ``'10'`` (Windows) stays ``'10'``."""
+    match = re.match(r"(\d+)\.(\d+)", release)
+    return f"{match[1]}.{match[2]}" if match else release
 
 
 def _usable_cores() -> int:
@@ -122,36 +90,21 @@ def _ram_gib() -> int:
     try:
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (AttributeError, ValueError, OSError):
-        total = _windows_ram_bytes()
+        from autotune.backends import _windows
+
+        total = _windows.ram_bytes()
     return max(1, round(total / 2**30))
-
-
-def _windows_ram_bytes() -> int:
-    import ctypes
-
-    class MemoryStatus(ctypes.Structure):
-        _fields_ = [("length", ctypes.c_ulong), ("load", ctypes.c_ulong), ("total_phys", ctypes.c_ulonglong),
-                    ("avail_phys", ctypes.c_ulonglong), ("total_pagefile", ctypes.c_ulonglong),
-                    ("avail_pagefile", ctypes.c_ulonglong), ("total_virtual", ctypes.c_ulonglong),
-                    ("avail_virtual", ctypes.c_ulonglong), ("avail_extended", ctypes.c_ulonglong)]
-
-    status = MemoryStatus()
-    status.length = ctypes.sizeof(MemoryStatus)
-    if not ctypes.windll.kernel32.GlobalMemoryStatusEx(ctypes.byref(status)):  # type: ignore[attr-defined]
-        return 0
-    return int(status.total_phys)
 
 
 @functools.cache
 def _static_fields() -> dict[str, object]:
-    brand, isa = _cpu()
+    brand, isa = cpu_facts()
     cudnn = None
-    if torch.version.cuda is not None and torch.backends.cudnn.is_available():
+    if torch.version.cuda is not None and torch.backends.cudnn.is_available():  # neither initialises CUDA
         cudnn = torch.backends.cudnn.version()
     return {
-        "measurement_version": MEASUREMENT_VERSION,
         "os": platform.system(),
-        "os_release": platform.release(),
+        "os_release": kernel_release(platform.release()),
         "arch": platform.machine(),
         "python": f"{sys.version_info.major}.{sys.version_info.minor}",
         "torch": torch.__version__,
@@ -162,22 +115,30 @@ def _static_fields() -> dict[str, object]:
         "cpu_isa": list(isa),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "ram_gib": _ram_gib(),
-        "accelerators": [a for backend in all_backends() for a in backend.host_accelerators()],
     }
 
 
+@functools.lru_cache(maxsize=8)
+def _accelerators(device_environment: tuple[tuple[str, str], ...]) -> tuple[Accelerator, ...]:
+    # Keyed by the visible-device variables: the backends read them to list what the worker will see.
+    return tuple(a for backend in all_backends() for a in backend.host_accelerators())
+
+
 def fingerprint() -> Fingerprint:
-    """This machine's fingerprint; hardware facts are read once per process, flags on every call."""
-    # Process-level settings that change speed are re-read: an app may set them at any time.
-    # Read through torch's per-backend API where it exists: the legacy getter raises once an app used it.
-    return _fingerprint(_usable_cores(), current_fp32_settings().summary())
+    """This machine's fingerprint; hardware facts are read once per process, settings on every call."""
+    # Process-level settings that change speed are re-read: an app may set them at any time before calibrating.
+    values = [(name, os.environ.get(name)) for name in _VARIABLES]
+    environment = tuple((name, value) for name, value in values if value is not None)
+    return _fingerprint(_usable_cores(), torch.get_num_threads(), environment)
 
 
 @functools.lru_cache(maxsize=8)
-def _fingerprint(usable_cores: int, float32_matmul_precision: str) -> Fingerprint:
-    return Fingerprint.model_validate(
-        {**_static_fields(), "usable_cores": usable_cores, "float32_matmul_precision": float32_matmul_precision}
-    )
+def _fingerprint(usable_cores: int, torch_threads: int, environment: tuple[tuple[str, str], ...]) -> Fingerprint:
+    devices = tuple(pair for pair in environment if pair[0] in DEVICE_VARIABLES)
+    return Fingerprint.model_validate({
+        **_static_fields(), "usable_cores": usable_cores, "torch_threads": torch_threads,
+        "accelerators": list(_accelerators(devices)), "environment": dict(environment),
+    })
 
 
-__all__ = ["MEASUREMENT_VERSION", "Fingerprint", "cpu_brand", "fingerprint"]
+__all__ = ["DEVICE_VARIABLES", "THREAD_VARIABLES", "Fingerprint", "fingerprint", "kernel_release"]

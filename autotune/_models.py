@@ -164,10 +164,25 @@ class CandidateResult(Record):
         return self.failure is None and self.timing is not None
 
 
+class FamilyKey(Record):
+    """What a family's measurements depend on besides the machine; any change measures that family again.
+
+    e.g. ``FamilyKey(reference='autotune._families:build_cnn', version=None, search='default', budget_s=8.0,
+    measurement_version=3)``
+    """
+
+    reference: str = Field(description="the build function, 'module:function'")
+    version: str | None = Field(default=None, description="register_family(version=...): the app's model version")
+    search: str = Field(description="AUTOTUNE_SEARCH")
+    budget_s: float = Field(description="AUTOTUNE_BUDGET_S")
+    measurement_version: int = Field(description="bumped when the meaning of a measurement changes")
+
+
 class FamilyResult(Record):
     """One calibration of one model kind on one machine."""
 
     model_kind: str
+    key: FamilyKey | None = Field(default=None, description="what it was measured for; None: an older record")
     measured_at: str
     autotune_version: str
     wall_s: float
@@ -225,6 +240,7 @@ __all__ = [
     "Drop",
     "Failure",
     "FailureKind",
+    "FamilyKey",
     "FamilyResult",
     "Interval",
     "Numerics",

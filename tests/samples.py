@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import itertools
 
+from autotune._families import family_names, get_family
+from autotune._freshness import family_key
 from autotune._models import Candidate, CandidateResult, Failure, FamilyResult, Numerics, Timing
 
 # Seven values for six rounds: consecutive series get different noise, as real interleaved rounds do.
@@ -39,7 +41,10 @@ def failed(device: str, precision: str, kind: str, detail: str) -> CandidateResu
 
 def family(kind: str, *results: CandidateResult, notes: dict[str, str] | None = None,
            noisy: bool = False) -> FamilyResult:
+    """A record of ``kind``; keyed as the current settings would key it when the kind is registered here
+    (a cache test's record then serves as fresh), unkeyed otherwise (another app's kind)."""
+    key = family_key(get_family(kind)) if kind in family_names() else None
     return FamilyResult(
         model_kind=kind, measured_at="2026-11-30T00:00:00+00:00", autotune_version="test", wall_s=1.0,
-        budget_s=1.0, candidates=list(results), backend_notes=notes or {}, noisy=noisy,
+        budget_s=1.0, candidates=list(results), backend_notes=notes or {}, noisy=noisy, key=key,
     )

@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 
 from autotune.backends.cuda import amd_accelerators, gfx_arch, rocm_native_bf16
-from autotune.backends.xpu import intel_gpus
 
 
 @pytest.mark.parametrize(("target", "arch"), [(90010, "gfx90a"), (90402, "gfx942"), (90500, "gfx950"),
@@ -40,22 +39,6 @@ def test_amd_gpus_are_read_from_the_kfd_topology(tmp_path: Path) -> None:
     assert [(a.name, a.driver) for a in found] == [("AMD gfx942 (device 0x74a1)", "6.8.5"),
                                                    ("AMD gfx1100 (device 0x744c)", "6.8.5")]
     assert amd_accelerators(str(nodes), str(tmp_path / "missing"))[0].driver is None
-
-
-def test_intel_gpus_are_named_by_pci_id_with_their_driver(tmp_path: Path) -> None:
-    drm, modules = tmp_path / "drm", tmp_path / "module"
-    for card, vendor, device, klass, driver in [("card0", "0x8086", "0x56a0", "0x030000", "xe"),
-                                                ("card1", "0x10de", "0x2684", "0x030000", "nvidia"),
-                                                ("card2", "0x8086", "0x46a6", "0x038000", "i915")]:
-        _write(drm / card / "device" / "vendor", vendor)
-        _write(drm / card / "device" / "device", device)
-        _write(drm / card / "device" / "class", klass)
-        (tmp_path / "drivers" / driver).mkdir(parents=True, exist_ok=True)
-        os.symlink(tmp_path / "drivers" / driver, drm / card / "device" / "driver")
-    (drm / "card0-DP-1").mkdir()  # a connector, not a card
-    _write(modules / "i915" / "version", "1.6.0\n")
-    found = intel_gpus(str(drm), str(modules))
-    assert [(a.name, a.driver) for a in found] == [("Intel GPU 0x56a0", "xe"), ("Intel GPU 0x46a6", "i915 1.6.0")]
 
 
 def test_mps_peak_memory_is_the_largest_driver_allocation_over_the_steps(monkeypatch: pytest.MonkeyPatch) -> None:

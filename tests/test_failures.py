@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -43,11 +44,22 @@ def test_host_survives_and_classifies_each_failure(
     assert why.startswith(f"{kind}: ") and detail in why
     # The rest could not be verified without the fp32 reference, and say so.
     assert all("fp32 CPU reference failed" in why for _, why in info.value.failures[1:])
-    # Failures are stored as negative results: asking again does not measure again.
-    measured_at = cached_families(["broken"])["broken"].measured_at
-    with pytest.raises(CalibrationError):
-        autotune.best_config("broken")
-    assert cached_families(["broken"])["broken"].measured_at == measured_at
+    # A failure of the fp32 CPU reference is never stored: the next call measures again.
+    assert cached_families(["broken"]) == {}
+
+
+def test_a_failed_reference_is_measured_again_by_the_next_call(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("AUTOTUNE_ISOLATION", "inprocess")  # an exception: no worker needed to show the rule
+    autotune.register_family("broken", "families_for_tests:build_value_error")
+    with caplog.at_level(logging.INFO, logger="autotune"):
+        for _ in range(2):
+            with pytest.raises(CalibrationError, match="labels have 3 classes"):
+                autotune.best_config("broken")
+    assert caplog.text.count("calibrating broken on this machine") == 2
+    assert "nothing is stored, the next call measures again" in caplog.text
+    assert cached_families(["broken"]) == {}
 
 
 def test_crash_only_under_bf16_picks_fp32_and_names_the_crash() -> None:

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import getpass
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -9,7 +10,12 @@ import sys
 import pytest
 
 import autotune
-from autotune._fingerprint import Fingerprint
+from autotune._fingerprint import (
+    DEVICE_VARIABLES,
+    THREAD_VARIABLES,
+    Fingerprint,
+    kernel_release,
+)
 from autotune.backends import Accelerator
 
 
@@ -27,9 +33,8 @@ def test_fingerprint_is_stable_across_processes() -> None:
 
 
 CHANGES = {
-    "measurement_version": 99,
     "os": "Darwin",
-    "os_release": "0.0.0",
+    "os_release": "0.0",
     "arch": "arm64",
     "python": "3.99",
     "torch": "9.9.9",
@@ -40,9 +45,10 @@ CHANGES = {
     "cpu_isa": ["neon"],
     "cpu_capability": "DEFAULT",
     "usable_cores": 1,
+    "torch_threads": 64,
     "ram_gib": 16,
-    "float32_matmul_precision": "high",
     "accelerators": [Accelerator(backend="cuda", name="NVIDIA GeForce RTX 2070", driver="550.54")],
+    "environment": {"OMP_NUM_THREADS": "3"},
 }
 
 
@@ -65,16 +71,93 @@ def test_accelerator_driver_change_changes_digest() -> None:
     assert old.digest != new.digest
 
 
-def test_matmul_precision_set_by_the_app_changes_the_digest() -> None:
+@pytest.mark.parametrize("variable", [*DEVICE_VARIABLES, *THREAD_VARIABLES])
+def test_each_device_and_thread_variable_alone_changes_the_digest(
+    variable: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in (*DEVICE_VARIABLES, *THREAD_VARIABLES):
+        monkeypatch.delenv(name, raising=False)
+    unset = autotune.fingerprint().digest
+    monkeypatch.setenv(variable, "1")
+    one = autotune.fingerprint()
+    assert one.digest != unset and one.environment == {variable: "1"}
+    monkeypatch.setenv(variable, "0")
+    assert autotune.fingerprint().digest not in (unset, one.digest)
+    monkeypatch.delenv(variable)
+    assert autotune.fingerprint().digest == unset
+
+
+def test_an_empty_cuda_visible_devices_is_not_unset(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    unset = autotune.fingerprint().digest
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # hides every GPU
+    assert autotune.fingerprint().digest != unset
+
+
+@pytest.mark.parametrize("variable", ["LANG", "TERM", "PATH", "MY_APP_SETTING", "AUTOTUNE_BUDGET_S", "PYTHONHASHSEED"])
+def test_unrelated_environment_changes_keep_the_digest(variable: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    before = autotune.fingerprint().digest
+    monkeypatch.setenv(variable, "something-else")
+    assert autotune.fingerprint().digest == before
+
+
+def test_torch_thread_count_set_by_the_app_changes_the_digest() -> None:
+    import torch
+
+    threads = torch.get_num_threads()
+    before = autotune.fingerprint().digest
+    torch.set_num_threads(1 if threads != 1 else 2)
+    try:
+        assert autotune.fingerprint().digest != before
+    finally:
+        torch.set_num_threads(threads)
+    assert autotune.fingerprint().digest == before
+
+
+def test_omp_num_threads_1_unset_and_set_num_threads_1_are_three_digests() -> None:
+    import torch
+
+    code = "import autotune; print(autotune.fingerprint().digest)"
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    omp_1 = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           env={**env, "OMP_NUM_THREADS": "1"}).stdout.strip()
+    unset = autotune.fingerprint().digest
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        set_1 = autotune.fingerprint().digest
+    finally:
+        torch.set_num_threads(threads)
+    assert len({omp_1, unset, set_1}) == 3
+
+
+def test_matmul_precision_of_the_host_is_not_in_the_digest() -> None:
+    # The worker sets each candidate's own matmul precision; the host's setting does not change measurements.
     import torch
 
     before = autotune.fingerprint().digest
     torch.set_float32_matmul_precision("medium")
     try:
-        assert autotune.fingerprint().digest != before
+        assert autotune.fingerprint().digest == before
     finally:
         torch.set_float32_matmul_precision("highest")
-    assert autotune.fingerprint().digest == before
+
+
+@pytest.mark.parametrize(
+    ("release", "kept"),
+    [("6.8.0-45-generic", "6.8"), ("6.8.12-1-pve", "6.8"), ("5.15.153.1-microsoft-standard-WSL2", "5.15"),
+     ("23.5.0", "23.5"), ("10", "10"), ("", "")],
+    ids=["ubuntu", "proxmox", "wsl2", "darwin", "windows", "unknown"],
+)
+def test_only_the_kernel_major_minor_is_kept(release: str, kept: str) -> None:
+    assert kernel_release(release) == kept
+
+
+def test_a_kernel_patch_update_keeps_the_digest() -> None:
+    here = autotune.fingerprint().model_dump(exclude={"digest"})
+    a = Fingerprint.model_validate({**here, "os_release": kernel_release("6.8.0-45-generic")})
+    b = Fingerprint.model_validate({**here, "os_release": kernel_release("6.8.0-49-generic")})
+    assert a.digest == b.digest
 
 
 def test_fingerprint_holds_no_personal_identifiers() -> None:

@@ -76,7 +76,7 @@ def test_the_new_api_set_by_the_app_breaks_torchs_legacy_getter_but_not_autotune
     with pytest.raises(RuntimeError, match="mix of the legacy and new APIs"):
         torch.get_float32_matmul_precision()  # what fingerprint() used to call
     before = _state()
-    assert "cuda.matmul=tf32" in autotune.fingerprint().float32_matmul_precision
+    assert autotune.fingerprint().digest  # reads no fp32 setting: no crash, and the app's settings stay its own
     config = autotune.best_config(tiny_family)  # calibrates in this process: every candidate switches settings
     assert config.source == "measured"
     assert _state() == before

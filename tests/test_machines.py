@@ -13,15 +13,13 @@ import pytest
 from autotune._calibration.truth import simulate, truth_from_record
 from autotune._config import Config
 from autotune._decide import decide
-from autotune._store import SCHEMA_VERSION, Store, StoreFile
+from autotune._store import SCHEMA_VERSION, StoreFile
 
 MACHINES = Path(__file__).parent.parent / "fixtures" / "machines"
 
 
 def machine(name: str) -> StoreFile:
-    stored = Store(MACHINES)._read(MACHINES / f"{name}.json")
-    assert isinstance(stored, StoreFile), f"{name}.json is not a valid results file"
-    return stored
+    return StoreFile.model_validate_json((MACHINES / f"{name}.json").read_bytes())
 
 
 def pick(name: str, kind: str, seed: int = 0, **kwargs: object) -> Config:
@@ -47,7 +45,9 @@ def test_m1_trains_the_tiny_mlp_on_the_cpu() -> None:
 def test_m1_trains_the_cnn_on_metal_in_fp32() -> None:
     config = pick("apple-m1", "cnn")
     assert (config.device, config.precision) == ("mps", "fp32")
-    assert re.search(r"fp16-mixed clearly slower than mps fp32[a-z -]* \(1\.0\dx", config.reason)
+    # fp16 is 1.06x slower: dropped with its evidence, or a tie the simpler fp32 wins
+    assert re.search(r"fp16-mixed clearly slower than mps fp32[a-z -]* \(1\.0\dx|no measurable difference with "
+                     r"fp16-mixed \(.*1\.0\dx\)", config.reason)
     assert re.search(r"bf16-mixed clearly slower than mps fp32[a-z -]* \(1\.[67]\dx", config.reason)
 
 

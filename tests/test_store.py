@@ -7,10 +7,10 @@ import os
 from pathlib import Path
 
 import pytest
+from samples import family, timed
 
 import autotune
 from autotune._store import SCHEMA_VERSION, Store, StoreFile
-from samples import family, timed
 
 
 @pytest.fixture
@@ -169,17 +169,6 @@ def test_clear_removes_results(store: Store) -> None:
     removed = store.clear()
     assert store.path(fp.digest) in removed
     assert store.load(fp.digest) is None
-
-
-def test_old_fingerprints_are_pruned(store: Store) -> None:
-    from autotune._store import KEEP_FILES
-
-    base = autotune.fingerprint().model_dump(exclude={"digest"})
-    for cores in range(1, KEEP_FILES + 3):
-        fp = autotune.Fingerprint.model_validate({**base, "usable_cores": cores})
-        store.save(fp, _result())
-        os.utime(store.path(fp.digest), (cores, cores))
-    assert len(list(store.root.glob("*.json"))) == KEEP_FILES
 
 
 def test_store_file_model_rejects_missing_fields() -> None:

@@ -104,12 +104,12 @@ def main() -> int:
         protocol.write(event.model_dump_json() + "\n")
 
     warm_process()
-    threads = torch.get_num_threads()
     emit(Ready(pid=os.getpid()))
     for line in sys.stdin:
         job = REQUEST.validate_json(line)
         sys.path[:0] = [p for p in job.sys_path if p not in sys.path]
-        torch.set_num_threads(threads)  # a clean slate for each job, with the host's fp32 settings
+        if isinstance(job, Job):  # a clean slate for each family, with the host's settings
+            torch.set_num_threads(job.threads)
         _fp32.ensure(job.fp32)
         if isinstance(job, TraceJob):
             trace(job, emit)

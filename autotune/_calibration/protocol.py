@@ -64,6 +64,8 @@ class Job(_Message):
     #: the host's fp32 settings: mixed precisions run with them, as they will in the app (fp32 and tf32 set
     #: their own; issue #16)
     fp32: Fp32Settings
+    #: the host's intra-op thread count (part of the fingerprint): candidates without their own run with it
+    threads: int
     #: like multiprocessing's spawn: the worker must import what the host can (user families, tests)
     sys_path: list[str]
 

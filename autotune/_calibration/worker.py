@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TextIO
 
+import torch
 from pydantic import ValidationError
 
 from autotune import _fp32
@@ -210,7 +211,7 @@ class Worker:
             attempt = _Attempt()
             answered = len(failed)
             job = Job(family=FamilyRef(name=family.name, ref=family.ref), candidates=remaining, settings=settings,
-                      fp32=_fp32.current(), sys_path=[p for p in sys.path if p])
+                      fp32=_fp32.current(), threads=torch.get_num_threads(), sys_path=[p for p in sys.path if p])
             start_s += self._attempt(job, attempt, progress, since=started)
             for event in attempt.events:
                 if isinstance(event, Planned):  # the first plan, then the variants each later stage adds

@@ -1,13 +1,67 @@
-"""The CPU: always available, the fp32 baseline every other candidate is compared with."""
+"""The CPU: always available, the fp32 baseline every other candidate is compared with.
+
+Also the CPU's facts for the fingerprint (brand and ISA flags), read from ``/proc/cpuinfo`` on Linux, ``sysctl``
+on macOS and the registry on Windows; the platform parsing lives in ``_darwin`` and ``_windows``.
+"""
 
 from __future__ import annotations
 
+import functools
+import platform
+import sys
 import warnings
 
 import torch
 
 from autotune._models import Precision
 from autotune.backends import Accelerator, Backend
+
+_ISA_FLAGS = (
+    "sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16",
+    "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8", "amx_fp16",
+    "neon", "asimd", "asimdhp", "fphp", "sve", "sve2", "bf16", "i8mm", "sme",
+)
+
+
+def read_cpuinfo(path: str = "/proc/cpuinfo") -> dict[str, str]:
+    """The first processor block of ``/proc/cpuinfo`` (it describes them all), e.g. ``{'model name': ...}``."""
+    fields: dict[str, str] = {}
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if not line.strip():
+                    break
+                key, _, value = line.partition(":")
+                fields.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    return fields
+
+
+@functools.cache
+def cpu_facts() -> tuple[str, tuple[str, ...]]:
+    """The CPU's brand and the ISA flags that matter for training speed, e.g. ``('Apple M2', ('neon', 'bf16'))``."""
+    if sys.platform == "linux":
+        info = read_cpuinfo()
+        brand = info.get("model name") or info.get("Model") or info.get("Hardware") or platform.processor()
+        flags = set((info.get("flags") or info.get("Features") or "").split())
+    elif sys.platform == "darwin":
+        from autotune.backends import _darwin
+
+        brand, flags = _darwin.apple_cpu(_darwin.read_sysctl(), platform.machine())
+    elif sys.platform == "win32":
+        from autotune.backends import _windows
+
+        brand, flags = _windows.cpu_name() or platform.processor(), set()
+    else:
+        brand, flags = platform.processor(), set()
+    isa = tuple(flag for flag in _ISA_FLAGS if flag in flags)
+    return brand or platform.machine() or "unknown CPU", isa
+
+
+def cpu_brand() -> str:
+    """e.g. ``'AMD EPYC'`` or ``'Apple M1'``"""
+    return cpu_facts()[0]
 
 
 def _cpu_autocast_works(dtype: torch.dtype) -> bool:
@@ -40,6 +94,4 @@ class CpuBackend(Backend):
         return found
 
     def device_name(self, device: str) -> str:
-        from autotune._fingerprint import cpu_brand
-
         return f"{cpu_brand()}, {torch.get_num_threads()} threads"

@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 
 import torch
 
@@ -79,10 +80,10 @@ def amd_accelerators(nodes_dir: str = _KFD_NODES, version_file: str = _AMDGPU_VE
             for arch, device_id in amd_gpus(nodes_dir)]
 
 
-def nvidia_driver_version() -> str | None:
+def nvidia_driver_version(root: str = _PROC_DRIVER) -> str | None:
     """The NVIDIA kernel driver's version from /proc (Linux), without touching CUDA."""
     try:
-        with open(f"{_PROC_DRIVER}/version", encoding="utf-8") as f:
+        with open(f"{root}/version", encoding="utf-8") as f:
             first = f.readline()
     except OSError:
         return None
@@ -91,33 +92,82 @@ def nvidia_driver_version() -> str | None:
     return parts[1].split()[0] if len(parts) > 1 and parts[1].split() else first.strip() or None
 
 
-def _linux_gpu_models() -> list[str]:
-    models = []
-    for info in sorted(glob.glob(f"{_PROC_DRIVER}/gpus/*/information")):
+@dataclass(frozen=True)
+class NvidiaGpu:
+    """One GPU as the driver lists it, in PCI bus order; ``uuid`` only matches CUDA_VISIBLE_DEVICES, never stored."""
+
+    name: str
+    uuid: str
+    driver: str | None = None
+
+
+def proc_gpus(root: str = _PROC_DRIVER) -> list[NvidiaGpu]:
+    """Every NVIDIA GPU from ``/proc/driver/nvidia/gpus/<PCI bus id>/information``, in PCI bus order."""
+    driver = nvidia_driver_version(root)
+    gpus = []
+    for info in sorted(glob.glob(f"{root}/gpus/*/information")):
         try:
             with open(info, encoding="utf-8") as f:
-                for line in f:
-                    if line.startswith("Model:"):
-                        models.append(line.split(":", 1)[1].strip())
+                fields = {key.strip(): value for key, _, value in (line.partition(":") for line in f)}
         except OSError:
             continue
-    return models
+        name = fields.get("Model", "").strip()
+        if name:
+            gpus.append(NvidiaGpu(name, fields.get("GPU UUID", "").strip(), driver))
+    return gpus
 
 
-def _nvidia_smi_gpus() -> list[tuple[str, str]]:
+def parse_nvidia_smi(text: str) -> list[NvidiaGpu]:
+    """``nvidia-smi --query-gpu=index,uuid,name,driver_version --format=csv,noheader`` in its index order
+    (PCI bus order), e.g. ``'0, GPU-5d1c..., NVIDIA GeForce RTX 2070, 546.33'``."""
+    gpus = []
+    for line in text.splitlines():
+        parts = [part.strip() for part in line.split(",")]
+        if len(parts) < 4 or not parts[0].isdigit():
+            continue
+        # A name never holds a comma in practice, but split from both ends to be safe.
+        gpus.append((int(parts[0]), NvidiaGpu(", ".join(parts[2:-1]), parts[1], parts[-1] or None)))
+    return [gpu for _, gpu in sorted(gpus, key=lambda pair: pair[0])]
+
+
+def _nvidia_smi_gpus() -> list[NvidiaGpu]:
     # Off Linux there is no /proc; nvidia-smi ships with every NVIDIA driver (Windows included).
     exe = shutil.which("nvidia-smi")
     if exe is None:
         return []
     try:
         out = subprocess.run(
-            [exe, "--query-gpu=name,driver_version", "--format=csv,noheader"],
+            [exe, "--query-gpu=index,uuid,name,driver_version", "--format=csv,noheader"],
             capture_output=True, text=True, timeout=10, check=True,
         ).stdout
     except (OSError, subprocess.SubprocessError):
         return []
-    rows = [line.rsplit(",", 1) for line in out.splitlines() if "," in line]
-    return [(name.strip(), driver.strip()) for name, driver in rows]
+    return parse_nvidia_smi(out)
+
+
+def visible(gpus: list[NvidiaGpu], cuda_visible_devices: str | None) -> list[NvidiaGpu]:
+    """The GPUs CUDA will show, in its order, under ``CUDA_VISIBLE_DEVICES`` (None: unset, all of them).
+
+    Entries are indices or (prefixes of) ``GPU-`` UUIDs; like CUDA, the list stops at the first entry that
+    names no GPU (or one already listed), so ``''`` and ``'-1'`` hide every GPU. Indices follow PCI bus order,
+    which is CUDA's with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``; that variable is in the fingerprint too.
+    """
+    if cuda_visible_devices is None:
+        return list(gpus)
+    chosen: list[NvidiaGpu] = []
+    for raw in cuda_visible_devices.split(","):
+        entry = raw.strip()
+        if entry.isdigit():
+            gpu = gpus[int(entry)] if int(entry) < len(gpus) else None
+        elif entry.startswith("GPU-"):
+            matches = [g for g in gpus if g.uuid and g.uuid.startswith(entry)]
+            gpu = matches[0] if len(matches) == 1 else None
+        else:
+            gpu = None  # '-1', MIG instances, garbage: CUDA stops here
+        if gpu is None or gpu in chosen:
+            break
+        chosen.append(gpu)
+    return chosen
 
 
 def nvidia_hardware_present() -> bool:
@@ -133,13 +183,12 @@ class CudaBackend(Backend):
             return []
         if torch.version.hip is not None:
             return amd_accelerators() if sys.platform == "linux" else []
-        if sys.platform == "linux":
-            driver = nvidia_driver_version()
-            found = [Accelerator(backend="cuda", name=m, driver=driver) for m in _linux_gpu_models()]
-            if found:
-                return found
-        # No /proc view (Windows, some containers): ask the driver's own tool, which needs no CUDA context.
-        return [Accelerator(backend="cuda", name=n, driver=d) for n, d in _nvidia_smi_gpus()]
+        gpus = proc_gpus() if sys.platform == "linux" else []
+        if not gpus:
+            # No /proc view (Windows, some containers): ask the driver's own tool, which needs no CUDA context.
+            gpus = _nvidia_smi_gpus()
+        shown = visible(gpus, os.environ.get("CUDA_VISIBLE_DEVICES"))
+        return [Accelerator(backend="cuda", name=gpu.name, driver=gpu.driver) for gpu in shown]
 
     def unusable_reason(self) -> str | None:
         if torch.version.cuda is None and torch.version.hip is None:

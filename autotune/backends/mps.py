@@ -10,6 +10,7 @@ import torch
 
 from autotune._models import Precision
 from autotune.backends import Accelerator, Backend
+from autotune.backends.cpu import cpu_brand
 
 FALLBACK_VAR = "PYTORCH_ENABLE_MPS_FALLBACK"
 
@@ -29,8 +30,6 @@ class MpsBackend(Backend):
             return []
         if not torch.backends.mps.is_available():
             return []
-        from autotune._fingerprint import cpu_brand
-
         # The fallback variable makes unsupported ops run (and be timed) on the CPU, so it changes speed.
         fallback = " (CPU fallback on)" if os.environ.get(FALLBACK_VAR) == "1" else ""
         return [Accelerator(backend="mps", name=cpu_brand() + fallback, driver=f"macOS {platform.mac_ver()[0]}")]
@@ -56,8 +55,6 @@ class MpsBackend(Backend):
         return found
 
     def device_name(self, device: str) -> str:
-        from autotune._fingerprint import cpu_brand
-
         return f"Apple Metal ({cpu_brand()}, macOS {platform.mac_ver()[0]})"
 
     def synchronize(self, device: str) -> None:

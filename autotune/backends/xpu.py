@@ -1,15 +1,14 @@
 """Intel GPUs (``xpu``).
 
-The fingerprint names each card without initialising the device: on Linux from sysfs (PCI device id, which
-tells an Arc A770 from an A380, and the kernel driver, ``i915`` or ``xe``); elsewhere (Windows: no ``fork``
-there to break) from torch's device properties, which carry the marketing name and the driver version.
+The host lists them from sysfs (PCI vendor 0x8086, display class), never through ``torch.xpu``, which starts
+the Level Zero runtime. sysfs has no marketing name, so a GPU is named by its PCI ids, e.g.
+``'Intel GPU 8086:56a0'`` (an Arc A770), and its kernel driver (``i915`` or ``xe``) is part of the driver field.
 """
 
 from __future__ import annotations
 
 import glob
 import os
-import re
 import sys
 
 import torch
@@ -17,39 +16,50 @@ import torch
 from autotune._models import Precision
 from autotune.backends import Accelerator, Backend
 
-_DRM = "/sys/class/drm"
-_INTEL_VENDOR = "0x8086"
-_DISPLAY_CLASS = "0x03"  # PCI class 0x03xxxx: display controllers (the GPU, not Intel's other PCI devices)
 
 
 def _compiled() -> bool:
     return hasattr(torch, "xpu") and torch.xpu._is_compiled()
 
 
-def _read(path: str) -> str | None:
-    try:
-        with open(path, encoding="utf-8") as f:
-            return f.read().strip()
-    except OSError:
-        return None
+_SYSFS_PCI = "/sys/bus/pci/devices"
 
 
-def intel_gpus(drm_dir: str = _DRM, modules_dir: str = "/sys/module") -> list[Accelerator]:
-    """Intel display devices in sysfs card order, e.g. ``name='Intel GPU 0x56a0', driver='xe'``."""
-    cards = [p for p in glob.glob(f"{drm_dir}/card*") if re.fullmatch(r"card\d+", os.path.basename(p))]
+def sysfs_gpus(root: str = _SYSFS_PCI) -> list[tuple[str, str | None]]:
+    """(name, kernel driver) of each Intel display device, in PCI bus order."""
     found = []
-    for card in sorted(cards, key=lambda p: int(os.path.basename(p)[4:])):
-        device = f"{card}/device"
-        if _read(f"{device}/vendor") != _INTEL_VENDOR or not (_read(f"{device}/class") or "").startswith(_DISPLAY_CLASS):
-            continue
+    for device in sorted(glob.glob(f"{root}/*")):
         try:
-            driver = os.path.basename(os.readlink(f"{device}/driver"))
+            with open(f"{device}/vendor", encoding="ascii") as f:
+                vendor = f.read().strip()
+            with open(f"{device}/class", encoding="ascii") as f:
+                pci_class = f.read().strip()
+            with open(f"{device}/device", encoding="ascii") as f:
+                device_id = f.read().strip()
         except OSError:
-            driver = "no driver"
-        version = _read(f"{modules_dir}/{driver}/version")  # out-of-tree (DKMS) drivers have one
-        found.append(Accelerator(backend="xpu", name=f"Intel GPU {_read(f'{device}/device') or 'unknown'}",
-                                 driver=f"{driver} {version}" if version else driver))
+            continue
+        if vendor.lower() != "0x8086" or not pci_class.startswith("0x03"):  # 0x03: display controllers
+            continue
+        driver = os.path.basename(os.path.realpath(f"{device}/driver")) if os.path.exists(f"{device}/driver") else None
+        found.append((f"Intel GPU 8086:{device_id.lower().removeprefix('0x')}", driver))
     return found
+
+
+def visible_indices(count: int, ze_affinity_mask: str | None) -> list[int]:
+    """The devices ``ZE_AFFINITY_MASK`` leaves visible, e.g. ``'1,0.1'`` -> ``[1, 0]`` (sub-devices: their card).
+
+    An empty mask is read as unset; either way the raw value is part of the fingerprint.
+    """
+    if not ze_affinity_mask:
+        return list(range(count))
+    chosen: list[int] = []
+    for entry in ze_affinity_mask.split(","):
+        root = entry.strip().split(".")[0]
+        if not root.isdigit() or int(root) >= count:
+            continue  # Level Zero ignores entries that name no device
+        if int(root) not in chosen:
+            chosen.append(int(root))
+    return chosen
 
 
 class XpuBackend(Backend):
@@ -57,15 +67,14 @@ class XpuBackend(Backend):
     device_type = "xpu"
 
     def host_accelerators(self) -> list[Accelerator]:
-        if not _compiled():
-            return []
-        if sys.platform == "linux":
-            return intel_gpus()
-        found = []
-        for index in range(torch.xpu.device_count()):
-            props = torch.xpu.get_device_properties(index)
-            found.append(Accelerator(backend="xpu", name=str(props.name), driver=str(props.driver_version)))
-        return found
+        if not _compiled() or sys.platform != "linux":
+            return []  # elsewhere the model cannot be read without starting the runtime; the env vars still count
+        gpus = sysfs_gpus()
+        runtime = getattr(torch.version, "xpu", None)
+        return [
+            Accelerator(backend="xpu", name=gpus[i][0], driver=" ".join(filter(None, (gpus[i][1], runtime))) or None)
+            for i in visible_indices(len(gpus), os.environ.get("ZE_AFFINITY_MASK"))
+        ]
 
     def unusable_reason(self) -> str | None:
         if not _compiled():

@@ -1,0 +1,116 @@
+"""Whether stored measurements of a family still answer for it: the family's key, and failures worth retrying.
+
+- A family's measurements hold for one :class:`FamilyKey`: its build reference, the app's ``version=``, the
+  search mode, the budget and the measurement schema. Any change measures that family again; the other
+  families keep serving.
+- Failures that can be transient (``timeout``, ``crashed``, ``oom``: another app held the GPU, the machine
+  was swapping) are retried by the first calibration after a cool-off of a day. ``unsupported``, ``numerics``,
+  ``error`` and ``too_slow`` stay until the fingerprint or the key changes, or the user recalibrates.
+- A failure of the fp32 CPU reference is never stored (:func:`reference_failure`): without it nothing could
+  be verified, and a stored one would make every later call fail without measuring again.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from autotune import _env
+from autotune._families import Family
+from autotune._models import (
+    Candidate,
+    CandidateResult,
+    FailureKind,
+    FamilyKey,
+    FamilyResult,
+)
+
+#: Bumped when the meaning of stored measurements changes; part of every family's key. 1 and 2 lived in the
+#: fingerprint (2: the calibration package, #10); 3: per-family keys (#13), records without one are measured again.
+MEASUREMENT_VERSION = 3
+#: how long a transient failure is remembered before the next calibration tries that candidate again
+RETRY_AFTER = dt.timedelta(days=1)
+TRANSIENT: frozenset[FailureKind] = frozenset({"timeout", "crashed", "oom"})
+
+_REFERENCE = Candidate(device="cpu", precision="fp32")
+
+
+def family_key(family: Family) -> FamilyKey:
+    """The key of ``family`` under the current settings (reads AUTOTUNE_SEARCH and AUTOTUNE_BUDGET_S)."""
+    return FamilyKey(
+        reference=family.ref, version=family.version, search=_env.SEARCH.get(), budget_s=_env.BUDGET_S.get(),
+        measurement_version=MEASUREMENT_VERSION,
+    )
+
+
+def retry_at(measured: FamilyResult, result: CandidateResult) -> dt.datetime | None:
+    """When the next calibration tries this failed candidate again; None when it is not retried by itself."""
+    if result.failure is None or result.failure.kind not in TRANSIENT:
+        return None
+    return _parse(measured.measured_at) + RETRY_AFTER
+
+
+def key_change(measured: FamilyResult, key: FamilyKey) -> str | None:
+    """Why ``measured`` was measured for something else than ``key``, e.g. "another search 'precision' ->
+    'default'"; None when it was measured for ``key``."""
+    if measured.key is None:
+        return "it was measured by an older autotune that did not record what for"
+    if measured.key != key:
+        changed = [
+            f"{name} {getattr(measured.key, name)!r} -> {getattr(key, name)!r}"
+            for name in FamilyKey.model_fields
+            if getattr(measured.key, name) != getattr(key, name)
+        ]
+        return "it was measured for another " + ", ".join(changed)
+    return None
+
+
+def due_retries(measured: FamilyResult, now: dt.datetime) -> list[CandidateResult]:
+    """The transient failures of ``measured`` whose cool-off is over at ``now``."""
+    return [r for r in measured.candidates if (at := retry_at(measured, r)) is not None and at <= now]
+
+
+def stale_reason(measured: FamilyResult, key: FamilyKey, now: dt.datetime) -> str | None:
+    """Why a calibration at ``now`` measures ``measured`` again for ``key``; None while it still answers."""
+    changed = key_change(measured, key)
+    if changed is not None:
+        return changed
+    due = due_retries(measured, now)
+    if due:
+        return "retrying " + ", ".join(f"{r.candidate.label} ({r.failure.kind})" for r in due if r.failure)
+    return None
+
+
+def fresh_until(measured: FamilyResult) -> dt.datetime | None:
+    """The earliest moment a transient failure of ``measured`` becomes due for a retry; None when none is."""
+    times = [at for r in measured.candidates if (at := retry_at(measured, r)) is not None]
+    return min(times, default=None)
+
+
+def reference_failure(measured: FamilyResult) -> CandidateResult | None:
+    """The fp32 CPU reference's result when it failed: such a calibration is raised, never stored."""
+    reference = measured.result(_REFERENCE)
+    return reference if reference is not None and reference.failure is not None else None
+
+
+def now_utc() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+def _parse(stamp: str) -> dt.datetime:
+    parsed = dt.datetime.fromisoformat(stamp)
+    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=dt.timezone.utc)
+
+
+__all__ = [
+    "MEASUREMENT_VERSION",
+    "RETRY_AFTER",
+    "TRANSIENT",
+    "due_retries",
+    "family_key",
+    "fresh_until",
+    "key_change",
+    "now_utc",
+    "reference_failure",
+    "retry_at",
+    "stale_reason",
+]

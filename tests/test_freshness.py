@@ -1,0 +1,168 @@
+"""What makes stored measurements stale: a family's key (build, version=, search, budget, schema) and transient
+failures after their cool-off. Real calibrations, in-process and with the smallest search, to stay fast."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+
+import pytest
+from samples import failed, family, timed
+
+import autotune
+from autotune import _cli
+from autotune._api import _store, cached_families
+from autotune._families import get_family
+from autotune._freshness import (
+    RETRY_AFTER,
+    TRANSIENT,
+    family_key,
+    retry_at,
+    stale_reason,
+)
+from autotune._models import FamilyResult
+
+
+@pytest.fixture(autouse=True)
+def quick(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AUTOTUNE_ISOLATION", "inprocess")
+    monkeypatch.setenv("AUTOTUNE_SEARCH", "precision")
+    monkeypatch.setenv("AUTOTUNE_BUDGET_S", "0.2")
+
+
+def _measured_at(kind: str) -> str:
+    return cached_families([kind])[kind].measured_at
+
+
+def _two_families() -> dict[str, str]:
+    autotune.register_family("tiny", "families_for_tests:build_tiny")
+    autotune.register_family("other", "families_for_tests:build_tiny_with_sgd")
+    autotune.calibrate(["tiny", "other"])
+    return {kind: _measured_at(kind) for kind in ("tiny", "other")}
+
+
+@pytest.mark.parametrize(
+    "change",
+    ["version", "build", "search", "budget"],
+)
+def test_a_key_change_measures_that_family_again_and_only_it(
+    change: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    before = _two_families()
+    if change == "version":
+        autotune.register_family("tiny", "families_for_tests:build_tiny", version="2")
+    elif change == "build":
+        autotune.register_family("tiny", "families_for_tests:build_tiny_cnn")
+    elif change == "search":
+        monkeypatch.setenv("AUTOTUNE_SEARCH", "default")
+    else:
+        monkeypatch.setenv("AUTOTUNE_BUDGET_S", "0.25")
+    with caplog.at_level(logging.INFO, logger="autotune"):
+        config = autotune.best_config("tiny")
+    assert config.source == "measured"
+    assert _measured_at("tiny") != before["tiny"], f"another {change} was answered from the old measurements"
+    assert "measuring tiny again: it was measured for another" in caplog.text
+    assert cached_families(["other"])["other"].measured_at == before["other"], "the other family is untouched"
+    if change in ("version", "build"):
+        # the other family still answers from the cache: no calibration for it
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="autotune"):
+            autotune.best_config("other")
+        assert "calibrating" not in caplog.text
+
+
+def test_the_same_key_is_answered_from_the_cache() -> None:
+    before = _two_families()
+    autotune.register_family("tiny", "families_for_tests:build_tiny")  # registered again, same build
+    autotune.best_config("tiny")
+    assert _measured_at("tiny") == before["tiny"]
+
+
+def _stored(kind: str, *, hours_ago: float, failure_kind: str) -> FamilyResult:
+    """A record of ``kind`` as a calibration ``hours_ago`` left it: cpu bf16 failed with ``failure_kind``."""
+    at = dt.datetime.now(dt.timezone.utc) - dt.timedelta(hours=hours_ago)
+    result = family(kind, timed("cpu", "fp32", 1.0), failed("cpu", "bf16-mixed", failure_kind, "it happened"))
+    result = result.model_copy(update={"measured_at": at.isoformat(), "key": family_key(get_family(kind))})
+    _store().save(autotune.fingerprint(), result)
+    return result
+
+
+@pytest.mark.parametrize(
+    ("failure_kind", "hours_ago", "retried"),
+    [
+        pytest.param("oom", 25, True, id="oom-after-a-day"),
+        pytest.param("timeout", 25, True, id="timeout-after-a-day"),
+        pytest.param("crashed", 25, True, id="crash-after-a-day"),
+        pytest.param("oom", 1, False, id="oom-within-the-cool-off"),
+        pytest.param("numerics", 24 * 400, False, id="numerics-stays"),
+        pytest.param("unsupported", 24 * 400, False, id="unsupported-stays"),
+    ],
+)
+def test_transient_failures_are_retried_after_a_day(
+    tiny_family: str, failure_kind: str, hours_ago: float, retried: bool
+) -> None:
+    stored = _stored(tiny_family, hours_ago=hours_ago, failure_kind=failure_kind)
+    autotune.best_config(tiny_family)
+    assert (_measured_at(tiny_family) != stored.measured_at) is retried
+
+
+def test_force_retries_a_transient_failure_at_once(tiny_family: str) -> None:
+    stored = _stored(tiny_family, hours_ago=1, failure_kind="oom")
+    autotune.calibrate([tiny_family], force=True)
+    assert _measured_at(tiny_family) != stored.measured_at
+
+
+def test_calibrate_retries_what_is_due_and_keeps_the_rest(tiny_family: str) -> None:
+    autotune.register_family("other", "families_for_tests:build_tiny_with_sgd")
+    due = _stored(tiny_family, hours_ago=30, failure_kind="timeout")
+    kept = _stored("other", hours_ago=30, failure_kind="numerics")
+    autotune.calibrate([tiny_family, "other"])
+    assert _measured_at(tiny_family) != due.measured_at
+    assert _measured_at("other") == kept.measured_at
+
+
+def test_without_calibration_a_due_retry_still_answers_from_the_measurements(tiny_family: str) -> None:
+    stored = _stored(tiny_family, hours_ago=30, failure_kind="oom")
+    config = autotune.best_config(tiny_family, calibrate_on_miss=False)
+    assert config.source == "measured" and _measured_at(tiny_family) == stored.measured_at
+
+
+@pytest.mark.parametrize("kind", ["timeout", "crashed", "oom", "unsupported", "numerics", "error", "too_slow"])
+def test_only_transient_kinds_have_a_retry_time(kind: str) -> None:
+    result = family("x", timed("cpu", "fp32", 1.0), failed("cpu", "bf16-mixed", kind, "d"))
+    at = retry_at(result, result.candidates[1])
+    measured = dt.datetime.fromisoformat(result.measured_at)
+    assert at == (measured + RETRY_AFTER if kind in TRANSIENT else None)
+    key = family_key(get_family("tiny_mlp"))
+    keyed = result.model_copy(update={"key": key})
+    later = measured + dt.timedelta(days=2)
+    assert (stale_reason(keyed, key, later) is not None) is (kind in TRANSIENT)
+
+
+def test_explain_says_when_each_failure_is_retried(tiny_family: str, capsys: pytest.CaptureFixture[str]) -> None:
+    stored = _stored(tiny_family, hours_ago=1, failure_kind="oom")
+    assert _cli.main(["--explain", tiny_family]) == 0
+    out = " ".join(capsys.readouterr().out.split())  # the table folds long cells
+    at = dt.datetime.fromisoformat(stored.measured_at) + RETRY_AFTER
+    assert f"retried after {at:%Y-%m-%d %H:%M} UTC" in out
+    _stored(tiny_family, hours_ago=1, failure_kind="numerics")
+    assert _cli.main(["--explain", tiny_family]) == 0
+    assert "kept until the machine" in " ".join(capsys.readouterr().out.split())
+
+
+def test_a_family_this_version_cannot_read_is_measured_again_and_the_other_keeps_serving(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import json
+
+    before = _two_families()
+    path = _store().path(autotune.fingerprint().digest)
+    document = json.loads(path.read_text())
+    document["families"]["tiny"]["candidates"][0]["candidate"]["precision"] = "fp8-mixed"  # a newer version's
+    path.write_text(json.dumps(document))
+    with caplog.at_level(logging.INFO, logger="autotune"):
+        autotune.best_config("other")
+        assert "calibrating" not in caplog.text
+        autotune.best_config("tiny")
+    assert "calibrating tiny" in caplog.text and "setting them aside" in caplog.text
+    assert _measured_at("tiny") != before["tiny"] and _measured_at("other") == before["other"]

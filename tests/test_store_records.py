@@ -1,0 +1,405 @@
+"""Per-family records, a corrupt-file suite, links and permissions, and pruning by last use.
+
+Each variant damages a results file holding two families the way a crash, a disk, another version or another
+user could, and checks: no exception, a WARNING, the damage set aside (or left alone), the untouched family
+still served, and the next save sound.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import stat
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from samples import family, timed
+
+import autotune
+from autotune._store import KEEP_FILES, KEEP_QUARANTINED, SCHEMA_VERSION, Store
+
+Mutation = Callable[[Path], None]
+
+
+def _result(kind: str):  # type: ignore[no-untyped-def]
+    return family(kind, timed("cpu", "fp32", 100.0), timed("cpu", "bf16-mixed", 50.0))
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Store:
+    store = Store(tmp_path / "store")
+    fp = autotune.fingerprint()
+    store.save(fp, _result("cnn"))
+    store.save(fp, _result("mlp"))
+    return store
+
+
+def _edit(change: Callable[[dict[str, Any]], None]) -> Mutation:
+    def mutate(path: Path) -> None:
+        document = json.loads(path.read_text())
+        change(document)
+        path.write_text(json.dumps(document))
+    return mutate
+
+
+def _write(content: bytes) -> Mutation:
+    return lambda path: path.write_bytes(content)
+
+
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: len(path.read_bytes()) // 2])
+
+
+def _hundred_mb(path: Path) -> None:
+    with open(path, "r+b") as f:
+        f.truncate(100 * 2**20)  # sparse: 100 MB to the reader, no disk used
+
+
+def _deeply_nested(path: Path) -> None:
+    path.write_text('{"schema_version": 1, "families": ' + "[" * 200_000 + "]" * 200_000 + "}")
+
+
+def _symlink(path: Path) -> None:
+    real = path.with_name("elsewhere.data")
+    os.replace(path, real)
+    path.symlink_to(real)
+
+
+def _directory(path: Path) -> None:
+    path.unlink()
+    path.mkdir()
+
+
+def _fifo(path: Path) -> None:
+    path.unlink()
+    os.mkfifo(path)
+
+
+def _cnn(change: Callable[[dict[str, Any]], None]) -> Mutation:
+    return _edit(lambda document: change(document["families"]["cnn"]))
+
+
+def _unknown_precision(cnn: dict[str, Any]) -> None:
+    cnn["candidates"][1]["candidate"]["precision"] = "fp8-mixed"  # added by a newer version, same schema
+
+
+def _wrong_types(cnn: dict[str, Any]) -> None:
+    cnn["candidates"] = "two of them"
+
+
+def _truncated_record(cnn: dict[str, Any]) -> None:
+    del cnn["candidates"]
+
+
+def _nan_median(cnn: dict[str, Any]) -> None:
+    cnn["candidates"][0]["timing"]["median_ms"] = float("nan")  # json.dumps writes NaN
+
+
+def _nan_loss_is_fine(cnn: dict[str, Any]) -> None:
+    cnn["candidates"][1]["numerics"]["losses"] = [float("nan")]  # a failed candidate's trajectory may hold NaN
+
+
+# outcome: "quarantined" (file moved to *.corrupt-*), "set-aside" (one family), "kept" (left untouched,
+# answers from memory), "fine" (nothing wrong)
+VARIANTS: dict[str, tuple[Mutation, str]] = {
+    "truncated": (_truncate, "quarantined"),
+    "binary-garbage": (_write(bytes(range(256)) * 4), "quarantined"),
+    "100-mb-file": (_hundred_mb, "quarantined"),
+    "deeply-nested-json": (_deeply_nested, "quarantined"),
+    "wrong-types-top-level": (_edit(lambda d: d.update(families=["cnn", "mlp"])), "quarantined"),
+    "fingerprint-wrong-type": (_edit(lambda d: d.update(fingerprint="a laptop")), "quarantined"),
+    "not-an-object": (_write(b"[1, 2, 3]"), "quarantined"),
+    "empty": (_write(b""), "quarantined"),
+    "older-schema": (_edit(lambda d: d.update(schema_version=0)), "quarantined"),
+    "future-schema": (_edit(lambda d: d.update(schema_version=SCHEMA_VERSION + 1)), "kept"),
+    "unknown-value-in-one-family": (_cnn(_unknown_precision), "set-aside"),
+    "wrong-types-in-one-family": (_cnn(_wrong_types), "set-aside"),
+    "truncated-record-in-one-family": (_cnn(_truncated_record), "set-aside"),
+    "nan-where-a-number-belongs": (_cnn(_nan_median), "set-aside"),
+    "record-under-another-name": (_cnn(lambda cnn: cnn.update(model_kind="mlp")), "set-aside"),
+    "nan-loss-of-a-candidate": (_cnn(_nan_loss_is_fine), "fine"),
+    "symlink": (_symlink, "kept"),
+    "directory-in-its-place": (_directory, "kept"),
+    "named-pipe-in-its-place": (_fifo, "kept"),
+}
+
+
+#: links and named pipes need POSIX (unprivileged Windows cannot create symlinks; it has no mkfifo)
+_POSIX_ONLY = pytest.mark.skipif(os.name != "posix", reason="needs symlinks and named pipes")
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [pytest.param(v, marks=_POSIX_ONLY) if v in ("symlink", "named-pipe-in-its-place") else v for v in VARIANTS],
+)
+def test_corrupt_file_suite(store: Store, variant: str, caplog: pytest.LogCaptureFixture) -> None:
+    mutate, outcome = VARIANTS[variant]
+    fp = autotune.fingerprint()
+    path = store.path(fp.digest)
+    mutate(path)
+    before = os.lstat(path)
+    fresh = Store(store.root)  # another process: nothing in memory
+    with caplog.at_level(logging.WARNING, logger="autotune"):
+        loaded = fresh.load(fp.digest)
+        served = set(loaded.families) if loaded is not None else set()
+        saved = fresh.save(fp, cnn := _result("cnn"))  # the damaged family measured again
+    warnings = [r.getMessage() for r in caplog.records if r.name == "autotune" and r.levelno >= logging.WARNING]
+    assert saved.families["cnn"] == cnn
+    quarantined = sorted(p.name for p in store.root.glob("*.corrupt-*"))
+    if outcome == "fine":
+        assert served == {"cnn", "mlp"} and warnings == [] and quarantined == []
+    elif outcome == "set-aside":
+        assert served == {"mlp"}, "the untouched family is still served"
+        assert any("'cnn'" in w and "setting them aside" in w for w in warnings)
+        assert quarantined == [f"{path.name}.cnn.corrupt-" + quarantined[0].rsplit(".corrupt-", 1)[1]]
+        kept = Store(store.root).load(fp.digest)
+        assert kept is not None and set(kept.families) == {"cnn", "mlp"} and kept.families["cnn"] == cnn
+    elif outcome == "quarantined":
+        assert served == set()
+        assert any("was corrupt" in w for w in warnings)
+        assert len(quarantined) == 1 and quarantined[0].startswith(f"{path.name}.corrupt-")
+        written = Store(store.root).load(fp.digest)
+        assert written is not None and set(written.families) == {"cnn"}
+    else:  # kept: never overwritten, answered from memory
+        assert outcome == "kept"
+        assert served == set() and warnings
+        assert quarantined == []
+        after = os.lstat(path)
+        assert (after.st_ino, after.st_mode, after.st_mtime_ns) == (before.st_ino, before.st_mode, before.st_mtime_ns)
+        assert fresh.load(fp.digest) == saved
+    assert list(store.root.glob(".*.tmp")) == []
+
+
+def test_permission_denied_is_read_nowhere_and_never_overwritten(
+    store: Store, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Tests run as root, where chmod 000 does not bite: the OS boundary (os.open of this one path) refuses.
+    fp = autotune.fingerprint()
+    path = store.path(fp.digest)
+    content = path.read_bytes()
+    real_open = os.open
+
+    def denied(file: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        if Path(file) == path:
+            raise PermissionError(errno.EACCES, "Permission denied", str(file))
+        return real_open(file, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", denied)
+    fresh = Store(store.root)
+    with caplog.at_level(logging.WARNING, logger="autotune"):
+        assert fresh.load(fp.digest) is None
+        saved = fresh.save(fp, cnn := _result("cnn"))
+    assert "Permission denied" in caplog.text and "keeping results in memory" in caplog.text
+    monkeypatch.undo()
+    assert path.read_bytes() == content
+    assert saved.families["cnn"] == cnn and fresh.load(fp.digest) is not None
+
+
+def test_a_read_error_never_leads_to_overwriting(
+    store: Store, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    fp = autotune.fingerprint()
+    path = store.path(fp.digest)
+    content = path.read_bytes()
+    real_read = os.read
+
+    def failing(fd: int, n: int) -> bytes:
+        if os.fstat(fd).st_ino == os.stat(path).st_ino:
+            raise OSError(errno.EIO, "Input/output error")
+        return real_read(fd, n)
+
+    monkeypatch.setattr(os, "read", failing)
+    with caplog.at_level(logging.WARNING, logger="autotune"):
+        saved = Store(store.root).save(fp, _result("transformer"))
+    monkeypatch.undo()
+    assert "Input/output error" in caplog.text
+    assert path.read_bytes() == content, "cnn and mlp were not lost to a transient read error"
+    assert set(saved.families) == {"transformer"}  # served from memory in this process
+
+
+def test_fields_this_version_does_not_know_survive_a_save(store: Store) -> None:
+    fp = autotune.fingerprint()
+    path = store.path(fp.digest)
+    document = json.loads(path.read_text())
+    document["written_by"] = {"autotune": "9.0", "extras": [1, 2]}
+    document["families"]["mlp"]["energy_j"] = 12.5
+    document["families"]["mlp"]["candidates"][0]["candidate"]["graph_mode"] = "captured"
+    path.write_text(json.dumps(document))
+    Store(store.root).save(fp, _result("cnn"))
+    after = json.loads(path.read_text())
+    assert after["written_by"] == {"autotune": "9.0", "extras": [1, 2]}
+    assert after["families"]["mlp"] == document["families"]["mlp"]
+
+
+def test_a_planted_symlink_lock_is_refused_and_results_stay_in_memory(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = Store(tmp_path / "store")
+    fp = autotune.fingerprint()
+    store.root.mkdir(mode=0o700)
+    victim = tmp_path / "victim"
+    victim.write_text("keep me")
+    Path(f"{store.path(fp.digest)}.lock").symlink_to(victim)
+    with caplog.at_level(logging.WARNING, logger="autotune"):
+        saved = store.save(fp, cnn := _result("cnn"))
+    assert "symbolic link" in caplog.text and "keeping results in memory" in caplog.text
+    assert victim.read_text() == "keep me" and not store.path(fp.digest).exists()
+    assert saved.families["cnn"] == cnn and store.load(fp.digest) == saved
+
+
+def test_a_planted_symlink_calibration_lock_is_refused(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    store = Store(tmp_path / "store")
+    store.root.mkdir(mode=0o700)
+    victim = tmp_path / "victim"
+    victim.write_text("keep me")
+    (store.root / "abc.cnn.calibrating.lock").symlink_to(victim)
+    with caplog.at_level(logging.WARNING, logger="autotune"):
+        assert store.calibration_lock("abc", "cnn") is None
+    assert "symbolic link" in caplog.text and victim.read_text() == "keep me"
+
+
+def test_the_cache_directory_is_created_private(tmp_path: Path) -> None:
+    store = Store(tmp_path / "a" / "cache")
+    store.save(autotune.fingerprint(), _result("cnn"))
+    assert stat.S_IMODE(os.stat(store.root).st_mode) == 0o700
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o770, 0o1777], ids=["world-writable", "group-writable", "sticky-tmp-like"])
+def test_a_results_directory_writable_by_others_is_refused(
+    store: Store, mode: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    fp = autotune.fingerprint()
+    path = store.path(fp.digest)
+    content = path.read_bytes()
+    os.chmod(store.root, mode)
+    fresh = Store(store.root)
+    with caplog.at_level(logging.WARNING, logger="autotune"):
+        assert fresh.load(fp.digest) is None  # another user could have planted it
+        saved = fresh.save(fp, cnn := _result("cnn"))
+    assert "writable by other users" in caplog.text
+    assert path.read_bytes() == content
+    assert saved.families["cnn"] == cnn and fresh.load(fp.digest) == saved
+
+
+def test_a_family_saved_only_in_memory_is_still_served_next_to_the_file(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fp = autotune.fingerprint()
+
+    def full(src: str, dst: str) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", full)
+    store.save(fp, _result("transformer"))
+    monkeypatch.undo()
+    loaded = store.load(fp.digest)
+    assert loaded is not None and set(loaded.families) == {"cnn", "mlp", "transformer"}
+
+
+# -- pruning -------------------------------------------------------------------------------------------------
+
+DAY_S = 86400.0
+
+
+def _other_machines(store: Store, count: int) -> list[Path]:
+    base = autotune.fingerprint().model_dump(exclude={"digest"})
+    paths = []
+    for cores in range(100, 100 + count):
+        fp = autotune.Fingerprint.model_validate({**base, "usable_cores": cores})
+        Store(store.root).save(fp, _result("cnn"))
+        paths.append(store.path(fp.digest))
+    return paths
+
+
+def _age(path: Path, *, written_days: float, used_days: float | None) -> None:
+    now = time.time()
+    os.utime(path, (now - written_days * DAY_S, now - written_days * DAY_S))
+    marker = path.with_suffix(".used")
+    if used_days is None:
+        marker.unlink(missing_ok=True)
+    else:
+        marker.write_text(f"{now - used_days * DAY_S:.0f}\n")
+
+
+def test_pruning_keeps_files_used_within_30_days_whatever_their_modification_time(store: Store) -> None:
+    others = _other_machines(store, KEEP_FILES + 4)
+    for i, path in enumerate(others):
+        # Written long ago by other environments; the first four were read (used) yesterday.
+        _age(path, written_days=90 + i, used_days=1 if i < 4 else 40 + i)
+    store.save(autotune.fingerprint(), _result("cnn"))  # a save prunes
+    left = set(store.root.glob("*.json"))
+    assert set(others[:4]) <= left, "files in use by another environment are never pruned"
+    assert store.path(autotune.fingerprint().digest) in left
+    assert len(left) == KEEP_FILES
+    assert not any(p.with_suffix(".used").exists() for p in set(others) - left)
+
+
+def test_pruning_keeps_a_few_unused_files_for_a_hardware_swap_back(store: Store) -> None:
+    others = _other_machines(store, 3)
+    for path in others:
+        _age(path, written_days=400, used_days=None)  # no marker: an older autotune's file
+    store.save(autotune.fingerprint(), _result("cnn"))
+    assert set(others) <= set(store.root.glob("*.json"))
+
+
+def test_loading_marks_a_file_used(store: Store) -> None:
+    fp = autotune.fingerprint()
+    path = store.path(fp.digest)
+    _age(path, written_days=60, used_days=60)
+    Store(store.root).load(fp.digest)
+    assert time.time() - float(path.with_suffix(".used").read_text()) < 60
+
+
+def test_quarantined_files_beyond_a_few_are_pruned(store: Store) -> None:
+    fp = autotune.fingerprint()
+    path = store.path(fp.digest)
+    for _ in range(KEEP_QUARANTINED + 3):
+        path.write_bytes(b"garbage")
+        Store(store.root).load(fp.digest)  # quarantines it
+    assert len(list(store.root.glob("*.corrupt-*"))) == KEEP_QUARANTINED + 3
+    newest = sorted(p.name for p in store.root.glob("*.corrupt-*"))[-KEEP_QUARANTINED:]
+    store.save(fp, _result("cnn"))
+    assert sorted(p.name for p in store.root.glob("*.corrupt-*")) == newest
+
+
+def test_temp_files_of_a_killed_writer_are_removed_by_the_next_save(store: Store) -> None:
+    fp = autotune.fingerprint()
+    stale = store.root / f".{store.path(fp.digest).name}.abc123.tmp"
+    stale.write_text('{"half a wri')
+    Store(store.root).save(fp, _result("cnn"))
+    assert not stale.exists()
+
+
+def test_a_corrupt_file_replaced_by_another_process_meanwhile_is_judged_again_not_overwritten(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fp = autotune.fingerprint()
+    theirs = Store(tmp_path / "theirs")
+    theirs.save(fp, _result("mlp"))  # what the other process is about to publish
+    store = Store(tmp_path / "store")
+    store.root.mkdir(mode=0o700)
+    path = store.path(fp.digest)
+    path.write_bytes(b"garbage")
+    real_lstat = os.lstat
+    calls = 0
+
+    def racing(file: Any, *args: Any, **kwargs: Any) -> os.stat_result:
+        nonlocal calls
+        if Path(file) == path:
+            calls += 1
+            if calls == 2:  # between our read and our quarantine, the other process replaces the file
+                os.replace(theirs.path(fp.digest), path)
+        return real_lstat(file, *args, **kwargs)
+
+    monkeypatch.setattr(os, "lstat", racing)
+    saved = store.save(fp, cnn := _result("cnn"))
+    monkeypatch.undo()
+    assert set(saved.families) == {"cnn", "mlp"} and saved.families["cnn"] == cnn
+    loaded = Store(store.root).load(fp.digest)
+    assert loaded is not None and set(loaded.families) == {"cnn", "mlp"}
+    assert list(store.root.glob("*.corrupt-*")) == []
