@@ -9,8 +9,8 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from autotune import _env, _stats
 from autotune._config import Config
@@ -29,7 +29,6 @@ from autotune._freshness import (
 )
 from autotune._models import Candidate, FamilyKey, FamilyResult, Record, TraceReport
 from autotune._store import Store, default_root
-from autotune._version import __version__
 
 if TYPE_CHECKING:
     from autotune._calibration.worker import Worker
@@ -121,7 +120,8 @@ def best_config(
                                       worker=worker)
         if measured is None:
             return heuristic(family.name, "another process is still calibrating and the wait timed out "
-                                          f"after {_env.LOCK_TIMEOUT_S.get():.0f} s (AUTOTUNE_LOCK_TIMEOUT_S)", fp.digest)
+                                          f"after {_env.LOCK_TIMEOUT_S.get():.0f} s (AUTOTUNE_LOCK_TIMEOUT_S)",
+                             fp.digest)
         memo = (*memo[:-1], store.stamp(fp.digest))
     config = decide(measured, prefer=prefer, expected_steps=expected_steps, forced_device=forced, digest=fp.digest)
     # A transient failure's retry is due later: the memo answers until then, so a long-running app retries too.

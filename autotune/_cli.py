@@ -197,7 +197,6 @@ def _decisions(args: argparse.Namespace) -> int:
 
 def _explain(kind: str, *, recalibrate: bool, as_json: bool) -> int:
     from autotune._api import cached_configs, cached_families
-
     from autotune._families import family_names
 
     # A kind registered here is measured again when stale; one only another process registered is shown
@@ -216,7 +215,8 @@ def _explain(kind: str, *, recalibrate: bool, as_json: bool) -> int:
     console.print(f"[bold]{kind}[/bold] measured {measured.measured_at} in {measured.wall_s:.1f} s"
                   + ("  [yellow]noisy[/yellow]" if measured.noisy else ""))
     table = Table()
-    for column in ("candidate", "ms/step", "rounds", "time vs fp32 CPU", "set-up s", "loss err", "update cos", "outcome"):
+    columns = ("candidate", "ms/step", "rounds", "time vs fp32 CPU", "set-up s", "loss err", "update cos", "outcome")
+    for column in columns:
         table.add_column(column, overflow="fold")
     for r in measured.candidates:
         t, n = r.timing, r.numerics
@@ -258,7 +258,8 @@ def _trace(kind: str, args: argparse.Namespace) -> int:
     console = Console(width=None if sys.stdout.isatty() else 120)  # pipes and logs: no 80-column squeeze
     on_device = report.device_activity is not None
     console.print(f"[bold]{kind}[/bold] on {report.candidate.label}: {report.steps} steps traced after "
-                  f"{report.warmup_steps} warm-up steps, {report.step_ms:.3g} ms/step under the profiler", highlight=False)
+                  f"{report.warmup_steps} warm-up steps, {report.step_ms:.3g} ms/step under the profiler",
+                  highlight=False)
     table = Table(title=f"top operators by self {'device' if on_device else 'CPU'} time per step")
     for column in ("operator", "calls", "self CPU ms", *(["self device ms"] if on_device else []), "share"):
         table.add_column(column, overflow="fold")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, cast
 
 import torch
 from torch import nn
@@ -121,7 +121,7 @@ class Config(Record):
         implementation is passed only to an optimizer that takes it, and never over the caller's own ``fused=``
         or ``foreach=`` (a log line says when the measured variant is not applied).
         """
-        model = model.to(self.device, memory_format=MEMORY_FORMATS[self.memory_format])
+        model = model.to(self.device, memory_format=MEMORY_FORMATS[self.memory_format])  # type: ignore[call-overload]
         built = optimizer(model.parameters(), **options, **optimizer_kwargs_for(optimizer, self.optimizer, options))
         return (torch.compile(model) if self.compiled else model), built  # type: ignore[return-value]
 
@@ -131,9 +131,9 @@ class Config(Record):
         ``images, labels = cfg.prepare_batch((images, labels))``
         """
         if isinstance(batch, torch.Tensor):
-            return move(batch, torch.device(self.device), MEMORY_FORMATS[self.memory_format])
+            return cast(Batch, move(batch, torch.device(self.device), MEMORY_FORMATS[self.memory_format]))
         if isinstance(batch, dict):
-            return {k: self.prepare_batch(v) for k, v in batch.items()}
+            return cast(Batch, {k: self.prepare_batch(v) for k, v in batch.items()})
         if isinstance(batch, (list, tuple)):
             return type(batch)(self.prepare_batch(v) for v in batch)
         return batch
@@ -144,7 +144,8 @@ class Config(Record):
             torch.set_num_threads(self.num_threads)
 
     def lightning_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for ``lightning.Trainer``, e.g. ``{"accelerator": "cpu", "devices": 1, "precision": "bf16-mixed"}``.
+        """Keyword arguments for ``lightning.Trainer``,
+        e.g. ``{"accelerator": "cpu", "devices": 1, "precision": "bf16-mixed"}``.
 
         ``trainer = lightning.Trainer(**cfg.lightning_kwargs(), max_epochs=10)``
 

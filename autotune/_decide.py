@@ -43,7 +43,7 @@ def _is_cpu(result: CandidateResult) -> bool:
 
 
 def _step_ms(result: CandidateResult) -> float:
-    assert result.timing is not None  # noqa: S101 - only usable results reach here
+    assert result.timing is not None
     return result.timing.median_ms
 
 
@@ -59,7 +59,7 @@ def step_ratio(a: CandidateResult, b: CandidateResult) -> tuple[float, float, fl
     When ``a`` was outpaced by ``b``'s device, its evidence stands in; timings never paired give no
     confidence at all: ``(estimate, 0, inf)``.
     """
-    assert a.timing is not None and b.timing is not None  # noqa: S101 - only usable results reach here
+    assert a.timing is not None and b.timing is not None
     for slow, fast, sign in ((a, b, 1), (b, a, -1)):
         outpaced = slow.timing.outpaced if slow.timing is not None else None
         if outpaced is not None and outpaced.by.device == fast.candidate.device:
@@ -95,7 +95,7 @@ def _device_words(result: CandidateResult) -> str:
 
 def _failure_words(result: CandidateResult) -> str:
     failure = result.failure
-    assert failure is not None  # noqa: S101 - only failed results reach here
+    assert failure is not None
     if failure.kind == "too_slow":
         return f"{result.candidate.label} too slow: {failure.detail}"
     if failure.kind == "numerics":
@@ -123,7 +123,8 @@ def decide(
     failed = [r for r in measured.candidates if r.failure is not None]
     if not usable:
         raise CalibrationError(
-            measured.model_kind, [(r.candidate.label, f"{r.failure.kind}: {r.failure.detail}") for r in failed if r.failure]
+            measured.model_kind,
+            [(r.candidate.label, f"{r.failure.kind}: {r.failure.detail}") for r in failed if r.failure],
         )
     notes: list[str] = []
     source: Literal["measured", "forced"] = "measured"
@@ -250,7 +251,8 @@ def _against_device(pick: CandidateResult, other: CandidateResult, pool: Sequenc
                     prefer: Prefer, expected_steps: int | None) -> str:
     where = "the CPU" if _is_cpu(other) else other.candidate.device
     estimate, low, high = step_ratio(other, pick)
-    if expected_steps is not None and estimate < 1 and _score_ms(other, expected_steps) > _score_ms(pick, expected_steps):
+    slower_overall = expected_steps is not None and _score_ms(other, expected_steps) > _score_ms(pick, expected_steps)
+    if expected_steps is not None and estimate < 1 and slower_overall:
         return (f"for {expected_steps} steps it finishes first: {where}'s set-up {other.setup_s or 0:.1f} s "
                 f"outweighs its {_step_ms(pick) - _step_ms(other):.1f} ms/step advantage")
     if _is_cpu(pick) and other in pool and not clearly_faster(pick, other, expected_steps):

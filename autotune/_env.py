@@ -51,13 +51,13 @@ def _positive_float(raw: str) -> float:
 def _isolation(raw: str) -> Isolation:
     if raw not in ISOLATIONS:
         raise ValueError(raw)
-    return cast(Isolation, raw)
+    return raw
 
 
 def _search(raw: str) -> Search:
     if raw not in SEARCHES:
         raise ValueError(raw)
-    return cast(Search, raw)
+    return raw
 
 
 def _device(raw: str) -> str:

@@ -125,7 +125,8 @@ class TextClassifier(nn.Module):
         self.head = nn.Linear(width, classes)
 
     def forward(self, tokens: Tensor) -> Tensor:
-        return self.head(self.encoder(self.embed(tokens)).mean(dim=1))
+        out: Tensor = self.head(self.encoder(self.embed(tokens)).mean(dim=1))
+        return out
 
 
 def build_transformer() -> Workload:
@@ -158,15 +159,16 @@ def _reference_for(name: str, build: object) -> str:
         return build
     if not callable(build):
         raise FamilyRegistrationError(name, f"build must be a function or 'module:function', got {build!r}")
-    module_name = getattr(build, "__module__", None)
+    defined_in: str | None = getattr(build, "__module__", None)
     qualname = getattr(build, "__qualname__", "")
-    if "<lambda>" in qualname or "<locals>" in qualname or not module_name:
+    if "<lambda>" in qualname or "<locals>" in qualname or not defined_in:
         raise FamilyRegistrationError(
             name,
             f"{qualname or build!r} is a lambda or a nested function; calibration runs in a spawned worker "
             "that imports build() by name, so define it at the top level of a module (or pass "
             "'module:function')",
         )
+    module_name = defined_in
     if module_name == "__main__":
         # Like multiprocessing's spawn: the worker imports the main script as a module from its directory.
         main = sys.modules["__main__"]

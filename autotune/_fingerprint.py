@@ -24,7 +24,6 @@ import sys
 import torch
 from pydantic import computed_field
 
-from autotune._fp32 import current as current_fp32_settings
 from autotune._models import Record
 from autotune.backends import Accelerator, all_backends
 from autotune.backends.cpu import cpu_facts

@@ -48,7 +48,8 @@ def _leaves() -> dict[str, Any]:
 
 
 def api() -> Api:
-    """``'per-backend'`` on torch builds with ``torch.backends.cuda.matmul.fp32_precision`` (2.9+), else ``'legacy'``."""
+    """``'per-backend'`` on torch builds with ``torch.backends.cuda.matmul.fp32_precision`` (2.9+),
+    else ``'legacy'``."""
     return "per-backend" if "cuda.matmul" in _leaves() else "legacy"
 
 

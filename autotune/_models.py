@@ -45,7 +45,7 @@ class Candidate(Record):
     @property
     def variants(self) -> list[str]:
         """The non-default settings, e.g. ``['channels_last', 'fused-optimizer']``; empty for a plain candidate."""
-        words = []
+        words: list[str] = []
         if self.memory_format != "contiguous":
             words.append(self.memory_format)
         if self.optimizer != "default":
@@ -233,8 +233,6 @@ class TraceReport(Record):
 
 __all__ = [
     "PRECISIONS",
-    "MemoryFormat",
-    "OptimizerImpl",
     "Candidate",
     "CandidateResult",
     "Drop",
@@ -243,8 +241,10 @@ __all__ = [
     "FamilyKey",
     "FamilyResult",
     "Interval",
+    "MemoryFormat",
     "Numerics",
     "OperatorTime",
+    "OptimizerImpl",
     "Precision",
     "Timing",
     "TraceReport",

@@ -20,7 +20,8 @@ _IMPLEMENTATION_KEYWORDS = ("fused", "foreach")
 
 
 def accepts_keyword(optimizer: Callable[..., Any], keyword: str) -> bool:
-    """Whether ``optimizer(params, **{keyword: True})`` names the keyword in its signature (``**kwargs`` does not count)."""
+    """Whether ``optimizer(params, **{keyword: True})`` names the keyword in its signature
+    (``**kwargs`` does not count)."""
     try:
         parameters = inspect.signature(optimizer).parameters
     except (TypeError, ValueError):  # a builtin or C callable without a signature: do not guess

@@ -44,7 +44,8 @@ def search_space(kind: str) -> list[Candidate]:
         for layout in layouts:
             for optimizer in optimizers:
                 for count in threads:
-                    space.append(base.model_copy(update={"memory_format": layout, "optimizer": optimizer, "num_threads": count}))
+                    space.append(base.model_copy(
+                        update={"memory_format": layout, "optimizer": optimizer, "num_threads": count}))
     return space
 
 
@@ -65,7 +66,8 @@ def oracle(
     for candidate, runner in runners.items():
         first = _one(runner)
         count = warmup if first < 0.5 or not warm else 1
-        warm[candidate] = statistics.median([first] + [_one(runner) for _ in range(count - 1)] if count > 1 else [first])
+        more = [_one(runner) for _ in range(count - 1)] if count > 1 else []
+        warm[candidate] = statistics.median([first, *more])
     best = min(warm.values())
     counts = {c: (steps if w < 1.5 * best else (10 if w < 10 * best else 1)) for c, w in warm.items()}
     samples: dict[Candidate, list[float]] = {c: [] for c in runners}

@@ -33,14 +33,15 @@ def main() -> None:
         truth = oracle(kind, extra=tried)
         best = min(truth.values())
         regrets = [truth[p] / best - 1 for p in picks]
-        worst = max(worst, max(regrets))
-        most_common, count = collections.Counter(picks).most_common(1)[0]
+        worst = max(worst, *regrets)
+        _, count = collections.Counter(picks).most_common(1)[0]
         emit({
             "benchmark": "decision_quality", "family": kind,
             "oracle_ms": {k: round(v, 3) for k, v in truth.items()},
             "oracle_best": min(truth, key=truth.__getitem__),
             "picks": picks, "same_pick": f"{count}/{CALIBRATIONS}",
-            "max_regret_pct": round(100 * max(regrets), 2), "mean_regret_pct": round(100 * sum(regrets) / len(regrets), 2),
+            "max_regret_pct": round(100 * max(regrets), 2),
+            "mean_regret_pct": round(100 * sum(regrets) / len(regrets), 2),
         })
     emit({"benchmark": "decision_quality", "family": "ALL", "worst_regret_pct": round(100 * worst, 2)})
 

@@ -107,7 +107,8 @@ def test_prefer_gpu_on_this_cpu_only_machine_says_there_is_no_usable_gpu(tiny_fa
 
 
 @pytest.mark.parametrize(("kwargs", "name"), [
-    ({"prefer": "GPU"}, "prefer"), ({"expected_steps": 0}, "expected_steps"), ({"expected_steps": 2.5}, "expected_steps"),
+    ({"prefer": "GPU"}, "prefer"), ({"expected_steps": 0}, "expected_steps"),
+    ({"expected_steps": 2.5}, "expected_steps"),
 ])
 def test_bad_arguments_are_clear_errors(kwargs: dict[str, object], name: str) -> None:
     with pytest.raises(autotune.ConfigurationError, match=name):

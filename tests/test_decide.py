@@ -4,11 +4,11 @@ import logging
 import re
 
 import pytest
+from samples import failed, family, timed
 
 from autotune import CalibrationError
 from autotune._decide import decide
 from autotune._models import Candidate, Drop, Interval
-from samples import failed, family, timed
 
 DIGEST = "0123456789abcdef"
 
@@ -17,7 +17,8 @@ def test_clear_winner_is_picked_with_numbers_in_the_reason() -> None:
     measured = family("cnn", timed("cpu", "fp32", 110.0), timed("cpu", "bf16-mixed", 58.6))
     config = decide(measured, digest=DIGEST)
     assert (config.device, config.precision, config.source) == ("cpu", "bf16-mixed", "measured")
-    assert re.search(r"bf16-mixed at 5\d\.\d ms/step: 1\.8\dx faster than fp32 \(5\d\.\d vs 1\d\d ms/step, interval 1\.\d\d-\d\.\d\dx\)",
+    assert re.search(r"bf16-mixed at 5\d\.\d ms/step: 1\.8\dx faster than fp32 "
+                     r"\(5\d\.\d vs 1\d\d ms/step, interval 1\.\d\d-\d\.\d\dx\)",
                      config.reason)
     assert config.speedup_vs_fp32_cpu == pytest.approx(110 / 58.6, rel=0.02)
 

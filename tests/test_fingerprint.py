@@ -66,8 +66,9 @@ def test_digest_changes_when_a_keyed_field_changes(field: str) -> None:
 
 def test_accelerator_driver_change_changes_digest() -> None:
     base = autotune.fingerprint().model_dump(exclude={"digest"})
-    old = Fingerprint.model_validate({**base, "accelerators": [{"backend": "cuda", "name": "RTX 3090", "driver": "535"}]})
-    new = Fingerprint.model_validate({**base, "accelerators": [{"backend": "cuda", "name": "RTX 3090", "driver": "550"}]})
+    gpu = {"backend": "cuda", "name": "RTX 3090"}
+    old = Fingerprint.model_validate({**base, "accelerators": [{**gpu, "driver": "535"}]})
+    new = Fingerprint.model_validate({**base, "accelerators": [{**gpu, "driver": "550"}]})
     assert old.digest != new.digest
 
 

@@ -129,7 +129,8 @@ print("ok")
 
 def test_the_legacy_api_for_builds_without_per_backend_settings() -> None:
     # A fresh interpreter that only ever uses the legacy calls, as on torch < 2.9 (this process mixed them).
-    done = subprocess.run([sys.executable, "-c", _LEGACY_ROUND_TRIP], check=False, capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-c", _LEGACY_ROUND_TRIP], check=False, capture_output=True, text=True,
+                          timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
 
 

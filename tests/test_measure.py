@@ -146,8 +146,8 @@ def test_a_steady_control_is_not_noisy() -> None:
 def test_across_devices_the_slower_device_is_outpaced_not_dropped() -> None:
     by_device: Comparisons[str] = Comparisons(group=lambda key: key.split()[0], margin=lambda a, b: 0.03,
                                               across_groups=True)
-    result, steps = _run({"cpu fp32": jittered(0.2), "cuda fp32": jittered(0.1, 0.05), "cuda bf16": jittered(0.099, 0.05, phase=3)},
-                         comparisons=by_device)
+    result, steps = _run({"cpu fp32": jittered(0.2), "cuda fp32": jittered(0.1, 0.05),
+                          "cuda bf16": jittered(0.099, 0.05, phase=3)}, comparisons=by_device)
     cpu = result.series["cpu fp32"]
     assert cpu.dropped is None and cpu.outpaced is not None and cpu.outpaced.low > 1.03
     assert steps["cpu fp32"].steps < steps["cuda fp32"].steps  # settled once outpaced

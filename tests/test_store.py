@@ -38,7 +38,8 @@ def test_file_is_human_readable_json(store: Store) -> None:
     store.save(fp, _result())
     data = json.loads(store.path(fp.digest).read_text())
     candidate = data["families"]["cnn"]["candidates"][1]["candidate"]
-    assert (candidate["device"], candidate["precision"], candidate["memory_format"]) == ("cpu", "bf16-mixed", "contiguous")
+    expected = ("cpu", "bf16-mixed", "contiguous")
+    assert (candidate["device"], candidate["precision"], candidate["memory_format"]) == expected
 
 
 def test_families_written_separately_are_merged(store: Store) -> None:
@@ -59,7 +60,8 @@ CORRUPTIONS = {
 
 
 @pytest.mark.parametrize("kind", sorted(CORRUPTIONS))
-def test_corrupt_file_is_quarantined_with_one_warning(store: Store, kind: str, caplog: pytest.LogCaptureFixture) -> None:
+def test_corrupt_file_is_quarantined_with_one_warning(store: Store, kind: str,
+                                                      caplog: pytest.LogCaptureFixture) -> None:
     fp = autotune.fingerprint()
     store.save(fp, _result())
     path = store.path(fp.digest)
@@ -148,7 +150,8 @@ def test_unbounded_intervals_survive_a_round_trip(store: Store) -> None:
     result = _result()
     bf16 = result.candidates[1]
     timing = bf16.timing.model_copy(update={"vs_baseline": Interval(estimate=0.5, low=0.0, high=float("inf"))})
-    result = result.model_copy(update={"candidates": [result.candidates[0], bf16.model_copy(update={"timing": timing})]})
+    unbounded = bf16.model_copy(update={"timing": timing})
+    result = result.model_copy(update={"candidates": [result.candidates[0], unbounded]})
     store.save(fp, result)
     loaded = Store(store.root).load(fp.digest)
     assert loaded is not None and loaded.families["cnn"] == result

@@ -24,7 +24,7 @@ import torch
 
 from autotune import _fp32
 from autotune._calibration.plan import plan
-from autotune._calibration.protocol import REQUEST, Begin, Done, Failed, Job, Planned, Ready, TraceJob, Traced
+from autotune._calibration.protocol import REQUEST, Begin, Done, Failed, Job, Planned, Ready, Traced, TraceJob
 from autotune._calibration.session import Session
 from autotune._calibration.setup import TorchLab, warm_process
 from autotune._families import Family

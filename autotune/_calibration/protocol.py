@@ -11,10 +11,10 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
+from autotune._calibration.measure import MeasureSettings
 from autotune._env import Search
 from autotune._fp32 import Fp32Settings
 from autotune._models import Candidate, CandidateResult, TraceReport
-from autotune._calibration.measure import MeasureSettings
 
 
 class _Message(BaseModel):

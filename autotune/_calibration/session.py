@@ -101,18 +101,19 @@ class Session:
             self.emit(Begin(candidate=candidate, phase="setup", fraction=fraction))
             try:
                 if self.reference_failure is not None:
-                    raise CandidateFailed(CandidateResult(candidate=candidate, failure=unverified(self.reference_failure)))
+                    unverifiable = unverified(self.reference_failure)
+                    raise CandidateFailed(CandidateResult(candidate=candidate, failure=unverifiable))
                 prepared = self.lab.set_up(candidate)
             except CandidateFailed as exc:
                 result = exc.result
-            except Exception as exc:  # noqa: BLE001 - every failure is recorded with its class, never swallowed
+            except Exception as exc:
                 result = CandidateResult(candidate=candidate, failure=classify(exc, candidate.device))
             else:
                 self.ready[candidate] = prepared
                 self.results[candidate] = prepared.result
                 ready.append(candidate)
                 continue
-            assert result.failure is not None  # noqa: S101 - CandidateFailed always carries one
+            assert result.failure is not None
             self.results[candidate] = result
             self.emit(Failed(result=result))
             if candidate == BASELINE:
@@ -222,8 +223,10 @@ class Session:
                     and candidate != BASELINE and result.timing.stage == baseline.timing.stage):
                 estimate, low, high = _stats.ratio_interval(result.timing.round_ms, baseline.timing.round_ms)
                 vs_baseline = Interval(estimate=estimate, low=low, high=high)
-                result = result.model_copy(update={"timing": result.timing.model_copy(update={"vs_baseline": vs_baseline})})
-            out.append(result)
+                timing = result.timing.model_copy(update={"vs_baseline": vs_baseline})
+                out.append(result.model_copy(update={"timing": timing}))
+            else:
+                out.append(result)
         return out
 
 

@@ -37,7 +37,7 @@ class CandidateFailed(Exception):
     """A candidate cannot be used; ``result`` carries the failure and whatever was measured before it."""
 
     def __init__(self, result: CandidateResult) -> None:
-        assert result.failure is not None  # noqa: S101 - internal invariant, never user input
+        assert result.failure is not None
         super().__init__(result.failure.detail)
         self.result = result
 

@@ -27,7 +27,7 @@ def make_optimizer(workload: Workload, model: torch.nn.Module, impl: OptimizerIm
         return workload.optimizer(model.parameters())
     if workload.optimizer is not adamw:
         raise ValueError(f"the {impl} optimizer variant needs the built-in AdamW, not {workload.optimizer!r}")
-    return torch.optim.AdamW(model.parameters(), **{impl: True})
+    return torch.optim.AdamW(model.parameters(), foreach=impl == "foreach", fused=impl == "fused")
 
 
 @contextlib.contextmanager
@@ -71,7 +71,7 @@ class TrainStep:
         torch.empty(1, device=self.device)
         backend.synchronize(candidate.device)
         self.memory_format = MEMORY_FORMATS[candidate.memory_format]
-        self.model = workload.model.to(self.device, memory_format=self.memory_format)
+        self.model = workload.model.to(self.device, memory_format=self.memory_format)  # type: ignore[call-overload]
         self.model.train()
         self.inputs = workload.inputs
         self.loss_fn = workload.loss
@@ -90,9 +90,9 @@ class TrainStep:
     def _forward_backward(self, *, checked: bool = False) -> Tensor:
         inputs = tuple(move(t, self.device, self.memory_format) for t in self.inputs)
         # Checked steps compare arithmetic with the CPU reference, whose random stream other devices lack.
-        with torch.autocast(self.backend.device_type, dtype=self.dtype or torch.float32, enabled=self.dtype is not None), (
-            dropout_off() if checked else contextlib.nullcontext()
-        ):
+        autocast = torch.autocast(self.backend.device_type, dtype=self.dtype or torch.float32,
+                                  enabled=self.dtype is not None)
+        with autocast, (dropout_off() if checked else contextlib.nullcontext()):
             loss = self.loss_fn(self.forward, inputs)  # type: ignore[arg-type]
         self.optimizer.zero_grad(set_to_none=True)
         self.scaler.scale(loss).backward()
@@ -133,7 +133,8 @@ class TrainStep:
     def update(self) -> Tensor:
         """All parameters' change since the seed, flattened on the CPU."""
         return torch.cat(
-            [(p.detach().float().cpu() - p0.float()).flatten() for p, p0 in zip(self.model.parameters(), self.initial_params, strict=True)]
+            [(p.detach().float().cpu() - p0.float()).flatten()
+             for p, p0 in zip(self.model.parameters(), self.initial_params, strict=True)]
         )
 
 

@@ -75,7 +75,7 @@ def traced_or_failure(job: TraceJob) -> TraceReport | Failure:
     """The report, or the failure with its class, as a candidate's would be recorded."""
     try:
         return trace_candidate(job)
-    except Exception as exc:  # noqa: BLE001 - the failure is reported with its class, never swallowed
+    except Exception as exc:
         return classify(exc, job.candidate.device)
 
 

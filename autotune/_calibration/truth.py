@@ -48,7 +48,7 @@ class Truth:
     candidates: Mapping[Candidate, CandidateTruth]
     #: step-time factor of each variant setting, e.g. ``{"fused-optimizer": 0.9}`` (10% faster); default 1
     variant_factors: Mapping[str, float] = field(default_factory=dict)
-    facts: Facts = Facts(image_inputs=False, default_optimizer=True)
+    facts: Facts = field(default_factory=lambda: Facts(image_inputs=False, default_optimizer=True))
     default_threads: int = 8
     #: log-normal sigma of every step
     noise: float = 0.03
@@ -238,4 +238,6 @@ def truth_from_record(measured: FamilyResult, **weather: object) -> Truth:
             default_scale_skipped=numerics.default_scale_skipped if numerics is not None else None,
         )
     return Truth(name=measured.model_kind, candidates=candidates, **weather)  # type: ignore[arg-type]
-__all__ = ["CandidateTruth", "FakeClock", "Truth", "TruthLab", "simulate", "true_pick", "true_score", "truth_from_record"]
+__all__ = [
+    "CandidateTruth", "FakeClock", "Truth", "TruthLab", "simulate", "true_pick", "true_score", "truth_from_record",
+]

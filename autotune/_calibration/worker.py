@@ -6,36 +6,35 @@ is ``python -m autotune._calibration.child``; the host sends it one :class:`Job`
 protocol events back. Results stream per candidate, so a native crash (SIGABRT from an MPS assertion, a
 segfault), a hang or an OOM loses only the candidate in flight: it is recorded with its class and a fresh
 worker measures the rest of that family and the families after it. The host kills the worker's process
-group on any exception (``KeyboardInterrupt`` included) before the calibration lock is released. This
-module handles processes only; what the worker measures is ``session``'s business.
+group on any exception (``KeyboardInterrupt`` included) before the calibration lock is released. The OS
+process itself is ``process``'s business, what the worker measures ``session``'s.
 """
 
 from __future__ import annotations
 
-import collections
-import contextlib
 import datetime as dt
 import logging
 import os
-import queue
-import signal
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from types import TracebackType
-from typing import TextIO
 
 import torch
-from pydantic import ValidationError
 
 from autotune import _fp32
 from autotune._calibration.child import calibrate
 from autotune._calibration.plan import BASELINE
+from autotune._calibration.process import Attempt, Process, Progress, record
 from autotune._calibration.protocol import (
-    EVENT, Begin, CalibrationSettings, Done, Failed, FamilyRef, Job, Planned, Ready, TraceJob, Traced,
+    CalibrationSettings,
+    Done,
+    Failed,
+    FamilyRef,
+    Job,
+    Planned,
+    Traced,
+    TraceJob,
 )
 from autotune._calibration.setup import unverified, warm_process
 from autotune._errors import CalibrationError, TraceError
@@ -45,109 +44,13 @@ from autotune._version import __version__
 
 log = logging.getLogger("autotune")
 
-Progress = Callable[[Candidate | None, float], None]
-Event = Planned | Begin | Failed | Done | Traced
-
-#: the worker imports torch before its first word; allow a slow disk that long whatever the candidate timeout
-STARTUP_TIMEOUT_S = 120.0
-
-
-@dataclass
-class _Attempt:
-    """One job in one worker process: its events, how it ended, and the candidate it was busy with."""
-
-    events: list[Event] = field(default_factory=list)
-    in_flight: Candidate | None = None
-    ended: Failure | None = None
-
-
-class _Process:
-    """A running worker process: its protocol lines, its stderr tail, when it started and was ready."""
-
-    def __init__(self, proc: subprocess.Popen[str]) -> None:
-        self.proc = proc
-        self.lines: queue.Queue[str | None] = queue.Queue()
-        self.stderr_tail: collections.deque[str] = collections.deque(maxlen=20)
-        self.launched = time.perf_counter()
-        self.ready_at: float | None = None
-        self.threads = [
-            threading.Thread(target=_pump, args=(proc.stdout, self.lines.put, lambda: self.lines.put(None)),
-                             daemon=True),
-            threading.Thread(target=_pump, args=(proc.stderr, self.stderr_tail.append, lambda: None), daemon=True),
-        ]
-        for thread in self.threads:
-            thread.start()
-
-    def run(self, job: Job | TraceJob, attempt: _Attempt, timeout_s: float, progress: Progress | None,
-            until: tuple[type[Event], ...] = (Done,)) -> bool:
-        """Send ``job`` and record its events up to one of ``until``; True when the worker is still alive."""
-        try:
-            assert self.proc.stdin is not None  # noqa: S101 - always a pipe
-            self.proc.stdin.write(job.model_dump_json() + "\n")
-            self.proc.stdin.flush()
-        except OSError:
-            pass  # the worker died; its exit status says why
-        last_event = time.monotonic()
-        while True:
-            limit = timeout_s if self.ready_at is not None else max(timeout_s, STARTUP_TIMEOUT_S)
-            try:
-                line = self.lines.get(timeout=max(0.0, limit - (time.monotonic() - last_event)))
-            except queue.Empty:
-                silent = time.monotonic() - last_event
-                self.kill()
-                what = attempt.in_flight.label if attempt.in_flight else "the worker"
-                attempt.ended = Failure(kind="timeout", detail=f"{what} made no progress for {silent:.0f} s; killed")
-                break
-            if line is None:
-                break
-            last_event = time.monotonic()
-            try:
-                event = EVENT.validate_json(line)
-            except ValidationError:
-                log.debug("worker wrote a non-protocol line: %r", line[:200])
-                continue
-            if isinstance(event, Ready):
-                self.ready_at = time.perf_counter()
-                continue
-            _record(event, attempt, progress)
-            if isinstance(event, until):
-                return True
-        returncode = self.proc.wait()
-        for thread in self.threads:
-            thread.join(timeout=5)
-        for tail in self.stderr_tail:
-            log.debug("worker: %s", tail.rstrip())
-        if attempt.ended is None and returncode != 0:  # used only if a candidate was in flight
-            attempt.ended = _crash_failure(returncode, list(self.stderr_tail))
-        return False
-
-    def kill(self) -> None:
-        """SIGKILL the worker's process group: the worker and anything it started."""
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            if os.name == "posix":
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            else:
-                self.proc.kill()
-        self.proc.wait()
-
-    def close(self) -> None:
-        """No more jobs: the worker exits by itself when its stdin closes; killed if it does not."""
-        with contextlib.suppress(OSError):
-            if self.proc.stdin is not None:
-                self.proc.stdin.close()
-        try:
-            self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            self.kill()
-
-
 class Worker:
     """The worker of one calibration: ``start()`` it early, ``run_family`` for each family, then close."""
 
     def __init__(self, *, isolation: str, timeout_s: float) -> None:
         self.isolation = isolation
         self.timeout_s = timeout_s
-        self._process: _Process | None = None
+        self._process: Process | None = None
         self._warm = False
         self.start_failure: Failure | None = None
         #: worker processes started so far: 1 for a calibration without crashes
@@ -180,7 +83,7 @@ class Worker:
                 "AUTOTUNE_ISOLATION=inprocess"))
             return
         self.start_failure = None
-        self._process = _Process(proc)
+        self._process = Process(proc)
         self.starts += 1
 
     @property
@@ -193,7 +96,9 @@ class Worker:
             self._process.close()
             self._process = None
 
-    def run_family(self, family: Family, settings: CalibrationSettings, progress: Progress | None = None) -> FamilyResult:
+    def run_family(
+        self, family: Family, settings: CalibrationSettings, progress: Progress | None = None
+    ) -> FamilyResult:
         """Calibrate ``family``, restarting the worker after each crash, until every candidate has an answer."""
         started = time.perf_counter()
         planned: list[Candidate] | None = None
@@ -208,7 +113,7 @@ class Worker:
                 for candidate in remaining:
                     failed[candidate] = CandidateResult(candidate=candidate, failure=unverified(reference.failure))
                 break
-            attempt = _Attempt()
+            attempt = Attempt()
             answered = len(failed)
             job = Job(family=FamilyRef(name=family.name, ref=family.ref), candidates=remaining, settings=settings,
                       fp32=_fp32.current(), threads=torch.get_num_threads(), sys_path=[p for p in sys.path if p])
@@ -223,7 +128,8 @@ class Worker:
                     done = event
             if done is None:
                 if planned is None:
-                    raise CalibrationError(family.name, [("worker", attempt.ended.detail if attempt.ended else "no answer")])
+                    why = attempt.ended.detail if attempt.ended else "no answer"
+                    raise CalibrationError(family.name, [("worker", why)])
                 if attempt.in_flight is not None and attempt.in_flight not in failed:
                     ended = attempt.ended or Failure(kind="crashed", detail="the worker stopped without a result")
                     failed[attempt.in_flight] = CandidateResult(candidate=attempt.in_flight, failure=ended)
@@ -258,7 +164,7 @@ class Worker:
             if isinstance(outcome, TraceReport):
                 return outcome
             raise TraceError(job.family.name, job.candidate.label, outcome.kind, outcome.detail)
-        attempt = _Attempt()
+        attempt = Attempt()
         self.start()
         process = self._process
         if process is None:
@@ -278,7 +184,7 @@ class Worker:
         failure = failed or attempt.ended or Failure(kind="crashed", detail="the worker stopped without a result")
         raise TraceError(job.family.name, job.candidate.label, failure.kind, failure.detail)
 
-    def _attempt(self, job: Job, attempt: _Attempt, progress: Progress | None, *, since: float) -> float:
+    def _attempt(self, job: Job, attempt: Attempt, progress: Progress | None, *, since: float) -> float:
         """Run ``job`` once; returns how long this family waited for a worker to start."""
         if self.isolation == "inprocess":
             waited = 0.0
@@ -288,7 +194,7 @@ class Worker:
                 self._warm = True
                 waited = time.perf_counter() - warm_started
             with _fp32.preserved():  # candidates switch the host's own settings: put them back
-                calibrate(job, lambda event: _record(event, attempt, progress), discard_on_device_error=False)
+                calibrate(job, lambda event: record(event, attempt, progress), discard_on_device_error=False)
             return waited
         self.start()
         process = self._process
@@ -307,37 +213,4 @@ class Worker:
         return max(0.0, ready_at - max(process.launched, since))
 
 
-def _record(event: Event, attempt: _Attempt, progress: Progress | None) -> None:
-    attempt.events.append(event)
-    if isinstance(event, Begin):
-        attempt.in_flight = event.candidate
-        if progress is not None:
-            progress(event.candidate, event.fraction)
-    elif isinstance(event, (Failed, Done)):
-        attempt.in_flight = None
-        if isinstance(event, Done) and progress is not None:
-            progress(None, 1.0)
-
-
-def _pump(stream: TextIO | None, sink: Callable[[str], object], at_end: Callable[[], object]) -> None:
-    if stream is not None:
-        for line in stream:
-            sink(line)
-    at_end()
-
-
-def _crash_failure(returncode: int, stderr_tail: list[str]) -> Failure:
-    last = next((line.strip() for line in reversed(stderr_tail) if line.strip()), "")
-    if returncode < 0:
-        try:
-            name = signal.Signals(-returncode).name
-        except ValueError:
-            name = f"signal {-returncode}"
-        detail = f"{name}" + (f": {last[:200]}" if last else "")
-        return Failure(kind="crashed", detail=detail)
-    if "out of memory" in last.lower() or "MemoryError" in last:
-        return Failure(kind="oom", detail=last[:300])
-    return Failure(kind="crashed", detail=f"worker exited with status {returncode}" + (f": {last[:200]}" if last else ""))
-
-
-__all__ = ["STARTUP_TIMEOUT_S", "Worker"]
+__all__ = ["Worker"]

@@ -14,7 +14,7 @@ import warnings
 import torch
 
 from autotune._models import Precision
-from autotune.backends import Accelerator, Backend
+from autotune.backends.api import Accelerator, Backend
 
 _ISA_FLAGS = (
     "sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16",

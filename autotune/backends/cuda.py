@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from autotune._models import Precision
-from autotune.backends import Accelerator, Backend
+from autotune.backends.api import Accelerator, Backend
 
 _PROC_DRIVER = "/proc/driver/nvidia"
 #: where the amdgpu kernel driver describes each GPU (Linux), readable without initialising HIP
@@ -225,7 +225,8 @@ class CudaBackend(Backend):
                     f"{props.multi_processor_count} CUs")
         major, minor = props.major, props.minor
         native = "native bf16" if major >= 8 else "bf16 emulated"
-        return f"{props.name}, compute capability {major}.{minor} ({native}), {memory}, {props.multi_processor_count} SMs"
+        sms = props.multi_processor_count
+        return f"{props.name}, compute capability {major}.{minor} ({native}), {memory}, {sms} SMs"
 
     def synchronize(self, device: str) -> None:
         torch.cuda.synchronize(torch.device(device))

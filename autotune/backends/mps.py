@@ -9,7 +9,7 @@ import sys
 import torch
 
 from autotune._models import Precision
-from autotune.backends import Accelerator, Backend
+from autotune.backends.api import Accelerator, Backend
 from autotune.backends.cpu import cpu_brand
 
 FALLBACK_VAR = "PYTORCH_ENABLE_MPS_FALLBACK"
@@ -40,7 +40,8 @@ class MpsBackend(Backend):
         if not torch.backends.mps.is_built():
             return "this torch build has no MPS support"
         if not torch.backends.mps.is_available():
-            return f"MPS is built but not available on macOS {platform.mac_ver()[0]} (needs 12.3+ and Apple Silicon or AMD GPU)"
+            return (f"MPS is built but not available on macOS {platform.mac_ver()[0]} "
+                    "(needs 12.3+ and Apple Silicon or AMD GPU)")
         return None
 
     def devices(self) -> list[str]:
@@ -72,7 +73,8 @@ class MpsBackend(Backend):
         self._track_peak()
 
     def peak_memory_bytes(self, device: str) -> int | None:
-        """The largest driver allocation over the steps since the last reset (``driver_allocated_memory`` is current)."""
+        """The largest driver allocation over the steps since the last reset
+        (``driver_allocated_memory`` is the current one)."""
         self._track_peak()
         return self._peak_bytes
 

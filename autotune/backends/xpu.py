@@ -14,8 +14,7 @@ import sys
 import torch
 
 from autotune._models import Precision
-from autotune.backends import Accelerator, Backend
-
+from autotune.backends.api import Accelerator, Backend
 
 
 def _compiled() -> bool:

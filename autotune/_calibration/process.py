@@ -1,0 +1,161 @@
+"""The worker process seen from the host: spawn it, send it a request, read its events, kill it.
+
+Its own process group (a new session on POSIX, a new process group on Windows), so a timeout kills the
+worker and anything it started. Events arrive on a reader thread; the host waits with a timeout since the
+last event, so a hung candidate is killed and recorded as ``timeout``; a worker that dies is classified from
+its exit status and the tail of its stderr (signal, OOM, exit status).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import os
+import queue
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TextIO
+
+from pydantic import ValidationError
+
+from autotune._calibration.protocol import EVENT, Begin, Done, Failed, Job, Planned, Ready, Traced, TraceJob
+from autotune._models import Candidate, Failure
+
+log = logging.getLogger("autotune")
+
+Progress = Callable[[Candidate | None, float], None]
+Event = Planned | Begin | Failed | Done | Traced
+
+#: the worker imports torch before its first word; allow a slow disk that long whatever the candidate timeout
+STARTUP_TIMEOUT_S = 120.0
+
+
+@dataclass
+class Attempt:
+    """One job in one worker process: its events, how it ended, and the candidate it was busy with."""
+
+    events: list[Event] = field(default_factory=list)
+    in_flight: Candidate | None = None
+    ended: Failure | None = None
+
+
+class Process:
+    """A running worker process: its protocol lines, its stderr tail, when it started and was ready."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        self.proc = proc
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        self.stderr_tail: collections.deque[str] = collections.deque(maxlen=20)
+        self.launched = time.perf_counter()
+        self.ready_at: float | None = None
+        self.threads = [
+            threading.Thread(target=_pump, args=(proc.stdout, self.lines.put, lambda: self.lines.put(None)),
+                             daemon=True),
+            threading.Thread(target=_pump, args=(proc.stderr, self.stderr_tail.append, lambda: None), daemon=True),
+        ]
+        for thread in self.threads:
+            thread.start()
+
+    def run(self, job: Job | TraceJob, attempt: Attempt, timeout_s: float, progress: Progress | None,
+            until: tuple[type[Event], ...] = (Done,)) -> bool:
+        """Send ``job`` and record its events up to one of ``until``; True when the worker is still alive."""
+        try:
+            assert self.proc.stdin is not None
+            self.proc.stdin.write(job.model_dump_json() + "\n")
+            self.proc.stdin.flush()
+        except OSError:
+            pass  # the worker died; its exit status says why
+        last_event = time.monotonic()
+        while True:
+            limit = timeout_s if self.ready_at is not None else max(timeout_s, STARTUP_TIMEOUT_S)
+            try:
+                line = self.lines.get(timeout=max(0.0, limit - (time.monotonic() - last_event)))
+            except queue.Empty:
+                silent = time.monotonic() - last_event
+                self.kill()
+                what = attempt.in_flight.label if attempt.in_flight else "the worker"
+                attempt.ended = Failure(kind="timeout", detail=f"{what} made no progress for {silent:.0f} s; killed")
+                break
+            if line is None:
+                break
+            last_event = time.monotonic()
+            try:
+                event = EVENT.validate_json(line)
+            except ValidationError:
+                log.debug("worker wrote a non-protocol line: %r", line[:200])
+                continue
+            if isinstance(event, Ready):
+                self.ready_at = time.perf_counter()
+                continue
+            record(event, attempt, progress)
+            if isinstance(event, until):
+                return True
+        returncode = self.proc.wait()
+        for thread in self.threads:
+            thread.join(timeout=5)
+        for tail in self.stderr_tail:
+            log.debug("worker: %s", tail.rstrip())
+        if attempt.ended is None and returncode != 0:  # used only if a candidate was in flight
+            attempt.ended = _crash_failure(returncode, list(self.stderr_tail))
+        return False
+
+    def kill(self) -> None:
+        """SIGKILL the worker's process group: the worker and anything it started."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            if os.name == "posix":
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            else:
+                self.proc.kill()
+        self.proc.wait()
+
+    def close(self) -> None:
+        """No more jobs: the worker exits by itself when its stdin closes; killed if it does not."""
+        with contextlib.suppress(OSError):
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+
+def record(event: Event, attempt: Attempt, progress: Progress | None) -> None:
+    attempt.events.append(event)
+    if isinstance(event, Begin):
+        attempt.in_flight = event.candidate
+        if progress is not None:
+            progress(event.candidate, event.fraction)
+    elif isinstance(event, (Failed, Done)):
+        attempt.in_flight = None
+        if isinstance(event, Done) and progress is not None:
+            progress(None, 1.0)
+
+
+def _pump(stream: TextIO | None, sink: Callable[[str], object], at_end: Callable[[], object]) -> None:
+    if stream is not None:
+        for line in stream:
+            sink(line)
+    at_end()
+
+
+def _crash_failure(returncode: int, stderr_tail: list[str]) -> Failure:
+    last = next((line.strip() for line in reversed(stderr_tail) if line.strip()), "")
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        detail = f"{name}" + (f": {last[:200]}" if last else "")
+        return Failure(kind="crashed", detail=detail)
+    if "out of memory" in last.lower() or "MemoryError" in last:
+        return Failure(kind="oom", detail=last[:300])
+    detail = f"worker exited with status {returncode}" + (f": {last[:200]}" if last else "")
+    return Failure(kind="crashed", detail=detail)
+
+
+__all__ = ["STARTUP_TIMEOUT_S", "Event", "Process", "Progress", "record"]

@@ -1,0 +1,66 @@
+"""The interface every backend implements (platformdirs' ``api.py`` pattern): backend modules import
+this, never the package, so nothing imports back up."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import ClassVar
+
+import torch
+
+from autotune._models import Precision, Record
+
+
+class Accelerator(Record):
+    """What the host can see of an accelerator without initialising it, e.g. ``name='NVIDIA H200'``."""
+
+    backend: str
+    name: str
+    driver: str | None = None
+
+
+class Backend(ABC):
+    """Availability, devices, precisions worth trying, synchronisation and OOM detection for one backend."""
+
+    name: ClassVar[str]
+    #: torch's device type for ``torch.autocast`` / ``torch.amp.GradScaler``
+    device_type: ClassVar[str]
+
+    @abstractmethod
+    def host_accelerators(self) -> list[Accelerator]:
+        """Cheap, side-effect-free facts for the fingerprint; must not initialise the device."""
+
+    @abstractmethod
+    def unusable_reason(self) -> str | None:
+        """None when this backend can run candidates here; otherwise why not, in plain words."""
+
+    @abstractmethod
+    def devices(self) -> list[str]:
+        """Device strings, one candidate each, e.g. ``['cuda:0', 'cuda:1']``."""
+
+    @abstractmethod
+    def precisions(self, device: str) -> list[Precision]:
+        """The precisions worth measuring on ``device``; facts propose, measurement decides."""
+
+    @abstractmethod
+    def device_name(self, device: str) -> str:
+        """Human name, e.g. ``'NVIDIA GeForce RTX 3090'``."""
+
+    def synchronize(self, device: str) -> None:  # noqa: B027 - a default: the CPU has nothing to wait for
+        """Wait for queued work; a no-op on the CPU."""
+
+    def reset_peak_memory(self, device: str) -> None:  # noqa: B027 - a default: not every backend tracks one
+        """Start a new peak-memory window where the backend tracks one."""
+
+    def peak_memory_bytes(self, device: str) -> int | None:
+        return None
+
+    def is_oom(self, exc: BaseException) -> bool:
+        if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
+            return True
+        # The CPU allocator reports exhaustion as a plain RuntimeError ("DefaultCPUAllocator: can't allocate").
+        text = str(exc).lower()
+        return isinstance(exc, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)
+
+
+__all__ = ["Accelerator", "Backend"]
