@@ -27,6 +27,9 @@ class CalibrationSettings(_Message):
     seed: int = 0
     #: the first steps of every candidate, checked against the fp32 CPU reference; they also warm it up
     verify_steps: int = 8
+    #: ... and of a variant (layout, optimizer kernels, threads) of a verified precision: the same math, and
+    #: its set-up is the main fixed cost of the later search stages
+    variant_verify_steps: int = 4
     #: False runs the same steps unchecked: only benchmarks/overheads.py uses it, to price the numerics gate
     verify: bool = True
     #: a first step this many times slower than the same device's best first step stops the candidate

@@ -139,7 +139,9 @@ class TorchLab:
         """The verification window, which doubles as warm-up; stops a pathologically slow candidate early."""
         trajectory = Trajectory()
         candidate = step.candidate
-        for index in range(self.settings.verify_steps):
+        is_reference = self.reference is None and candidate == BASELINE
+        steps = self.settings.verify_steps if candidate == candidate.base else self.settings.variant_verify_steps
+        for index in range(steps):
             started = time.perf_counter()
             if self.settings.verify:
                 loss, grad_norm, skipped = step.run_checked()
@@ -149,6 +151,8 @@ class TorchLab:
             else:
                 step.run()
             elapsed = time.perf_counter() - started
+            if self.settings.verify and is_reference and index + 1 == self.settings.variant_verify_steps:
+                trajectory.early_updates[index + 1] = step.update()
             trajectory.step_s.append(elapsed)
             best_first_s, best = self.best_first.get(candidate.device, (float("inf"), candidate))
             if index == 0 and not candidate.compiled and elapsed > max(

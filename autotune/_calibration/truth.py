@@ -120,10 +120,10 @@ class _FakeStep:
 class TruthLab:
     """The lab the session asks to set candidates up; here it answers from the truth, on the fake clock."""
 
-    def __init__(self, truth: Truth, weather: _Weather, verify_steps: int) -> None:
+    def __init__(self, truth: Truth, weather: _Weather, settings: CalibrationSettings) -> None:
         self.truth = truth
         self.weather = weather
-        self.verify_steps = verify_steps
+        self.settings = settings
         self.default_threads = truth.default_threads
 
     def set_up(self, candidate: Candidate) -> Prepared:
@@ -137,12 +137,14 @@ class TruthLab:
         step = _FakeStep(self.truth.step_ms(candidate) / 1000, candidate.device, self.weather)
         recent_s = []
         self.weather.in_setup = True
-        for _ in range(self.verify_steps):
+        verify_steps = (self.settings.verify_steps if candidate == candidate.base
+                        else self.settings.variant_verify_steps)
+        for _ in range(verify_steps):
             started = clock.now
             step.run()
             recent_s.append(clock.now - started)
         self.weather.in_setup = False
-        numerics = Numerics(losses=[1.0] * self.verify_steps, grad_norms=[1.0] * self.verify_steps, loss_error=0.0,
+        numerics = Numerics(losses=[1.0] * verify_steps, grad_norms=[1.0] * verify_steps, loss_error=0.0,
                             grad_error=0.0, update_cosine=1.0, tolerance=0.05, init_scale=truth.init_scale,
                             default_scale_skipped=truth.default_scale_skipped)
         result = CandidateResult(candidate=candidate, setup_s=truth.setup_s + recent_s[0],
@@ -157,7 +159,7 @@ def simulate(truth: Truth, seed: int, settings: CalibrationSettings | None = Non
     rng = random.Random(seed)
     clock = FakeClock()
     weather = _Weather(truth, clock, rng)
-    lab = TruthLab(truth, weather, settings.verify_steps)
+    lab = TruthLab(truth, weather, settings)
     events: list[object] = []
     session = Session(lab, settings, events.append, clock=clock,
                       control=_FakeStep(CONTROL_MS / 1000, "cpu", _ControlWeather(weather)),

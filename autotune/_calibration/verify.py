@@ -53,6 +53,8 @@ class Trajectory:
     skipped: list[bool] = field(default_factory=list)
     step_s: list[float] = field(default_factory=list)
     update: Tensor | None = None
+    #: the reference's update after fewer steps, for candidates verified over a shorter window (variants)
+    early_updates: dict[int, Tensor] = field(default_factory=dict)
 
     @property
     def skipped_steps(self) -> int:
@@ -75,8 +77,9 @@ def compare(
     grad_floor = 1e-3 * max(reference.grad_norms, default=1.0)
     grad_error = _max_relative(trajectory.grad_norms, reference.grad_norms, grad_floor)
     cosine = 1.0
-    if trajectory.update is not None and reference.update is not None:
-        cosine = float(torch.nn.functional.cosine_similarity(trajectory.update, reference.update, dim=0))
+    reference_update = reference.early_updates.get(len(trajectory.losses), reference.update)
+    if trajectory.update is not None and reference_update is not None:
+        cosine = float(torch.nn.functional.cosine_similarity(trajectory.update, reference_update, dim=0))
     numerics = Numerics(
         losses=trajectory.losses,
         grad_norms=trajectory.grad_norms,
