@@ -27,7 +27,7 @@ from autotune._calibration.truth import CandidateTruth, Truth, simulate, true_pi
 from autotune._decide import decide
 from autotune._models import Candidate, Failure
 from autotune._rules import complexity
-from autotune._store import Store, StoreFile
+from autotune._store import StoreFile
 
 MACHINES = Path(__file__).parent.parent / "fixtures" / "machines"
 CPU_THREADS = {"1 thread": 3.0, "4 threads": 1.5}  # an 8-thread CPU: fewer threads are slower
@@ -70,8 +70,7 @@ def scenarios() -> dict[str, tuple[Truth, int | None]]:
         "fused_optimizer_2pct": (gpu_family("f", 20.0, 10.0, fused=0.98), None),
     }
     for path in sorted(MACHINES.glob("*.json")):
-        stored = Store(MACHINES)._read(path)
-        assert isinstance(stored, StoreFile)
+        stored = StoreFile.model_validate_json(path.read_bytes())
         for kind, measured in stored.families.items():
             found[f"{path.stem}/{kind}"] = (truth_from_record(measured, default_threads=8), None)
             if kind == "detector":
