@@ -111,3 +111,28 @@ def test_a_real_family_whose_fp32_steps_are_10x_slower_trains_in_mixed_precision
     config = autotune.best_config("tensor_core_like")
     assert config.precision in ("bf16-mixed", "fp16-mixed"), config.reason
     assert "fp32" in config.reason and "slower" in config.reason
+
+
+def test_dropped_candidates_are_released_before_the_next_stage() -> None:
+    from autotune._calibration.protocol import CalibrationSettings
+    from autotune._calibration.session import Session
+    from autotune._calibration.truth import CONTROL_MS, FakeClock, TruthLab, _FakeStep, _Weather
+
+    class RecordingLab(TruthLab):
+        released: list[Candidate] = []
+
+        def release(self, candidates: list[Candidate]) -> None:
+            self.released += candidates
+
+    truth = gpu_machine(51.0, 5.9)
+    clock = FakeClock()
+    weather = _Weather(truth, clock, __import__("random").Random(0))
+    lab = RecordingLab(truth, weather, CalibrationSettings())
+    session = Session(lab, CalibrationSettings(), lambda event: None, clock=clock,
+                      control=_FakeStep(CONTROL_MS / 1000, "cpu", weather), settle=lambda s: None,
+                      discard_on_device_error=False)
+    session.run(list(truth.candidates), staged=True, backend_notes={})
+    dropped = [c for c, r in session.results.items() if r.timing is not None and r.timing.dropped is not None]
+    assert _c("cuda:0", "fp32") in dropped
+    assert set(dropped) <= set(lab.released)
+    assert not set(dropped) & set(session.ready)

@@ -35,6 +35,9 @@ class Lab(Protocol):
     def set_up(self, candidate: Candidate) -> Prepared:
         """Build and verify ``candidate``; raise CandidateFailed when it cannot be used."""
 
+    def release(self, candidates: list[Candidate]) -> None:
+        """Free what the lab holds for ``candidates`` (no longer timed): memory for the ones still to come."""
+
 
 def _device(candidate: Candidate) -> str:
     return candidate.device
@@ -65,7 +68,9 @@ class Session:
         stages = 3 if staged and self.settings.search != "precision" else 1
         span = 0.8 / stages  # progress: the stages share 80%, the final comparison the rest
         self.emit(Planned(candidates=candidates, stage=1, backend_notes=backend_notes))
-        alive = self._time(self.set_up(candidates, (0.0, 0.5 * span)), 1, (0.5 * span, span))
+        ready = self.set_up(candidates, (0.0, 0.5 * span))
+        alive = self._time(ready, 1, (0.5 * span, span))
+        self._release(set(ready) - set(alive))
         for stage in range(2, stages + 1):
             if self.poisoned:
                 return
@@ -82,6 +87,7 @@ class Session:
                 timed = self._time([*leaders, *tried], stage, (lo + 0.5 * span, lo + span))
                 dropped = {c for c in [*leaders, *tried] if c not in timed}
                 alive = [c for c in alive if c not in dropped] + [c for c in tried if c not in dropped]
+                self._release(dropped)
         if self.poisoned:
             return
         self._final(alive)
@@ -180,6 +186,14 @@ class Session:
             if timing is not None:
                 self.results[candidate] = self.results[candidate].model_copy(
                     update={"timing": timing.model_copy(update={"final": True})})
+
+    def _release(self, dropped: set[Candidate]) -> None:
+        """A dropped candidate is never timed again: free its model and optimizer before the next set-ups."""
+        if not dropped:
+            return
+        for candidate in dropped:
+            self.ready.pop(candidate, None)
+        self.lab.release(sorted(dropped, key=lambda c: c.label))
 
     def _leader(self, alive: list[Candidate], device: str) -> Candidate:
         """The fastest live candidate on ``device`` among those timed last (it proposes the next variants):

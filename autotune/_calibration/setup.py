@@ -7,6 +7,7 @@ second a step, 20-48x slower). fp16 is retried at lower GradScaler scales while 
 
 from __future__ import annotations
 
+import gc
 import time
 from dataclasses import dataclass
 
@@ -16,7 +17,7 @@ from autotune import _fp32, _stats
 from autotune._calibration.measure import Steppable
 from autotune._calibration.plan import BASELINE, Facts
 from autotune._calibration.protocol import CalibrationSettings
-from autotune._calibration.step import TrainStep
+from autotune._calibration.step import TrainStep, start_device
 from autotune._calibration.verify import INIT_SCALES, Trajectory, compare
 from autotune._families import Family
 from autotune._models import Candidate, CandidateResult, Failure
@@ -84,6 +85,9 @@ class TorchLab:
         self.settings = settings
         self.reference: Trajectory | None = None
         self.best_first: dict[str, tuple[float, Candidate]] = {}
+        #: each device's start-up (context, allocator), timed once and charged to every candidate on it: the
+        #: user pays it whichever candidate they run (#16), so it must not skew a comparison between them
+        self.device_start_s: dict[str, float] = {}
         self.best_step_s = float("inf")
         self.default_threads = torch.get_num_threads()
         #: the host's fp32 settings (the worker starts with them): what mixed-precision candidates run with
@@ -92,6 +96,8 @@ class TorchLab:
     def set_up(self, candidate: Candidate) -> Prepared:
         """Build, verify (retrying lower GradScaler scales for fp16); raises CandidateFailed."""
         backend = backend_for(candidate.device)
+        if candidate.device not in self.device_start_s:
+            self.device_start_s[candidate.device] = start_device(backend, candidate.device)
         default_skipped: int | None = None
         scales = INIT_SCALES if candidate.precision == "fp16-mixed" else (None,)
         for init_scale in scales:
@@ -114,6 +120,12 @@ class TorchLab:
         facts = Facts(image_inputs=step.image_inputs, default_optimizer=step.default_optimizer)
         return Prepared(step, result, steady, facts)
 
+    def release(self, candidates: list[Candidate]) -> None:
+        """The session dropped its steps: collect them and hand the devices' cached blocks back."""
+        gc.collect()
+        for device in dict.fromkeys(c.device for c in candidates):
+            backend_for(device).release_cached_memory(device)
+
     def _result(self, step: TrainStep, backend: Backend, trajectory: Trajectory,
                 default_skipped: int | None) -> CandidateResult:
         candidate = step.candidate
@@ -127,7 +139,7 @@ class TorchLab:
         return CandidateResult(
             candidate=candidate,
             failure=None if problem is None else Failure(kind="numerics", detail=problem),
-            setup_s=step.build_s + trajectory.step_s[0],
+            setup_s=self.device_start_s[candidate.device] + step.build_s + trajectory.step_s[0],
             first_step_ms=1000 * trajectory.step_s[0],
             numerics=numerics,
             num_threads=candidate.num_threads or self.default_threads,

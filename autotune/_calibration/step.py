@@ -48,6 +48,14 @@ def threads_context(num_threads: int | None) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
+def start_device(backend: Backend, device: str) -> float:
+    """Initialise ``device`` (CUDA context, allocator, library handles) outside any step; returns seconds."""
+    started = time.perf_counter()
+    torch.empty(1, device=device)
+    backend.synchronize(device)
+    return time.perf_counter() - started
+
+
 class TrainStep:
     """Model, optimizer and GradScaler of one candidate, built from ``family`` with a fixed seed.
 
@@ -67,9 +75,7 @@ class TrainStep:
         torch.manual_seed(seed)
         workload = family.build()
         self.initial_params = [p.detach().clone() for p in workload.model.parameters()]
-        # Device initialisation happens here, outside the first step, and counts as set-up.
-        torch.empty(1, device=self.device)
-        backend.synchronize(candidate.device)
+        start_device(backend, candidate.device)  # a no-op after the device's first candidate
         self.memory_format = MEMORY_FORMATS[candidate.memory_format]
         self.model = workload.model.to(self.device, memory_format=self.memory_format)  # type: ignore[call-overload]
         self.model.train()
@@ -138,4 +144,4 @@ class TrainStep:
         )
 
 
-__all__ = ["TrainStep", "make_optimizer", "threads_context"]
+__all__ = ["TrainStep", "make_optimizer", "start_device", "threads_context"]

@@ -126,6 +126,9 @@ class TruthLab:
         self.settings = settings
         self.default_threads = truth.default_threads
 
+    def release(self, candidates: list[Candidate]) -> None:
+        """Nothing to free on a fake clock."""
+
     def set_up(self, candidate: Candidate) -> Prepared:
         truth = self.truth.candidates[candidate.base]
         clock = self.weather.clock

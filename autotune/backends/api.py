@@ -49,6 +49,9 @@ class Backend(ABC):
     def synchronize(self, device: str) -> None:  # noqa: B027 - a default: the CPU has nothing to wait for
         """Wait for queued work; a no-op on the CPU."""
 
+    def release_cached_memory(self, device: str) -> None:  # noqa: B027 - a default: the CPU has no cache
+        """Return the caching allocator's free blocks to the device, so the next candidate starts clean."""
+
     def reset_peak_memory(self, device: str) -> None:  # noqa: B027 - a default: not every backend tracks one
         """Start a new peak-memory window where the backend tracks one."""
 

@@ -231,6 +231,9 @@ class CudaBackend(Backend):
     def synchronize(self, device: str) -> None:
         torch.cuda.synchronize(torch.device(device))
 
+    def release_cached_memory(self, device: str) -> None:
+        torch.cuda.empty_cache()
+
     def reset_peak_memory(self, device: str) -> None:
         torch.cuda.reset_peak_memory_stats(torch.device(device))
 

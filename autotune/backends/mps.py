@@ -68,6 +68,9 @@ class MpsBackend(Backend):
         now = int(torch.mps.driver_allocated_memory())
         self._peak_bytes = now if self._peak_bytes is None else max(self._peak_bytes, now)
 
+    def release_cached_memory(self, device: str) -> None:
+        torch.mps.empty_cache()
+
     def reset_peak_memory(self, device: str) -> None:
         self._peak_bytes = None
         self._track_peak()

@@ -95,6 +95,9 @@ class XpuBackend(Backend):
     def synchronize(self, device: str) -> None:
         torch.xpu.synchronize(torch.device(device))
 
+    def release_cached_memory(self, device: str) -> None:
+        torch.xpu.empty_cache()
+
     def reset_peak_memory(self, device: str) -> None:
         torch.xpu.reset_peak_memory_stats(torch.device(device))
 
