@@ -21,18 +21,25 @@ from autotune._api import (
     best_config,
     calibrate,
     clear_cache,
+    export_results,
+    import_results,
     trace,
 )
+from autotune._background import CalibrationJob, start_calibration
 from autotune._config import Config
 from autotune._errors import (
     AutotuneError,
+    CalibrationCancelled,
     CalibrationError,
+    CalibrationPending,
     ConfigurationError,
     FamilyRegistrationError,
     FrameworkError,
+    ImportFileError,
     TraceError,
     UnknownFamilyError,
 )
+from autotune._exchange import use_defaults
 from autotune._families import Family, Workload, get_family, register_family
 from autotune._fingerprint import Fingerprint, fingerprint
 from autotune._models import OperatorTime, TraceReport
@@ -40,7 +47,10 @@ from autotune._version import __version__
 
 __all__ = [
     "AutotuneError",
+    "CalibrationCancelled",
     "CalibrationError",
+    "CalibrationJob",
+    "CalibrationPending",
     "CalibrationProgress",
     "CalibrationReport",
     "Config",
@@ -49,6 +59,7 @@ __all__ = [
     "FamilyRegistrationError",
     "Fingerprint",
     "FrameworkError",
+    "ImportFileError",
     "OperatorTime",
     "TraceError",
     "TraceReport",
@@ -58,8 +69,12 @@ __all__ = [
     "best_config",
     "calibrate",
     "clear_cache",
+    "export_results",
     "fingerprint",
     "get_family",
+    "import_results",
     "register_family",
+    "start_calibration",
     "trace",
+    "use_defaults",
 ]

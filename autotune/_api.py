@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from autotune import _env, _stats
+from autotune import _env, _exchange, _stats
 from autotune._config import Config
-from autotune._decide import PREFERENCES, Prefer, decide, heuristic
-from autotune._errors import CalibrationError, ConfigurationError
+from autotune._decide import PREFERENCES, Prefer, decide
+from autotune._errors import CalibrationCancelled, CalibrationError, ConfigurationError
 from autotune._families import Family, builtin_family_names, family_names, get_family
 from autotune._fingerprint import Fingerprint, fingerprint
 from autotune._freshness import (
@@ -28,10 +28,12 @@ from autotune._freshness import (
     stale_reason,
 )
 from autotune._models import Candidate, FamilyKey, FamilyResult, Record, TraceReport
+from autotune._similar import Similar, find_similar
 from autotune._store import Store, default_root
 
 if TYPE_CHECKING:
     from autotune._calibration.worker import Worker
+    from autotune._canary import CheckResult
 
 log = logging.getLogger("autotune")
 
@@ -83,49 +85,120 @@ def _validate(prefer: str, expected_steps: int | None) -> None:
 
 
 def best_config(
-    model_kind: str, *, prefer: Prefer = "auto", expected_steps: int | None = None, calibrate_on_miss: bool = True
+    model_kind: str, *, prefer: Prefer = "auto", expected_steps: int | None = None, calibrate_on_miss: bool = True,
+    wait: bool = True,
 ) -> Config:
     """The fastest correct device and precision for ``model_kind`` on this machine.
 
-    Answered from the cache when this machine (its fingerprint) has measured this family before; otherwise
-    the family is calibrated first (seconds to a minute), unless ``calibrate_on_miss=False``, which answers
-    with a ``heuristic`` Config at once. ``prefer`` is the user's choice ("auto", "gpu" or "cpu"), not a
-    backend; ``expected_steps`` makes set-up cost count for short jobs.
+    Answered from the cache when this machine (its fingerprint) has measured this family before, or from the
+    defaults layer (``AUTOTUNE_DEFAULTS``) when it holds a record of exactly this machine configuration;
+    otherwise the family is calibrated first (seconds to a minute). ``wait=False`` never measures and never
+    waits for another process's calibration: without a measurement it answers at once with a ``heuristic``
+    Config whose reason says why ("calibration running", "not measured yet") and what it is based on (a
+    record of the same hardware with other software, else fp32 on the CPU); ``calibrate_on_miss=False`` is the
+    older spelling. ``prefer`` is the user's choice ("auto", "gpu" or "cpu"), not a backend;
+    ``expected_steps`` makes set-up cost count for short jobs.
     """
     _validate(prefer, expected_steps)
     family = get_family(model_kind)
     fp = fingerprint()
     store = _store()
     forced = _env.DEVICE.get()
+    may_measure = wait and calibrate_on_miss
     # The key's parts as a plain tuple: building the FamilyKey model is left to a miss (the warm path is µs).
     key_parts = (family.ref, family.version, _env.SEARCH.get(), _env.BUDGET_S.get())
-    memo = (str(store.root), fp.digest, family.name, key_parts, prefer, expected_steps, forced,
-            store.stamp(fp.digest))
+    memo = (str(store.root), fp.digest, family.name, key_parts, prefer, expected_steps, forced, may_measure,
+            _exchange.layer_stamp(), store.stamp(fp.digest))
     cached = _decisions.get(memo)
     if cached is not None and (cached[1] is None or now_utc() < cached[1]):
         return cached[0]
     key = family_key(family)
-    stored = store.load(fp.digest)
-    measured = stored.families.get(family.name) if stored is not None else None
+    measured = _known(fp, store, family.name)
     now = now_utc()
     if measured is not None and (changed := key_change(measured, key)) is not None:
         log.info("measuring %s again: %s", family.name, changed)
         measured = None
-    if measured is None or (calibrate_on_miss and due_retries(measured, now)):
-        if not calibrate_on_miss:
-            return heuristic(family.name, "calibration was not allowed (calibrate_on_miss=False)", fp.digest)
+    if measured is None or (may_measure and due_retries(measured, now)):
+        if not may_measure:
+            why = _why_unmeasured(family.name, fp, store) if not wait else \
+                "calibration was not allowed (calibrate_on_miss=False)"
+            return fallback(family.name, fp, store, why, prefer=prefer, expected_steps=expected_steps)
         with _new_worker() as worker:
             worker.start()  # its interpreter start overlaps taking the lock
             measured = _calibrate_one(family, key, fp, store, force=False, progress=None, index=0, total=1,
                                       worker=worker)
         if measured is None:
-            return heuristic(family.name, "another process is still calibrating and the wait timed out "
-                                          f"after {_env.LOCK_TIMEOUT_S.get():.0f} s (AUTOTUNE_LOCK_TIMEOUT_S)",
-                             fp.digest)
+            return fallback(family.name, fp, store, "another process is still calibrating and the wait timed out "
+                            f"after {_env.LOCK_TIMEOUT_S.get():.0f} s (AUTOTUNE_LOCK_TIMEOUT_S)",
+                            prefer=prefer, expected_steps=expected_steps)
         memo = (*memo[:-1], store.stamp(fp.digest))
     config = decide(measured, prefer=prefer, expected_steps=expected_steps, forced_device=forced, digest=fp.digest)
+    if measured.origin is not None:
+        config = config.model_copy(update={"reason": f"{config.reason} Measured on another machine with exactly "
+                                                     f"this configuration; {measured.origin}."})
     # A transient failure's retry is due later: the memo answers until then, so a long-running app retries too.
-    _decisions[memo] = (config, fresh_until(measured) if calibrate_on_miss else None)
+    _decisions[memo] = (config, fresh_until(measured) if may_measure else None)
+    return config
+
+
+def _known(fp: Fingerprint, store: Store, kind: str) -> FamilyResult | None:
+    """This machine configuration's record of ``kind``: the user's cache first, then the defaults layer."""
+    stored = store.load(fp.digest)
+    measured = stored.families.get(kind) if stored is not None else None
+    return measured if measured is not None else _exchange.defaults_record(fp.digest, kind)
+
+
+_NOT_YET = "not measured yet; wait=False never measures"
+
+
+def _why_unmeasured(kind: str, fp: Fingerprint, store: Store) -> str:
+    """"calibration running ..." when this process's job or another process holds the family's lock."""
+    import filelock
+
+    from autotune import _background
+
+    if _background.running(kind):
+        return "calibration running in this process"
+    lock = store.calibration_lock(fp.digest, kind)
+    if lock is None:
+        return _NOT_YET
+    try:
+        lock.acquire(timeout=0)
+    except filelock.Timeout:
+        return "calibration running in another process"
+    except OSError:
+        return _NOT_YET
+    lock.release()
+    return _NOT_YET
+
+
+def fallback(kind: str, fp: Fingerprint, store: Store, why: str, *, prefer: Prefer = "auto",
+             expected_steps: int | None = None) -> Config:
+    """The best answer without a measurement of this machine configuration: the pick measured on the same
+    hardware with other software (the reason names the differences), else fp32 on the CPU."""
+    forced = _env.DEVICE.get()
+    memo = ("fallback", str(store.root), fp.digest, kind, prefer, expected_steps, forced, why,
+            _exchange.layer_stamp(), store.stamps())
+    cached = _decisions.get(memo)
+    if cached is not None:
+        return cached[0]
+    config = None
+    similar = find_similar(fp, kind, [*store.all_files(), *_exchange.defaults_files()])
+    if similar is not None and forced is None:
+        try:
+            config = decide(similar.result, prefer=prefer, expected_steps=expected_steps, digest=fp.digest)
+        except CalibrationError:
+            config = None
+        if config is not None:
+            reason = (f"No measurement of this machine configuration ({why}): using the pick measured on the "
+                      f"same hardware ({similar.then_and_now()}). There: {config.reason}")
+            config = config.model_copy(update={"source": "heuristic", "reason": reason})
+    if config is None:
+        reason = f"No measurement of this machine configuration ({why}): using fp32 on the CPU, which always trains."
+        config = Config(model_kind=kind, device="cpu", precision="fp32", source="heuristic", reason=reason,
+                        fingerprint_digest=fp.digest)
+    log.warning("%s: %s", kind, config.reason)
+    _decisions[memo] = (config, None)
     return config
 
 
@@ -142,8 +215,20 @@ def calibrate(
     measured again (``best_config`` serves them meanwhile). A candidate that timed out, crashed or ran out of
     memory more than a day ago is tried again. ``progress`` receives a :class:`CalibrationProgress` as each
     candidate starts, for a progress bar. A failure of the fp32 CPU reference raises CalibrationError (after
-    the other families) and is not stored.
+    the other families) and is not stored. To calibrate without blocking, see :func:`autotune.start_calibration`.
     """
+    return run_calibration(model_kinds, force=force, progress=progress)
+
+
+def run_calibration(
+    model_kinds: Sequence[str] | None = None,
+    *,
+    force: bool = False,
+    progress: Callable[[CalibrationProgress], None] | None = None,
+    on_worker: Callable[[Worker], None] | None = None,
+) -> CalibrationReport:
+    """``calibrate``, handing its worker to ``on_worker`` first (a background job cancels through it): a
+    cancelled worker stops the family in progress and the ones after it with :class:`CalibrationCancelled`."""
     kinds = list(model_kinds) if model_kinds is not None else builtin_family_names()
     families = [get_family(kind) for kind in kinds]  # unknown names fail before anything is measured
     forced = _env.DEVICE.get()
@@ -153,11 +238,11 @@ def calibrate(
     store = _store()
     measurements: dict[str, FamilyResult] = {}
     failed: list[CalibrationError] = []
-    stored = None if force else store.load(fp.digest)  # read once; a miss re-reads under its family's lock
     now = now_utc()
     cached: dict[str, FamilyResult] = {}
     for family in families:
-        result = stored.families.get(family.name) if stored is not None else None
+        # Read once (a miss re-reads under its family's lock); the defaults layer counts as measured here.
+        result = None if force else _known(fp, store, family.name)
         if result is None:
             continue
         # A noisy result serves best_config, but is measured again here; so is one measured for another key
@@ -168,14 +253,21 @@ def calibrate(
         else:
             log.info("measuring %s again: %s", family.name, why)
     with _new_worker() as worker:  # one worker for every family; killed on any exception
+        if on_worker is not None:
+            on_worker(worker)
         if len(cached) < len(families):
             worker.start()  # first: its interpreter start overlaps everything else
         for index, family in enumerate(families):
+            if worker.cancelled:
+                raise CalibrationCancelled(finished=list(measurements), missing=kinds[index:])
             result = cached.get(family.name)
             if result is None:
                 try:
                     result = _calibrate_one(family, family_key(family), fp, store, force=force, progress=progress,
                                             index=index, total=len(families), worker=worker)
+                except CalibrationCancelled as exc:  # nothing stored for this family; its lock is released
+                    raise CalibrationCancelled(exc.model_kind, finished=list(measurements),
+                                               missing=kinds[index:]) from None
                 except CalibrationError as exc:  # the fp32 CPU reference failed: nothing stored; the others go on
                     failed.append(exc)
             if result is not None:
@@ -340,6 +432,44 @@ def trace(model_kind: str, *, out_dir: str | Path = ".", candidate: str | None =
         return worker.run_trace(job)
 
 
+def export_results(path: str | Path, model_kinds: Iterable[str] | None = None) -> int:
+    """Write the stored results of every machine configuration (only ``model_kinds`` if given) to ``path``,
+    each with its fingerprint, for ``import_results`` or ``AUTOTUNE_DEFAULTS`` elsewhere; returns the number
+    of family records written."""
+    export = _exchange.export_results(_store(), Path(path).expanduser(), model_kinds)
+    return sum(len(f.families) for f in export.files)
+
+
+def import_results(path: str | Path) -> _exchange.ImportSummary:
+    """Merge an export file into the cache as untrusted input (size cap, schema validated, nothing executed,
+    everything checked before the first write); families measured here already are kept."""
+    _decisions.clear()
+    return _exchange.import_results(_store(), Path(path).expanduser())
+
+
+def check_cached(model_kinds: Iterable[str] | None = None) -> list[CheckResult]:
+    """The canary: re-time each measured family's pick (default: every registered kind measured here) against
+    fp32 and the runner-up; a family whose pick is no longer within the margin is calibrated again."""
+    from autotune import _canary
+
+    known = set(family_names())
+    measured = {k: r for k, r in cached_families(model_kinds, fresh_only=True).items()
+                if k in known and r.origin is None}
+    results = _canary.check(measured, fingerprint().digest)
+    stale = [r.model_kind for r in results if r.verdict == "recalibrated"]
+    if not stale:
+        return results
+    report = calibrate(stale, force=True)
+    return [r.model_copy(update={"new_pick": report.configs[r.model_kind].candidate.label})
+            if r.model_kind in report.configs else r for r in results]
+
+
+def similar_record(model_kind: str) -> Similar | None:
+    """A record of ``model_kind`` from the same hardware with other software (cache or defaults layer)."""
+    store = _store()
+    return find_similar(fingerprint(), model_kind, [*store.all_files(), *_exchange.defaults_files()])
+
+
 def cached_families(model_kinds: Iterable[str] | None = None, *, fresh_only: bool = False) -> dict[str, FamilyResult]:
     """The stored measurements of this machine, without measuring anything.
 
@@ -365,6 +495,12 @@ __all__ = [
     "cached_configs",
     "cached_families",
     "calibrate",
+    "check_cached",
     "clear_cache",
+    "export_results",
+    "fallback",
+    "import_results",
+    "run_calibration",
+    "similar_record",
     "trace",
 ]

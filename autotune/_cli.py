@@ -1,7 +1,7 @@
 """``python -m autotune``: the fingerprint, the decisions per model kind, calibration with progress.
 
 All output decisions live here; the logic is the library's. Errors become a message on stderr and an exit
-code in one place: 0 ok, 1 failure, 2 usage.
+code in one place: 0 ok, 1 failure, 2 usage, 3 ``--check`` recalibrated a family.
 """
 
 from __future__ import annotations
@@ -28,10 +28,13 @@ examples:
   python -m autotune --family mine=my_app.models:build_model   your own model kind (also --explain, --trace)
   python -m autotune --prefer gpu --steps 60   decisions for a user who chose "GPU" and a short job
   python -m autotune --doctor              GPU hardware that this torch build cannot use, and what to do
+  python -m autotune --export results.json   share or ship the results (with --family: only those kinds)
+  python -m autotune --import results.json   merge results measured elsewhere (files are checked, never run)
+  python -m autotune --check               re-time each cached pick (cheap); recalibrate if it no longer wins
   python -m autotune --clear               delete the stored measurements
 
 environment: AUTOTUNE_CACHE_DIR, AUTOTUNE_DEVICE, AUTOTUNE_ISOLATION, AUTOTUNE_CANDIDATE_TIMEOUT_S,
-AUTOTUNE_LOCK_TIMEOUT_S, AUTOTUNE_BUDGET_S, AUTOTUNE_SEARCH (see README.md)
+AUTOTUNE_LOCK_TIMEOUT_S, AUTOTUNE_BUDGET_S, AUTOTUNE_SEARCH, AUTOTUNE_DEFAULTS (see README.md)
 """
 
 
@@ -56,6 +59,12 @@ def _parser() -> argparse.ArgumentParser:
                         help="with --trace: a measured candidate instead of the pick, e.g. 'cpu fp32'")
     parser.add_argument("--prefer", choices=["auto", "gpu", "cpu"], default="auto", help="the user's device choice")
     parser.add_argument("--steps", type=int, metavar="N", help="expected training steps (short jobs count set-up)")
+    parser.add_argument("--export", metavar="FILE", help="write the stored results (with their fingerprints) to FILE")
+    parser.add_argument("--import", dest="import_file", metavar="FILE",
+                        help="merge results exported elsewhere into the cache (measured here wins)")
+    parser.add_argument("--check", action="store_true",
+                        help="re-time each cached pick against fp32 and the runner-up; recalibrate a family whose "
+                        "pick no longer wins (exit 3)")
     parser.add_argument("--clear", action="store_true", help="delete all stored measurements and exit")
     parser.add_argument("--doctor", action="store_true", help="diagnose GPUs this torch build cannot use")
     parser.add_argument("-v", "--verbose", action="store_true", help="log decisions and calibration steps")
@@ -81,6 +90,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         if args.doctor:
             return _doctor(args)
+        if args.check:
+            return _check(args)
+        if args.export:
+            kinds = [_register(value) for value in args.family] if args.family else None
+            count = autotune.export_results(args.export, kinds)
+            print(f"exported {count} record(s) to {args.export}", file=sys.stderr)
+            return 0
+        if args.import_file:
+            summary = autotune.import_results(args.import_file)
+            kept = f"; kept {len(summary.kept)} measured here" if summary.kept else ""
+            print(f"imported {len(summary.imported)} record(s) from {args.import_file}{kept}", file=sys.stderr)
+            return 0
         if args.explain:
             return _explain(_register(args.explain), recalibrate=args.recalibrate, as_json=args.json)
         if args.trace:
@@ -144,14 +165,20 @@ def _register(value: str) -> str:
 
 def _decisions(args: argparse.Namespace) -> int:
     import autotune
-    from autotune._api import cached_configs, cached_families
+    from autotune._api import cached_configs, cached_families, similar_record
     from autotune._families import builtin_family_names, family_names
 
     kinds = [_register(value) for value in args.family] if args.family else builtin_family_names()
     missing = set(kinds) - set(cached_families(kinds, fresh_only=True))
     if args.recalibrate or missing:
-        _calibrate_with_progress(kinds if args.recalibrate else [k for k in kinds if k in missing],
-                                 force=args.recalibrate)
+        measure = kinds if args.recalibrate else [k for k in kinds if k in missing]
+        before = {kind: similar for kind in measure if (similar := similar_record(kind)) is not None}
+        _calibrate_with_progress(measure, force=args.recalibrate)
+        for kind, similar in before.items():  # what changed since the same hardware was measured
+            was = _pick_words(similar.result)
+            now = _pick_words(cached_families([kind]).get(kind))
+            change = f"the pick is still {now}" if was == now else f"the pick was {was}, now {now}"
+            print(f"autotune: {kind}: {similar.then_and_now()}; {change}", file=sys.stderr)
     # Kinds registered here are decided as an app would see them; the others (an app registered and measured
     # them in its own process) from their cached measurements.
     registered = set(family_names())
@@ -274,6 +301,37 @@ def _trace(kind: str, args: argparse.Namespace) -> int:
     console.print(f"trace: {report.path}", highlight=False, soft_wrap=True)
     console.print("[dim]open it in https://ui.perfetto.dev or chrome://tracing[/dim]")
     return 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    from autotune._api import check_cached
+
+    kinds = [_register(value) for value in args.family] if args.family else None
+    results = check_cached(kinds)
+    if args.json:
+        print(json.dumps([r.model_dump(mode="json") for r in results], indent=1))
+    for r in results:
+        line = f"{r.model_kind}: {r.verdict}: {r.detail}"
+        if r.verdict == "recalibrated":
+            line += f"; recalibrated: the pick is now {r.new_pick}" if r.new_pick != r.pick else \
+                "; recalibrated: the pick is unchanged"
+        print(f"autotune: {line} ({r.wall_s:.1f} s)", file=sys.stderr if args.json else sys.stdout)
+    if not results:
+        print("autotune: nothing measured here to check", file=sys.stderr)
+    return 3 if any(r.verdict == "recalibrated" for r in results) else 0
+
+
+def _pick_words(measured: FamilyResult | None) -> str:
+    """e.g. ``'cpu bf16-mixed channels_last'``, or why there is none."""
+    import autotune
+    from autotune._decide import decide
+
+    if measured is None:
+        return "not measured"
+    try:
+        return decide(measured, digest="").candidate.label
+    except autotune.CalibrationError:
+        return "no usable candidate"
 
 
 def _outcome(result: CandidateResult) -> str:

@@ -297,12 +297,4 @@ def _unmeasured_forced(measured: FamilyResult, device: str, digest: str) -> Conf
                   reason=reason, fingerprint_digest=digest, measured_at=measured.measured_at)
 
 
-def heuristic(model_kind: str, why: str, digest: str) -> Config:
-    """The safe answer when nothing was measured: fp32 on the CPU, and the reason why."""
-    reason = f"Not measured: {why}. Using fp32 on the CPU, which always trains correctly."
-    log.warning("%s: %s", model_kind, reason)
-    return Config(model_kind=model_kind, device="cpu", precision="fp32", source="heuristic",
-                  reason=reason, fingerprint_digest=digest)
-
-
-__all__ = ["PREFERENCES", "Prefer", "clearly_faster", "decide", "finalists", "heuristic", "pick_fastest", "step_ratio"]
+__all__ = ["PREFERENCES", "Prefer", "clearly_faster", "decide", "finalists", "pick_fastest", "step_ratio"]

@@ -103,10 +103,15 @@ SEARCH: Knob[Search] = Knob(
     "precision: device x precision only; default: also memory format, optimizer and CPU threads; "
     "extended: also torch.compile (tens of seconds per candidate)",
 )
+DEFAULTS: Knob[Path | None] = Knob(
+    "AUTOTUNE_DEFAULTS", None, lambda raw: Path(raw).expanduser(), "a file path",
+    "a results file shipped with the app (python -m autotune --export): read-only, under the user's cache; "
+    "local measurements always win",
+)
 
 KNOBS: tuple[Knob[object], ...] = cast(
     "tuple[Knob[object], ...]",
-    (CACHE_DIR, DEVICE, ISOLATION, CANDIDATE_TIMEOUT_S, LOCK_TIMEOUT_S, BUDGET_S, SEARCH),
+    (CACHE_DIR, DEVICE, ISOLATION, CANDIDATE_TIMEOUT_S, LOCK_TIMEOUT_S, BUDGET_S, SEARCH, DEFAULTS),
 )
 
 __all__ = ["ISOLATIONS", "KNOBS", "SEARCHES", "Isolation", "Knob", "Search"]

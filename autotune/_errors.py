@@ -96,12 +96,58 @@ class CalibrationError(AutotuneError, RuntimeError):
         )
 
 
+class CalibrationCancelled(AutotuneError):
+    """A calibration was cancelled (``CalibrationJob.cancel()``); families finished before it stay stored."""
+
+    def __init__(self, model_kind: str | None = None, *, finished: Sequence[str] = (),
+                 missing: Sequence[str] = ()) -> None:
+        self.model_kind = model_kind
+        self.finished = list(finished)
+        self.missing = list(missing)
+        super().__init__(model_kind, self.finished, self.missing)
+
+    def __str__(self) -> str:
+        done = f"; measured and stored: {', '.join(self.finished)}" if self.finished else ""
+        rest = f"; not measured: {', '.join(self.missing)}" if self.missing else ""
+        return (f"calibration cancelled{f' during {self.model_kind}' if self.model_kind else ''}{done}{rest}. "
+                "Start it again (autotune.start_calibration) to measure the rest")
+
+
+class CalibrationPending(AutotuneError, TimeoutError):
+    """``CalibrationJob.wait(timeout)`` ran out of time; the job goes on."""
+
+    def __init__(self, kinds: Sequence[str], timeout_s: float) -> None:
+        self.kinds = list(kinds)
+        self.timeout_s = timeout_s
+        super().__init__(self.kinds, timeout_s)
+
+    def __str__(self) -> str:
+        return (f"calibration of {', '.join(self.kinds)} still running after {self.timeout_s:g} s; wait again, or "
+                "answer now with best_config(kind, wait=False)")
+
+
+class ImportFileError(AutotuneError, ValueError):
+    """A results file given to ``--import`` or ``AUTOTUNE_DEFAULTS`` cannot be used; nothing was written."""
+
+    def __init__(self, path: str, why: str) -> None:
+        self.path = path
+        self.why = why
+        super().__init__(path, why)
+
+    def __str__(self) -> str:
+        return (f"cannot use results file {self.path}: {self.why}. Nothing was imported; export it again with "
+                "`python -m autotune --export FILE` on the machine that measured it")
+
+
 __all__ = [
     "AutotuneError",
+    "CalibrationCancelled",
     "CalibrationError",
+    "CalibrationPending",
     "ConfigurationError",
     "FamilyRegistrationError",
     "FrameworkError",
+    "ImportFileError",
     "TraceError",
     "UnknownFamilyError",
 ]

@@ -195,6 +195,10 @@ class FamilyResult(Record):
         default_factory=dict, description="why a backend offered no candidate, e.g. {'cuda': 'not built'}"
     )
     search_notes: list[str] = Field(default_factory=list, description="what each search stage tried and pruned")
+    origin: str | None = Field(
+        default=None, description="measured on another machine with this fingerprint: where it came from, "
+        "e.g. 'imported from results.json on 2026-11-30'"
+    )
 
     def result(self, candidate: Candidate) -> CandidateResult | None:
         return next((r for r in self.candidates if r.candidate == candidate), None)

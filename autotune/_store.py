@@ -280,6 +280,32 @@ class Store:
             finally:
                 os.close(dir_fd)
 
+    def stamps(self) -> tuple[tuple[str, int, int], ...]:
+        """(name, mtime_ns, size) of every results file, then this process's in-memory digests: changes when any
+        of them does (memo keys)."""
+        found = []
+        with contextlib.suppress(OSError):
+            for entry in os.scandir(self.root):
+                if entry.name.endswith(".json"):
+                    with contextlib.suppress(OSError):
+                        st = entry.stat(follow_symlinks=False)
+                        found.append((entry.name, st.st_mtime_ns, st.st_size))
+        return (*sorted(found), *((d, len(f.families), 0) for d, f in sorted(self._memory.items())))
+
+    def all_files(self) -> list[StoreFile]:
+        """Every readable results file under ``root`` (every machine configuration), then this process's
+        in-memory ones that are not on disk: for export and similar-machine answers."""
+        found: dict[str, StoreFile] = {}
+        if self._root_problem() is None:
+            with contextlib.suppress(OSError):
+                for path in sorted(self.root.glob("*.json")):
+                    read = self._read(path)
+                    if isinstance(read, _Parsed):
+                        found[read.valid.fingerprint.digest] = read.valid
+        for digest, memory in self._memory.items():
+            found.setdefault(digest, memory)
+        return list(found.values())
+
     def clear(self) -> list[Path]:
         """Delete every results file (quarantined ones and last-use markers too); returns what was removed."""
         self._memory.clear()

@@ -24,7 +24,9 @@ import torch
 
 from autotune import _fp32
 from autotune._calibration.plan import plan
-from autotune._calibration.protocol import REQUEST, Begin, Done, Failed, Job, Planned, Ready, Traced, TraceJob
+from autotune._calibration.protocol import (
+    REQUEST, Begin, Checked, CheckJob, Done, Failed, Job, Planned, Ready, Traced, TraceJob,
+)
 from autotune._calibration.session import Session
 from autotune._calibration.setup import TorchLab, warm_process
 from autotune._families import Family
@@ -100,7 +102,7 @@ def main() -> int:
     faulthandler.enable()  # a segfault or abort leaves a Python traceback in stderr, which the host keeps
     _die_with_the_host(os.getppid())
 
-    def emit(event: Ready | Planned | Begin | Failed | Done | Traced) -> None:
+    def emit(event: Ready | Planned | Begin | Failed | Done | Traced | Checked) -> None:
         protocol.write(event.model_dump_json() + "\n")
 
     warm_process()
@@ -108,11 +110,15 @@ def main() -> int:
     for line in sys.stdin:
         job = REQUEST.validate_json(line)
         sys.path[:0] = [p for p in job.sys_path if p not in sys.path]
-        if isinstance(job, Job):  # a clean slate for each family, with the host's settings
+        if isinstance(job, (Job, CheckJob)):  # a clean slate for each family, with the host's settings
             torch.set_num_threads(job.threads)
         _fp32.ensure(job.fp32)
         if isinstance(job, TraceJob):
             trace(job, emit)
+        elif isinstance(job, CheckJob):
+            from autotune._calibration.check import check
+
+            check(job, emit, clock=time.perf_counter, control=Control(), settle=time.sleep)
         elif not calibrate(job, emit):
             return EXIT_DEVICE_ERROR
     return 0

@@ -23,13 +23,15 @@ from typing import TextIO
 
 from pydantic import ValidationError
 
-from autotune._calibration.protocol import EVENT, Begin, Done, Failed, Job, Planned, Ready, Traced, TraceJob
+from autotune._calibration.protocol import (
+    EVENT, Begin, Checked, CheckJob, Done, Failed, Job, Planned, Ready, Traced, TraceJob,
+)
 from autotune._models import Candidate, Failure
 
 log = logging.getLogger("autotune")
 
 Progress = Callable[[Candidate | None, float], None]
-Event = Planned | Begin | Failed | Done | Traced
+Event = Planned | Begin | Failed | Done | Traced | Checked
 
 #: the worker imports torch before its first word; allow a slow disk that long whatever the candidate timeout
 STARTUP_TIMEOUT_S = 120.0
@@ -61,7 +63,7 @@ class Process:
         for thread in self.threads:
             thread.start()
 
-    def run(self, job: Job | TraceJob, attempt: Attempt, timeout_s: float, progress: Progress | None,
+    def run(self, job: Job | TraceJob | CheckJob, attempt: Attempt, timeout_s: float, progress: Progress | None,
             until: tuple[type[Event], ...] = (Done,)) -> bool:
         """Send ``job`` and record its events up to one of ``until``; True when the worker is still alive."""
         try:

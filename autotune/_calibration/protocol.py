@@ -89,8 +89,22 @@ class TraceJob(_Message):
     sys_path: list[str]
 
 
-Request = Annotated[Job | TraceJob, Field(discriminator="kind")]
-REQUEST: TypeAdapter[Job | TraceJob] = TypeAdapter(Request)
+class CheckJob(_Message):
+    """Re-time a family's cached pick against fp32 and the runner-up for a few paired rounds (the canary)."""
+
+    kind: Literal["check"] = "check"
+    family: FamilyRef
+    #: fp32 on the CPU first (the too-slow guard compares first steps with it), then the pick and the runner-up
+    candidates: list[Candidate]
+    settings: CalibrationSettings
+    fp32: Fp32Settings
+    #: the host's torch thread count, as for a Job
+    threads: int
+    sys_path: list[str]
+
+
+Request = Annotated[Job | TraceJob | CheckJob, Field(discriminator="kind")]
+REQUEST: TypeAdapter[Job | TraceJob | CheckJob] = TypeAdapter(Request)
 
 
 class Ready(_Message):
@@ -138,10 +152,23 @@ class Traced(_Message):
     report: TraceReport
 
 
-Event = Annotated[Ready | Planned | Begin | Failed | Done | Traced, Field(discriminator="event")]
-EVENT: TypeAdapter[Ready | Planned | Begin | Failed | Done | Traced] = TypeAdapter(Event)
+class Retimed(_Message):
+    """One candidate's rounds in a check, round ``i`` of every candidate being the same round."""
+
+    candidate: Candidate
+    round_ms: list[float]
+
+
+class Checked(_Message):
+    event: Literal["checked"] = "checked"
+    series: list[Retimed]
+    noisy: bool
+
+
+Event = Annotated[Ready | Planned | Begin | Failed | Done | Traced | Checked, Field(discriminator="event")]
+EVENT: TypeAdapter[Ready | Planned | Begin | Failed | Done | Traced | Checked] = TypeAdapter(Event)
 
 __all__ = [
-    "EVENT", "REQUEST", "Begin", "CalibrationSettings", "Done", "Event", "Failed", "FamilyRef", "Job", "Planned",
-    "Ready", "Request", "TraceJob", "Traced",
+    "EVENT", "REQUEST", "Begin", "CalibrationSettings", "CheckJob", "Checked", "Done", "Event", "Failed", "FamilyRef",
+    "Job", "Planned", "Ready", "Request", "Retimed", "TraceJob", "Traced",
 ]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import threading
 import os
 import subprocess
 import sys
@@ -28,6 +29,8 @@ from autotune._calibration.plan import BASELINE
 from autotune._calibration.process import Attempt, Process, Progress, record
 from autotune._calibration.protocol import (
     CalibrationSettings,
+    Checked,
+    CheckJob,
     Done,
     Failed,
     FamilyRef,
@@ -37,7 +40,7 @@ from autotune._calibration.protocol import (
     TraceJob,
 )
 from autotune._calibration.setup import unverified, warm_process
-from autotune._errors import CalibrationError, TraceError
+from autotune._errors import CalibrationCancelled, CalibrationError, TraceError
 from autotune._families import Family
 from autotune._models import Candidate, CandidateResult, Failure, FamilyResult, TraceReport
 from autotune._version import __version__
@@ -55,6 +58,8 @@ class Worker:
         self.start_failure: Failure | None = None
         #: worker processes started so far: 1 for a calibration without crashes
         self.starts = 0
+        self._cancelled = threading.Event()
+        self._guard = threading.Lock()  # start() and cancel() from different threads
 
     def __enter__(self) -> Worker:
         return self
@@ -65,8 +70,27 @@ class Worker:
             self._process = None
         self.close()
 
+    def cancel(self) -> None:
+        """From any thread: kill the worker's process group now; the family in progress raises
+        :class:`CalibrationCancelled` and no worker starts again. In-process isolation stops between families."""
+        with self._guard:
+            self._cancelled.set()
+            process = self._process
+        if process is not None:
+            process.kill()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
     def start(self) -> None:
         """Start the worker process now, so its interpreter start overlaps the host's own work."""
+        with self._guard:
+            self._start()
+
+    def _start(self) -> None:
+        if self._cancelled.is_set():
+            raise CalibrationCancelled()
         if self.isolation == "inprocess" or self._process is not None:
             return
         try:
@@ -126,6 +150,8 @@ class Worker:
                     failed[event.result.candidate] = event.result
                 elif isinstance(event, Done):
                     done = event
+            if done is None and self._cancelled.is_set():  # killed on purpose: no candidate to blame
+                raise CalibrationCancelled(family.name)
             if done is None:
                 if planned is None:
                     why = attempt.ended.detail if attempt.ended else "no answer"
@@ -183,6 +209,34 @@ class Worker:
         failed = next((e.result.failure for e in attempt.events if isinstance(e, Failed)), None)
         failure = failed or attempt.ended or Failure(kind="crashed", detail="the worker stopped without a result")
         raise TraceError(job.family.name, job.candidate.label, failure.kind, failure.detail)
+
+    def run_check(self, job: CheckJob) -> tuple[Checked | None, list[CandidateResult], Failure | None]:
+        """Re-time the job's candidates: (their rounds or None, the candidates that failed, how the worker ended)."""
+        from autotune._calibration.check import check
+        from autotune._calibration.child import Control
+
+        attempt = Attempt()
+        if self.isolation == "inprocess":
+            with _fp32.preserved():
+                check(job, lambda event: record(event, attempt, None), clock=time.perf_counter, control=Control(),
+                      settle=time.sleep)
+        else:
+            self.start()
+            process = self._process
+            if process is None:
+                return None, [], self.start_failure
+            try:
+                if not process.run(job, attempt, self.timeout_s, None, until=(Checked,)):
+                    self._process = None
+            except BaseException:
+                process.kill()
+                self._process = None
+                raise
+        checked = next((e for e in attempt.events if isinstance(e, Checked)), None)
+        failed = [e.result for e in attempt.events if isinstance(e, Failed)]
+        if checked is None and attempt.in_flight is not None and attempt.ended is not None:
+            failed.append(CandidateResult(candidate=attempt.in_flight, failure=attempt.ended))  # took the worker down
+        return checked, failed, attempt.ended
 
     def _attempt(self, job: Job, attempt: Attempt, progress: Progress | None, *, since: float) -> float:
         """Run ``job`` once; returns how long this family waited for a worker to start."""

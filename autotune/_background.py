@@ -1,0 +1,168 @@
+"""Calibration that never blocks the app: ``start_calibration`` runs ``calibrate`` on a background thread.
+
+The job's thread drives the calibration's one worker process (``_calibration.worker``); the app keeps
+training meanwhile with ``best_config(kind, wait=False)``. ``cancel()`` kills the worker's process group at
+once: the family in progress is not stored (its lock is released by the normal ``finally`` path), the ones
+finished before stay stored, and the next job measures the rest. A job still running when the interpreter
+exits is cancelled by an ``atexit`` hook; the worker also dies with its host by itself (``PR_SET_PDEATHSIG``
+and a watchdog), so even a killed app leaves no worker behind.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from autotune._errors import CalibrationCancelled, CalibrationPending
+from autotune._families import builtin_family_names, get_family
+
+if TYPE_CHECKING:
+    from autotune._api import CalibrationProgress, CalibrationReport
+    from autotune._calibration.worker import Worker
+
+log = logging.getLogger("autotune")
+
+Listener = Callable[["CalibrationProgress"], None]
+
+
+class CalibrationJob:
+    """A calibration running on a background thread; see :func:`start_calibration`.
+
+    ``progress`` callbacks run on the job's thread (named ``autotune-calibration``), never on the app's: a GUI
+    hands the value to its own thread (e.g. a queue or ``call_soon_threadsafe``). A callback that raises is
+    logged and otherwise ignored.
+    """
+
+    def __init__(self, kinds: list[str], key: tuple[object, ...]) -> None:
+        self.kinds = kinds
+        self._key = key
+        self._listeners: list[Listener] = []
+        self._guard = threading.Lock()
+        self._finished = threading.Event()
+        self._cancelled = False
+        self._worker: Worker | None = None
+        self._report: CalibrationReport | None = None
+        self._error: BaseException | None = None
+        self._progress: CalibrationProgress | None = None
+        self._thread = threading.Thread(target=self._run, name="autotune-calibration", daemon=True)
+
+    @property
+    def progress(self) -> CalibrationProgress | None:
+        """The latest progress (None before the first candidate starts)."""
+        return self._progress
+
+    def done(self) -> bool:
+        """True once the job finished, failed or was cancelled."""
+        return self._finished.is_set()
+
+    def wait(self, timeout: float | None = None) -> CalibrationReport:
+        """The report once the job is done; raises what the calibration raised, :class:`CalibrationCancelled`
+        after ``cancel()``, or :class:`CalibrationPending` when ``timeout`` seconds pass first (the job goes on)."""
+        if not self._finished.wait(timeout):
+            raise CalibrationPending(self.kinds, timeout if timeout is not None else 0.0)
+        if self._error is not None:
+            raise self._error
+        if self._report is None:  # set whenever no error is
+            raise CalibrationCancelled(missing=self.kinds)
+        return self._report
+
+    def cancel(self) -> None:
+        """Stop now: kill the worker, keep the families already finished, release every lock. Returns at once;
+        ``wait()`` then raises :class:`CalibrationCancelled` naming what was and was not measured."""
+        with self._guard:
+            self._cancelled = True
+            worker = self._worker
+        if worker is not None:
+            worker.cancel()
+
+    def add_listener(self, listener: Listener | None) -> None:
+        if listener is not None:
+            with self._guard:
+                self._listeners.append(listener)
+
+    def _attach(self, worker: Worker) -> None:
+        with self._guard:
+            self._worker = worker
+            cancelled = self._cancelled
+        if cancelled:
+            worker.cancel()
+
+    def _on_progress(self, progress: CalibrationProgress) -> None:
+        self._progress = progress
+        with self._guard:
+            listeners = list(self._listeners)
+        for listener in listeners:
+            try:
+                listener(progress)
+            except Exception:  # an app's progress bar must not stop the calibration
+                log.exception("a calibration progress callback raised; ignoring it")
+
+    def _run(self) -> None:
+        from autotune._api import run_calibration
+
+        try:
+            if self._cancelled:
+                raise CalibrationCancelled(missing=self.kinds)
+            self._report = run_calibration(self.kinds, progress=self._on_progress, on_worker=self._attach)
+        except BaseException as exc:  # handed to wait(); the thread itself has nobody to tell
+            self._error = exc
+            if not isinstance(exc, CalibrationCancelled):
+                log.warning("background calibration of %s failed: %s", ", ".join(self.kinds), exc)
+        finally:
+            with _jobs_guard:
+                if _jobs.get(self._key) is self:
+                    del _jobs[self._key]
+            self._finished.set()
+
+
+_jobs: dict[tuple[object, ...], CalibrationJob] = {}
+_jobs_guard = threading.Lock()
+
+
+def start_calibration(
+    kinds: Sequence[str] | None = None, *, progress: Listener | None = None
+) -> CalibrationJob:
+    """Start calibrating ``kinds`` (default: the built-ins) in the background and return at once.
+
+    Families already measured are not measured again. While a job for the same kinds runs, a second call joins
+    it (its ``progress`` is added) instead of starting another. ``progress`` runs on the job's thread.
+    Meanwhile ``best_config(kind, wait=False)`` answers without blocking.
+    """
+    from autotune._fingerprint import fingerprint
+    from autotune._store import default_root
+
+    names = list(dict.fromkeys(kinds)) if kinds is not None else builtin_family_names()
+    for name in names:
+        get_family(name)  # an unknown name fails here, in the app's thread
+    key = (str(default_root()), fingerprint().digest, frozenset(names))
+    with _jobs_guard:
+        job = _jobs.get(key)
+        started = job is None
+        if job is None:
+            job = _jobs[key] = CalibrationJob(names, key)
+        job.add_listener(progress)
+    if started:
+        job._thread.start()
+    return job
+
+
+def running(kind: str) -> bool:
+    """True while a job of this process is calibrating ``kind``."""
+    with _jobs_guard:
+        return any(kind in job.kinds and not job.done() for job in _jobs.values())
+
+
+@atexit.register
+def _cancel_at_exit() -> None:
+    with _jobs_guard:
+        jobs = list(_jobs.values())
+    for job in jobs:
+        job.cancel()
+    for job in jobs:
+        job._finished.wait(timeout=5)
+
+
+__all__ = ["CalibrationJob", "running", "start_calibration"]

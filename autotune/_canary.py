@@ -1,0 +1,120 @@
+"""``python -m autotune --check``: is each cached pick still the fastest? A few paired rounds, not a calibration.
+
+The fingerprint cannot see everything that changes speed: a driver update that kept its version string,
+thermal paste drying out, a background service. For each measured family the cached pick is re-timed in the
+worker against fp32 on the CPU and the runner-up (the fastest other finalist), in interleaved rounds; when
+another of them is now faster than the pick by more than the decision margin (at the decision's confidence),
+or the pick fails, the family is calibrated again and the change reported.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from collections.abc import Sequence
+from typing import Literal
+
+import torch
+
+from autotune import _env, _fp32, _stats
+from autotune._decide import clearly_faster, decide, finalists
+from autotune._models import Candidate, CandidateResult, FamilyResult, Record, Timing
+
+log = logging.getLogger("autotune")
+
+#: the canary's share of a calibration's timing budget, and its most rounds (a look of the sequential test)
+BUDGET_SHARE = 0.1
+MAX_ROUNDS = 6
+
+
+class CheckResult(Record):
+    """One family's canary: ``verdict`` ``ok`` (the pick holds) or ``recalibrated`` (``detail`` says why)."""
+
+    model_kind: str
+    pick: str
+    against: list[str]
+    verdict: Literal["ok", "recalibrated"]
+    detail: str
+    new_pick: str | None = None
+    wall_s: float
+
+
+def _retimed(candidate: Candidate, round_ms: list[float]) -> CandidateResult:
+    timing = Timing(round_ms=round_ms, steps_per_round=1, median_ms=_stats.median(round_ms),
+                    spread=_stats.spread(round_ms), stage=0, final=True)
+    return CandidateResult(candidate=candidate, timing=timing)
+
+
+def _against(measured: FamilyResult, pick: Candidate) -> list[Candidate]:
+    from autotune._calibration.plan import BASELINE
+
+    others = sorted((r for r in finalists(measured) if r.candidate != pick and r.timing is not None),
+                    key=lambda r: r.timing.median_ms if r.timing is not None else float("inf"))
+    chosen = [BASELINE] if pick != BASELINE else []
+    if others and others[0].candidate not in chosen:
+        chosen.append(others[0].candidate)
+    return chosen
+
+
+def check(measured: dict[str, FamilyResult], digest: str) -> list[CheckResult]:
+    """Re-time each family's pick in one worker; returns a verdict per family (nothing is recalibrated here)."""
+    from autotune._api import _new_worker
+    from autotune._calibration.measure import MeasureSettings
+    from autotune._calibration.protocol import CalibrationSettings, CheckJob, FamilyRef
+    from autotune._families import get_family
+
+    # Every candidate is timed in every round: one round far behind is interference here, not evidence
+    # (a finite "never", as the settings cross the process boundary as JSON).
+    never = 1e9
+    settings = CalibrationSettings(verify=False, measure=MeasureSettings(
+        budget_s=BUDGET_SHARE * _env.BUDGET_S.get(), max_rounds=MAX_ROUNDS, far_behind=never,
+        far_behind_device=never))
+    results = []
+    with _new_worker() as worker:
+        for kind, record in measured.items():
+            started = time.perf_counter()
+            pick = decide(record, digest=digest).candidate
+            against = _against(record, pick)
+            family = get_family(kind)
+            job = CheckJob(family=FamilyRef(name=family.name, ref=family.ref), candidates=[*against[:1], pick,
+                           *against[1:]], settings=settings, fp32=_fp32.current(), threads=torch.get_num_threads(),
+                           sys_path=[p for p in sys.path if p])
+            checked, failed, ended = worker.run_check(job)
+            verdict, detail = _judge(pick, against, checked.series if checked is not None else None, failed,
+                                     ended.detail if ended is not None else None)
+            log.info("check %s: %s (%s)", kind, verdict, detail)
+            results.append(CheckResult(model_kind=kind, pick=pick.label, against=[c.label for c in against],
+                                       verdict=verdict, detail=detail, wall_s=time.perf_counter() - started))
+    return results
+
+
+def _judge(pick: Candidate, against: Sequence[Candidate], series: Sequence[object] | None,
+           failed: Sequence[CandidateResult], ended: str | None) -> tuple[Literal["ok", "recalibrated"], str]:
+    from autotune._calibration.protocol import Retimed
+
+    broken = next((r for r in failed if r.candidate == pick), None)
+    if broken is not None and broken.failure is not None:
+        return "recalibrated", f"the pick failed: {broken.failure.kind}: {broken.failure.detail}"
+    if series is None:
+        return "recalibrated", f"the check could not run: {ended or 'the worker stopped without a result'}"
+    retimed = {s.candidate: _retimed(s.candidate, s.round_ms) for s in series if isinstance(s, Retimed)}
+    mine = retimed.get(pick)
+    if mine is None:
+        return "recalibrated", "the pick was not timed"
+    words = []
+    for other in against:
+        theirs = retimed.get(other)
+        if theirs is None:
+            continue
+        estimate, low, high = _stats.ratio_interval(theirs.timing.round_ms, mine.timing.round_ms) \
+            if theirs.timing is not None and mine.timing is not None else (1.0, 0.0, float("inf"))
+        if clearly_faster(theirs, mine, None):
+            return "recalibrated", (f"{other.label} is now faster than the pick ({pick.label}): its time over the "
+                                    f"pick's {estimate:.2f}x, interval {low:.2f}-{high:.2f}")
+        words.append(f"{other.label} {estimate:.2f}x the pick's time")
+    rounds = mine.timing.n if mine.timing is not None else 0
+    return "ok", f"{pick.label} still within the margin ({'; '.join(words) or 'nothing to compare'}; {rounds} rounds)"
+
+
+__all__ = ["BUDGET_SHARE", "CheckResult", "check"]

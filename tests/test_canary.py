@@ -1,0 +1,55 @@
+"""The canary (--check): cached picks re-timed in the worker; a pick that lost or fails is recalibrated."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from samples import family, timed
+
+import autotune
+from autotune import _api
+from autotune._calibration.protocol import Retimed
+from autotune._canary import _judge
+from autotune._cli import main
+from autotune._models import Candidate, CandidateResult, Failure
+
+PICK = Candidate(device="cpu", precision="bf16-mixed")
+FP32 = Candidate(device="cpu", precision="fp32")
+
+
+def test_judge_keeps_a_pick_within_the_margin_and_flags_one_clearly_beaten() -> None:
+    same = [Retimed(candidate=PICK, round_ms=[1.0, 1.01, 0.99, 1.0]),
+            Retimed(candidate=FP32, round_ms=[1.01, 1.0, 1.0, 0.99])]
+    assert _judge(PICK, [FP32], same, [], None)[0] == "ok"
+    beaten = [Retimed(candidate=PICK, round_ms=[2.0, 2.02, 1.98, 2.0]),
+              Retimed(candidate=FP32, round_ms=[1.01, 1.0, 1.0, 0.99])]
+    verdict, detail = _judge(PICK, [FP32], beaten, [], None)
+    assert verdict == "recalibrated" and "cpu fp32 is now faster than the pick" in detail
+    crashed = [CandidateResult(candidate=PICK, failure=Failure(kind="crashed", detail="SIGABRT"))]
+    assert _judge(PICK, [FP32], None, crashed, None) == ("recalibrated", "the pick failed: crashed: SIGABRT")
+
+
+def test_check_on_a_healthy_cache_retimes_without_calibrating(tiny_family: str,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    before = autotune.calibrate([tiny_family]).measurements[tiny_family]
+    code = main(["--check", "--family", tiny_family])
+    out = capsys.readouterr().out
+    after = _api.cached_families([tiny_family])[tiny_family]
+    # A loaded 2-core runner can make a pick lose for real: then it must have been measured again.
+    assert (code, after.measured_at == before.measured_at) in ((0, True), (3, False))
+    assert f"{tiny_family}: {'ok' if code == 0 else 'recalibrated'}: " in out
+
+
+def test_a_pick_that_now_crashes_is_recalibrated_and_exit_3(isolated_autotune: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    autotune.register_family("abort_bf16", "families_for_tests:build_abort_under_bf16")
+    # Recorded when bf16 still worked (say, before a driver update that kept the fingerprint).
+    stale = family("abort_bf16", timed("cpu", "fp32", 2.0), timed("cpu", "bf16-mixed", 1.0))
+    _api._store().save(autotune.fingerprint(), stale)
+    assert main(["--check", "--family", "abort_bf16"]) == 3
+    out = capsys.readouterr().out
+    assert "the pick failed: crashed" in out and "the pick is now cpu" in out
+    now = _api.cached_families(["abort_bf16"])["abort_bf16"]
+    assert now.measured_at != stale.measured_at
+    assert autotune.best_config("abort_bf16", wait=False).precision != "bf16-mixed"

@@ -1,0 +1,154 @@
+"""Export, import (untrusted input), the read-only defaults layer and similar-machine answers."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from samples import family, timed
+
+import autotune
+from autotune import _api, _exchange
+from autotune._cli import main
+from autotune._fingerprint import Fingerprint
+from autotune._models import FamilyResult
+from autotune._store import Store
+
+
+def _measured() -> FamilyResult:
+    """Keyed for the test's settings (conftest's budget), so it serves as fresh."""
+    return family("tiny_mlp", timed("cpu", "fp32", 2.0), timed("cpu", "bf16-mixed", 1.0))
+
+
+def _other_torch(version: str = "2.12.0") -> Fingerprint:
+    here = autotune.fingerprint()
+    return Fingerprint.model_validate({**here.model_dump(exclude={"digest"}), "torch": version})
+
+
+@pytest.fixture(autouse=True)
+def _no_defaults() -> None:
+    _exchange.use_defaults(None)
+    yield
+    _exchange._override.clear()
+
+
+def _export_from(cache: Path, out: Path, fp: Fingerprint) -> None:
+    Store(cache).save(fp, _measured())
+    count = _exchange.export_results(Store(cache), out)
+    assert sum(len(f.families) for f in count.files) == 1
+
+
+def test_export_import_serves_as_measured_without_calibrating(tmp_path: Path, isolated_autotune: Path) -> None:
+    out = tmp_path / "results.json"
+    _export_from(tmp_path / "elsewhere", out, autotune.fingerprint())
+    assert main(["--import", str(out)]) == 0
+    config = autotune.best_config("tiny_mlp", wait=False)
+    assert config.source == "measured" and config.precision == "bf16-mixed"
+    assert "imported from results.json" in config.reason
+    assert autotune.best_config("tiny_mlp").measured_at == _measured().measured_at  # wait=True: still no calibration
+    summary = autotune.import_results(out)  # an imported record may be replaced by another import
+    assert len(summary.imported) == 1 and summary.kept == []
+
+
+def test_import_keeps_what_was_measured_here(tmp_path: Path, isolated_autotune: Path) -> None:
+    out = tmp_path / "results.json"
+    _export_from(tmp_path / "elsewhere", out, autotune.fingerprint())
+    mine = family("tiny_mlp", timed("cpu", "fp32", 1.0), timed("cpu", "bf16-mixed", 3.0))
+    _api._store().save(autotune.fingerprint(), mine)
+    summary = autotune.import_results(out)
+    assert summary.imported == [] and len(summary.kept) == 1
+    assert autotune.best_config("tiny_mlp", wait=False).precision == "fp32"
+
+
+def _cache_bytes(cache: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(cache.glob("*")) if p.is_file() and not p.name.endswith(".lock")}
+
+
+@pytest.mark.parametrize("bad", ["truncated", "wrong_schema", "huge", "traversal", "not_json", "missing"])
+def test_a_bad_import_file_is_one_clear_error_and_the_cache_is_untouched(
+        bad: str, tmp_path: Path, isolated_autotune: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    good = tmp_path / "good.json"
+    _export_from(tmp_path / "elsewhere", good, _other_torch())
+    _api._store().save(autotune.fingerprint(), _measured())
+    before = _cache_bytes(isolated_autotune)
+    path = tmp_path / "bad.json"
+    raw = good.read_bytes()
+    if bad == "truncated":
+        path.write_bytes(raw[: len(raw) // 2])
+    elif bad == "wrong_schema":
+        data = json.loads(raw)
+        data["files"][0]["families"]["tiny_mlp"]["candidates"] = "rm -rf /"
+        path.write_text(json.dumps(data))
+    elif bad == "huge":
+        with open(path, "wb") as f:
+            f.truncate(100 * 2**20)
+    elif bad == "traversal":
+        data = json.loads(raw)
+        record = data["files"][0]["families"].pop("tiny_mlp")
+        record["model_kind"] = "../../evil"
+        data["files"][0]["families"]["../../evil"] = record
+        path.write_text(json.dumps(data))
+    elif bad == "not_json":
+        path.write_bytes(b"\x80\x04pickle")
+    with pytest.raises(autotune.ImportFileError) as error:
+        autotune.import_results(path)
+    assert str(path) in str(error.value) and "Nothing was imported" in str(error.value)
+    assert main(["--import", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("error") == 1 and "Nothing was imported" in err
+    assert _cache_bytes(isolated_autotune) == before
+
+
+def test_defaults_layer_serves_under_local_results(tmp_path: Path, isolated_autotune: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    shipped = tmp_path / "shipped.json"
+    _export_from(tmp_path / "vendor", shipped, autotune.fingerprint())
+    _exchange._override.clear()
+    monkeypatch.setenv("AUTOTUNE_DEFAULTS", str(shipped))
+    config = autotune.best_config("tiny_mlp", wait=False)
+    assert config.source == "measured" and "shipped in shipped.json" in config.reason
+    assert autotune.calibrate(["tiny_mlp"]).measurements["tiny_mlp"].origin == "shipped in shipped.json"
+    assert list(isolated_autotune.glob("*.json")) == []  # read-only: nothing written to the user's cache
+    local = family("tiny_mlp", timed("cpu", "fp32", 1.0), timed("cpu", "bf16-mixed", 3.0))
+    _api._store().save(autotune.fingerprint(), local)
+    assert autotune.best_config("tiny_mlp", wait=False).precision == "fp32"  # local measurements win
+    autotune.use_defaults(None)
+    with pytest.raises(autotune.ImportFileError):
+        autotune.use_defaults(tmp_path / "missing.json")
+
+
+def test_same_hardware_other_torch_is_the_fallback_and_names_the_difference(isolated_autotune: Path) -> None:
+    _api._store().save(_other_torch("2.12.0"), _measured())
+    config = autotune.best_config("tiny_mlp", wait=False)
+    assert config.source == "heuristic" and config.precision == "bf16-mixed"
+    assert f"measured with torch 2.12.0; this is {autotune.fingerprint().torch}" in config.reason
+    other_cpu = Fingerprint.model_validate({**_other_torch().model_dump(exclude={"digest"}), "cpu_brand": "Other"})
+    autotune.clear_cache()
+    _api._store().save(other_cpu, _measured())
+    assert autotune.best_config("tiny_mlp", wait=False).precision == "fp32"  # other hardware: no similar answer
+
+
+def test_cli_prints_what_changed_since_the_same_hardware_was_measured(
+        isolated_autotune: Path, tiny_family: str, capsys: pytest.CaptureFixture[str]) -> None:
+    _api._store().save(_other_torch("2.12.0"), family(tiny_family, timed("cpu", "fp16-mixed", 1.0),
+                                                      timed("cpu", "fp32", 2.0)))
+    assert main(["--family", tiny_family]) == 0
+    err = capsys.readouterr().err
+    assert f"{tiny_family}: measured with torch 2.12.0; this is {autotune.fingerprint().torch}" in err
+    assert "the pick was cpu fp16-mixed, now cpu " in err
+
+
+def test_export_cli_and_import_in_another_process(tmp_path: Path, isolated_autotune: Path) -> None:
+    _api._store().save(autotune.fingerprint(), _measured())
+    out = tmp_path / "out.json"
+    assert main(["--export", str(out), "--family", "tiny_mlp"]) == 0
+    env = {**os.environ, "AUTOTUNE_CACHE_DIR": str(tmp_path / "empty")}
+    code = (f"import autotune; autotune.import_results({str(out)!r}); "
+            "c = autotune.best_config('tiny_mlp', wait=False); print(c.source, c.precision)")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
+                          check=True)
+    assert done.stdout.split() == ["measured", "bf16-mixed"]
