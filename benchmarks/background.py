@@ -102,7 +102,7 @@ def cancels(root: Path, count: int, span_s: float) -> None:
     _cache(root, "cancel")
     rng = random.Random(12)
     rows = []
-    for index in range(count):
+    for _ in range(count):
         autotune.clear_cache()  # each cancel hits a full calibration of both families
         job = autotune.start_calibration(KINDS)
         delay = rng.uniform(0.0, span_s)
@@ -143,7 +143,7 @@ def exchange(root: Path) -> None:
     with contextlib.redirect_stderr(err):
         code = cli(["--import", str(exported)])
     import_s = time.perf_counter() - started
-    call_ms, wall_s, source, reason = _probe("mlp")
+    call_ms, _, source, reason = _probe("mlp")
     emit({"benchmark": "background", "kind": "export_import", "records": count, "import_exit": code,
           "import_s": round(import_s, 3), "answer_source": source, "answer_call_ms": round(call_ms, 2),
           "reason_tail": reason[-120:], "workers_started": len(_workers())})
@@ -191,11 +191,12 @@ def canary(root: Path, budget_s: str) -> None:
     out = io.StringIO()
     started = time.perf_counter()
     with contextlib.redirect_stdout(out):
-        code = cli(["--check", *sum((["--family", k] for k in KINDS), [])])
+        code = cli(["--check", *(word for kind in KINDS for word in ("--family", kind))])
     check_s = time.perf_counter() - started
     os.environ["AUTOTUNE_BUDGET_S"] = saved
-    emit({"benchmark": "background", "kind": "check", "budget_s": float(budget_s), "calibration_s": round(calibrate_s, 2),
-          "calibration_report_wall_s": round(calibration, 2), "check_s": round(check_s, 2),
+    emit({"benchmark": "background", "kind": "check", "budget_s": float(budget_s),
+          "calibration_s": round(calibrate_s, 2), "calibration_report_wall_s": round(calibration, 2),
+          "check_s": round(check_s, 2),
           "fraction": round(check_s / calibrate_s, 3), "exit": code, "lines": out.getvalue().splitlines()})
 
 

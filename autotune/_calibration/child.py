@@ -25,7 +25,17 @@ import torch
 from autotune import _fp32
 from autotune._calibration.plan import plan
 from autotune._calibration.protocol import (
-    REQUEST, Begin, Checked, CheckJob, Done, Failed, Job, Planned, Ready, Traced, TraceJob,
+    REQUEST,
+    Begin,
+    Checked,
+    CheckJob,
+    Done,
+    Failed,
+    Job,
+    Planned,
+    Ready,
+    Traced,
+    TraceJob,
 )
 from autotune._calibration.session import Session
 from autotune._calibration.setup import TorchLab, warm_process

@@ -24,7 +24,17 @@ from typing import TextIO
 from pydantic import ValidationError
 
 from autotune._calibration.protocol import (
-    EVENT, Begin, Checked, CheckJob, Done, Failed, Job, Planned, Ready, Traced, TraceJob,
+    EVENT,
+    Begin,
+    Checked,
+    CheckJob,
+    Done,
+    Failed,
+    Job,
+    Planned,
+    Ready,
+    Traced,
+    TraceJob,
 )
 from autotune._models import Candidate, Failure
 

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import threading
 import os
 import subprocess
 import sys
+import threading
 import time
 from types import TracebackType
 
