@@ -1,0 +1,154 @@
+"""Fault injection (#13): hosts killed at bad moments, and many cold processes at once. Prints JSON lines.
+
+- ``hung_host_killed``: a host calibrating a family whose step hangs is SIGKILLed; is its worker gone 2 s
+  later? (parent-death signal and watchdog)
+- ``random_kills``: a host calibrating two families is SIGKILLed at a uniformly random moment; does the
+  results file still load, with every family that finished, and are temp files cleaned by the next save?
+- ``single_flight``: N cold processes ask for the same family at once; how many calibrations ran, and did
+  they all get the same answer?
+
+    python benchmarks/fault_injection.py [--hung 10] [--kills 50] [--processes 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from _common import emit
+
+TESTS = str(Path(__file__).parent.parent / "tests")
+LINUX = sys.platform.startswith("linux")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state not in ("Z", "X")
+
+
+def _env(cache: str) -> dict[str, str]:
+    return {**os.environ, "AUTOTUNE_CACHE_DIR": cache, "AUTOTUNE_BUDGET_S": "0.5", "AUTOTUNE_SEARCH": "precision",
+            "PYTHONPATH": TESTS}
+
+
+HUNG = """
+import autotune
+from autotune._calibration.protocol import CalibrationSettings
+from autotune._calibration.worker import Worker
+autotune.register_family("hang", "families_for_tests:build_hang")
+worker = Worker(isolation="subprocess", timeout_s=600)
+worker.start()
+print(worker.pid, flush=True)
+worker.run_family(autotune.get_family("hang"), CalibrationSettings(search="precision"))
+"""
+
+
+def hung_host_killed(runs: int) -> None:
+    left = 0
+    for _ in range(runs):
+        host = subprocess.Popen([sys.executable, "-c", HUNG], stdout=subprocess.PIPE, text=True,
+                                env=_env(tempfile.mkdtemp()))
+        assert host.stdout is not None
+        pid = int(host.stdout.readline())
+        time.sleep(4.0)  # imported torch, verified fp32, now inside the hung candidate
+        host.send_signal(signal.SIGKILL)
+        host.wait()
+        time.sleep(2.0)
+        left += _alive(pid)
+        if _alive(pid):
+            os.killpg(pid, signal.SIGKILL)
+    emit({"benchmark": "fault_injection", "what": "hung_host_killed", "runs": runs, "workers_alive_2s_later": left})
+
+
+TWO = "import autotune; autotune.calibrate(['tiny', 'tiny_cnn'])"
+PRELUDE = ("import autotune; autotune.register_family('tiny', 'families_for_tests:build_tiny'); "
+           "autotune.register_family('tiny_cnn', 'families_for_tests:build_tiny_cnn'); ")
+
+
+def random_kills(kills: int, seed: int = 0) -> None:
+    rng = random.Random(seed)
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-c", PRELUDE + TWO], check=True, env=_env(tempfile.mkdtemp()))
+    full_s = time.perf_counter() - started
+    loaded = kept = temp_after_next = 0
+    families: list[int] = []
+    for _ in range(kills):
+        cache = tempfile.mkdtemp()
+        host = subprocess.Popen([sys.executable, "-c", PRELUDE + TWO], env=_env(cache), stderr=subprocess.DEVNULL)
+        time.sleep(rng.uniform(0.0, full_s))
+        host.send_signal(signal.SIGKILL)
+        host.wait()
+        check = subprocess.run(
+            [sys.executable, "-c", PRELUDE + "from autotune._api import cached_families; "
+             "import json; print(json.dumps(sorted(cached_families())))"],
+            env=_env(cache), capture_output=True, text=True, check=False)
+        if check.returncode == 0:
+            loaded += 1
+            found = json.loads(check.stdout.strip().splitlines()[-1])
+            families.append(len(found))
+            kept += all(f in ("tiny", "tiny_cnn") for f in found)
+        subprocess.run([sys.executable, "-c", PRELUDE + TWO], env=_env(cache), check=False, capture_output=True)
+        temp_after_next += sum(1 for p in Path(cache).rglob("*") if p.name.endswith(".tmp"))
+    emit({"benchmark": "fault_injection", "what": "random_kills", "kills": kills,
+          "full_calibration_s": round(full_s, 1), "results_file_loaded": loaded, "records_intact": kept,
+          "families_kept_per_kill": {n: families.count(n) for n in sorted(set(families))},
+          "temp_files_after_next_run": temp_after_next})
+
+
+FLIGHT = """
+import json, os, sys, time, logging
+sys.path.insert(0, {tests!r})
+records = []
+class Catch(logging.Handler):
+    def emit(self, record):
+        records.append(record.getMessage())
+logging.getLogger("autotune").addHandler(Catch()); logging.getLogger("autotune").setLevel(logging.INFO)
+import autotune
+autotune.register_family("tiny", "families_for_tests:build_tiny")
+while not os.path.exists({barrier!r}):
+    time.sleep(0.005)
+config = autotune.best_config("tiny")
+calibrated = sum(m.startswith("calibrating tiny") for m in records)
+print(json.dumps({{"config": config.model_dump(), "calibrated": calibrated}}))
+"""
+
+
+def single_flight(processes: int) -> None:
+    cache = tempfile.mkdtemp()
+    barrier = os.path.join(tempfile.mkdtemp(), "go")
+    hosts = [subprocess.Popen([sys.executable, "-c", FLIGHT.format(tests=TESTS, barrier=barrier)], env=_env(cache),
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+             for _ in range(processes)]
+    time.sleep(3.0)  # every host has imported autotune and waits at the barrier
+    Path(barrier).touch()
+    answers = [json.loads(h.communicate(timeout=300)[0].strip().splitlines()[-1]) for h in hosts]
+    configs = {json.dumps(a["config"], sort_keys=True) for a in answers}
+    emit({"benchmark": "fault_injection", "what": "single_flight", "processes": processes,
+          "calibrations": sum(a["calibrated"] for a in answers), "distinct_answers": len(configs)})
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--hung", type=int, default=10)
+    parser.add_argument("--kills", type=int, default=50)
+    parser.add_argument("--processes", type=int, default=8)
+    args = parser.parse_args()
+    if LINUX:
+        hung_host_killed(args.hung)
+    random_kills(args.kills)
+    single_flight(args.processes)
+
+
+if __name__ == "__main__":
+    main()
