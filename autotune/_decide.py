@@ -6,9 +6,10 @@ Rules, in order:
 2. The user's preference selects the pool: ``auto`` everything, ``cpu`` the CPU, ``gpu`` any accelerator
    whatever its backend; with no usable accelerator the CPU answers and the reason and a WARNING say so.
 3. The fastest wins on step time, or on set-up + ``expected_steps`` x step time for a short job.
-4. It must beat a simpler candidate on its device (fp32 < tf32 < bf16 < fp16, then fewer variant settings)
-   by more than ``_rules.margin`` with the decision's confidence (``_stats.ratio_interval``, paired over the
-   final rounds); otherwise it is a tie and the simpler one wins.
+4. It must beat a preferred candidate on its device (fp32 < tf32 < bf16 < fp16, torch's thread count, eager:
+   ``_rules.preference``) by more than ``_rules.margin`` with the decision's confidence
+   (``_stats.ratio_interval``, paired over the final rounds); otherwise it is a tie and the preferred one
+   wins. Layout and optimizer kernels (the same math) go to the faster estimate.
 5. Another device must beat the CPU the same way, by ``_rules.MARGIN``; on a tie the CPU wins (no driver, no
    device memory held, no copies) and the reason says the GPU was no faster.
 """
@@ -23,7 +24,7 @@ from autotune import _stats
 from autotune._config import Config
 from autotune._errors import CalibrationError
 from autotune._models import CandidateResult, FamilyResult, Precision
-from autotune._rules import complexity, margin
+from autotune._rules import complexity, margin, preference
 
 log = logging.getLogger("autotune")
 
@@ -175,15 +176,16 @@ def decide(
 
 
 def pick_fastest(pool: Sequence[CandidateResult], expected_steps: int | None) -> CandidateResult:
-    """The pick among ``pool`` (finalists): on each device, the simplest candidate that no other candidate
-    there clearly beats; then another device only if it clearly beats the CPU's pick."""
+    """The pick among ``pool`` (finalists): on each device, of the candidates nothing there clearly beats,
+    the preferred one (``_rules.preference``; layout and optimizer kernels by speed); then another device
+    only if it clearly beats the CPU's pick."""
     picks = {}
     for device in dict.fromkeys(r.candidate.device for r in pool):
         on_device = [r for r in pool if r.candidate.device == device]
         unbeaten = [r for r in on_device
                     if not any(clearly_faster(other, r, expected_steps) for other in on_device if other is not r)]
         picks[device] = min(unbeaten or on_device,
-                            key=lambda r: (complexity(r.candidate), _score_ms(r, expected_steps)))
+                            key=lambda r: (preference(r.candidate), _score_ms(r, expected_steps)))
     best = min(picks.values(), key=lambda r: _score_ms(r, expected_steps))
     cpu = picks.get("cpu")
     if cpu is not None and best is not cpu and not clearly_faster(best, cpu, expected_steps):

