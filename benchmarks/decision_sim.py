@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from autotune._calibration.truth import CandidateTruth, Truth, simulate, true_pick, true_score, truth_from_record
-from autotune._decide import decide
+from autotune._decide import decide, finalists
 from autotune._models import Candidate, Failure
 from autotune._rules import complexity
 from autotune._store import StoreFile
@@ -89,8 +89,8 @@ def run(name: str, truth: Truth, expected_steps: int | None, runs: int) -> dict[
         best = min(true_score(truth, r.candidate, expected_steps) for r in measured.candidates
                    if truth.candidates[r.candidate.base].failure is None)
         pick = decide(measured, expected_steps=expected_steps, digest="sim")
-        chosen = next(r.candidate for r in measured.candidates if r.usable and r.timing is not None
-                      and r.timing.final and (r.candidate.device, r.candidate.precision, r.candidate.variants)
+        chosen = next(r.candidate for r in finalists(measured)  # an outpaced device's answer is one too
+                      if (r.candidate.device, r.candidate.precision, r.candidate.variants)
                       == (pick.device, pick.precision, pick.variants))
         right_count += (chosen.device, chosen.precision) == (right.device, right.precision)
         claimed += _more_complex(chosen, right)

@@ -15,8 +15,9 @@ out of the per-round ratios instead of favouring whoever runs first. At each loo
 
 Timing stops when nothing is unresolved, or at the first look past the budget (the final comparison may
 overrun it to resolve the leader's own comparisons) or at ``max_rounds``. A
-control workload that no candidate can influence is timed every round; when it drifts, the budget and the
-minimum rounds are doubled, and a result that stays noisy is flagged.
+control workload that no candidate can influence is timed every round; when it drifts, the budget is doubled
+(and unresolved pairs get at least 6 rounds), and a result that stays noisy is flagged. The one-round
+far-behind rules (4x) are heuristics outside the 5% error budget of ``_stats``.
 
 The clock and the steps are injected (STYLE.md "Measurement"), so tests and ``benchmarks/decision_sim.py``
 run this exact algorithm on a fake clock against known truths.

@@ -6,7 +6,7 @@ the same search with candidates taken from a truth profile.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from autotune._env import Search
@@ -48,12 +48,13 @@ def fewer_threads(default: int) -> list[int]:
 
 def variants(
     leader: Candidate, stage: int, facts: Facts, *, search: Search, default_threads: int,
-    median_ms: Mapping[Candidate, float],
+    live: Collection[Candidate],
 ) -> list[Candidate]:
-    """Stage 2: layout and optimizer variants of a device's leader. Stage 3: what else helped, and CPU threads.
+    """Stage 2: layout and optimizer variants of a device's leader. Stage 3: combinations, and CPU threads.
 
-    ``median_ms`` holds what earlier stages timed; a stage-2 variant that beat the plain leader combines
-    with the new leader in stage 3.
+    ``live`` holds the candidates the previous stage timed and did not drop: every stage-2 variant that was not
+    clearly slower combines with the new leader in stage 3 (a 2% fused-optimizer gain is within a stage-2
+    median's noise, so "beat the plain leader by median" would drop it by chance).
     """
     found: list[Candidate] = []
     if stage == 2:
@@ -64,17 +65,15 @@ def variants(
         if search == "extended" and not leader.compiled:
             found.append(leader.model_copy(update={"compiled": True}))
         return found
-    base_ms = median_ms.get(leader.base)
-    for other, other_ms in median_ms.items():
-        if (base_ms is not None and other.base == leader.base and other != leader and other.num_threads is None
-                and other_ms < base_ms):
+    for other in live:
+        if other.base == leader.base and other != leader and other.num_threads is None:
             combined = leader.model_copy(update={
                 "memory_format": "channels_last" if "channels_last" in (leader.memory_format, other.memory_format)
                 else "contiguous",
                 "optimizer": other.optimizer if other.optimizer != "default" else leader.optimizer,
                 "compiled": leader.compiled or other.compiled,
             })
-            if combined not in median_ms and combined not in found:
+            if combined not in live and combined not in found:
                 found.append(combined)
     if leader.device == "cpu":
         found += [leader.model_copy(update={"num_threads": count}) for count in fewer_threads(default_threads)]

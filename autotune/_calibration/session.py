@@ -134,7 +134,8 @@ class Session:
         if stage == FINAL_STAGE:
             # Finalists survived the stages: a single round this far behind is interference, not evidence.
             budget = max(measure.budget_s - self.timing_s, self.settings.final_share * measure.budget_s)
-            return measure.model_copy(update={"budget_s": budget, "far_behind": float("inf")})
+            return measure.model_copy(update={"budget_s": budget, "far_behind": float("inf"),
+                                              "far_behind_device": float("inf")})
         rounds = max(look for look in _stats.LOOKS if look <= self.settings.prune_max_rounds)
         return measure.model_copy(update={
             "budget_s": self.settings.stage_shares[stage - 1] * measure.budget_s,
@@ -220,11 +221,10 @@ class Session:
             leader = self._leader(alive, device)
             if self._outpaced(leader):
                 continue  # far behind another device: refining it is not worth the budget
-            timed = {c: self._median(c) for c, r in self.results.items()
-                     if c.device == device and r.timing is not None and r.timing.stage == stage - 1}
+            live = [c for c in alive if c.device == device and self._stage(c) == stage - 1]
             facts: Facts = self.ready[leader].facts
             found += [c for c in variants(leader, stage, facts, search=self.settings.search,
-                                          default_threads=self.lab.default_threads, median_ms=timed)
+                                          default_threads=self.lab.default_threads, live=live)
                       if c not in self.results and c not in found]
         return found
 
