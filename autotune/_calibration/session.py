@@ -221,10 +221,10 @@ class Session:
             leader = self._leader(alive, device)
             if self._outpaced(leader):
                 continue  # far behind another device: refining it is not worth the budget
-            live = [c for c in alive if c.device == device and self._stage(c) == stage - 1]
+            tried = [c for c in self.results if c.device == device and self._stage(c) == stage - 1]
             facts: Facts = self.ready[leader].facts
             found += [c for c in variants(leader, stage, facts, search=self.settings.search,
-                                          default_threads=self.lab.default_threads, live=live)
+                                          default_threads=self.lab.default_threads, tried=tried)
                       if c not in self.results and c not in found]
         return found
 
