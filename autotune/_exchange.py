@@ -18,7 +18,6 @@ import datetime as dt
 import logging
 import os
 import re
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Literal
@@ -27,7 +26,7 @@ from pydantic import ValidationError
 
 from autotune._errors import ImportFileError
 from autotune._models import FamilyResult, Record
-from autotune._store import SCHEMA_VERSION, Store, StoreFile
+from autotune._store import SCHEMA_VERSION, Store, StoreFile, write_atomic
 from autotune._version import __version__
 
 log = logging.getLogger("autotune")
@@ -66,17 +65,7 @@ def export_results(store: Store, path: Path, kinds: Iterable[str] | None = None)
                         exported_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), files=files)
     data = export.model_dump_json(indent=1).encode()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    write_atomic(path, data)
     return export
 
 

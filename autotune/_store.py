@@ -59,6 +59,29 @@ _MARK_EVERY_S = 3600.0
 _OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
 
 
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` whole or not at all: temp file in the same directory, fsync, os.replace,
+    then fsync the directory (POSIX), so a crash leaves the old file or the new one, never half of either."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    if os.name == "posix":
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+
 class StoreFile(Record):
     """The content of one results file: the families this version can serve."""
 
@@ -236,7 +259,7 @@ class Store:
                     families = {**self._unsaved[digest], **current.valid.families, result.model_kind: result}
                     merged = current.valid.model_copy(update={"families": families})
                 self._remove_stale_temps(path)
-                self._write_atomic(path, _render(document, fingerprint, result))
+                write_atomic(path, _render(document, fingerprint, result))
             self._memory[digest] = merged
             del self._unsaved[digest][result.model_kind]
             self._mark_used(digest, now=True)
@@ -250,7 +273,7 @@ class Store:
         """Keep the unreadable record of ``family`` next to the file before its new measurement replaces it."""
         record = {"family": family, "reason": current.invalid[family], "record": current.document["families"][family]}
         target = path.with_name(f"{path.name}.{family}.corrupt-{_utc_stamp()}")
-        self._write_atomic(target, json.dumps(record, indent=1).encode())
+        write_atomic(target, json.dumps(record, indent=1).encode())
         log.warning("moved the unusable results of %r to %s", family, target.name)
 
     def _remove_stale_temps(self, path: Path) -> None:
@@ -259,26 +282,6 @@ class Store:
         for stale in self.root.glob(f".{path.name}.*.tmp"):
             with contextlib.suppress(OSError):
                 stale.unlink()
-
-    @staticmethod
-    def _write_atomic(path: Path, data: bytes) -> None:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-        if os.name == "posix":
-            dir_fd = os.open(path.parent, os.O_RDONLY)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
 
     def stamps(self) -> tuple[tuple[str, int, int], ...]:
         """(name, mtime_ns, size) of every results file, then this process's in-memory digests: changes when any
@@ -535,4 +538,7 @@ def _utc_stamp() -> str:
     return dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
 
 
-__all__ = ["KEEP_FILES", "KEEP_QUARANTINED", "KEEP_USED_DAYS", "SCHEMA_VERSION", "Store", "StoreFile", "default_root"]
+__all__ = [
+    "KEEP_FILES", "KEEP_QUARANTINED", "KEEP_USED_DAYS", "SCHEMA_VERSION", "Store", "StoreFile", "default_root",
+    "write_atomic",
+]
