@@ -190,3 +190,22 @@ def test_max_rounds_must_be_a_look() -> None:
 @pytest.mark.parametrize(("p", "df", "expected"), [(0.975, 1, 12.706), (0.975, 10, 2.228), (0.995, 20, 2.845)])
 def test_t_quantiles_match_the_tables(p: float, df: int, expected: float) -> None:
     assert _stats.t_quantile(p, df) == pytest.approx(expected, abs=1e-3)
+
+
+def test_leaders_are_ranked_on_the_rounds_they_share() -> None:
+    # "b" ties "a" tightly and settles at the first look; "a" then slows to 0.11 s. Ranked on medians over
+    # different rounds, b's three early rounds would make it the leader at round 6, and since b is no longer
+    # timed, a's and c's unresolved comparisons would end there. Ranked on the rounds all share, "a" leads.
+    result, _ = _run({"a": itertools.chain([0.1] * 3, itertools.repeat(0.11)), "b": itertools.repeat(0.1),
+                      "c": jittered(0.101, 0.2)})
+    assert len(result.series["b"].round_ms) == _stats.LOOKS[0]
+    assert result.rounds > 6
+    assert result.series["c"].dropped is None
+
+
+def test_a_drifting_control_gives_every_pair_twice_the_first_looks_rounds() -> None:
+    steady, _ = _run({"fp32": itertools.repeat(0.1), "bf16": itertools.repeat(0.1)})
+    drifting = (0.001 * (1 + 0.05 * i) for i in itertools.count())
+    noisy, _ = _run({"fp32": itertools.repeat(0.1), "bf16": itertools.repeat(0.1)}, control=drifting)
+    assert steady.rounds == _stats.LOOKS[0]
+    assert noisy.rounds >= 2 * _stats.LOOKS[0]

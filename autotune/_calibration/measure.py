@@ -16,7 +16,9 @@ out of the per-round ratios instead of favouring whoever runs first. At each loo
 Timing stops when nothing is unresolved, or at the first look past the budget (the final comparison may
 overrun it to resolve the leader's own comparisons) or at ``max_rounds``. A
 control workload that no candidate can influence is timed every round; when it drifts, the budget is doubled
-(and unresolved pairs get at least 6 rounds), and a result that stays noisy is flagged. The one-round
+(and no pair settles before twice the first look's rounds), and a result that stays noisy is flagged. Leaders
+are ranked on the rounds every contender shares: a settled candidate's median over its early rounds is never
+compared with another's over later, drifted ones. The one-round
 far-behind rules (4x) are heuristics outside the 5% error budget of ``_stats``.
 
 The clock and the steps are injected (STYLE.md "Measurement"), so tests and ``benchmarks/decision_sim.py``
@@ -183,11 +185,15 @@ def interleave(
             _drop_far_behind(series, active, comparisons, settings, estimate_s)
         if rounds not in _stats.LOOKS and rounds < settings.max_rounds:
             continue
+        timing = list(active)
         decisive = _look(series, active, comparisons, rounds)
         drifting = _stats.drift(control_ms) > settings.noise_limit
         if rounds >= settings.max_rounds:
             break
-        if not active and (not drifting or rounds >= 2 * _stats.LOOKS[0]):
+        if drifting and rounds < 2 * _stats.LOOKS[0]:
+            # A drifting machine gives every pair at least twice the first look's rounds before it settles.
+            active[:] = [k for k in timing if series[k].dropped is None and series[k].outpaced is None]
+        if not active:
             break
         elapsed_s = clock() - started
         if elapsed_s >= settings.budget_s * (2 if drifting else 1):
@@ -205,13 +211,16 @@ def interleave(
     return Interleaved(series, control_ms, noisy, rounds, clock() - started)
 
 
-def _median(series: Series[K]) -> float:
-    return _stats.median(series.round_ms)
+def _ranked(series: Mapping[K, Series[K]], keys: list[K]) -> list[K]:
+    """``keys`` fastest first, by their medians over the rounds they all share: a settled candidate's median
+    over its first rounds is not compared with another's over later, drifted ones."""
+    shared = min(len(series[k].round_ms) for k in keys)
+    return sorted(keys, key=lambda k: _stats.median(series[k].round_ms[:shared]))
 
 
 def _leaders(series: Mapping[K, Series[K]], keys: list[K], comparisons: Comparisons[K]) -> dict[Hashable, K]:
     leaders: dict[Hashable, K] = {}
-    for key in sorted(keys, key=lambda k: _median(series[k])):
+    for key in _ranked(series, keys):
         leaders.setdefault(comparisons.group(key), key)
     return leaders
 
@@ -228,7 +237,7 @@ def _drop_far_behind(series: dict[K, Series[K]], active: list[K], comparisons: C
         return min(series[key].round_ms[0], 1000 * estimate_s[key]) / series[leader].round_ms[0]
 
     leaders = _leaders(series, active, comparisons)
-    overall = min(active, key=lambda k: _median(series[k]))
+    overall = _ranked(series, active)[0]
     for key in list(active):
         leader = leaders[comparisons.group(key)]
         ratio = ratio_to(key, leader)
@@ -255,7 +264,7 @@ def _pairs(series: Mapping[K, Series[K]], keys: list[K], comparisons: Comparison
     """(candidate, the leader it must be resolved against), for every pair the stage decides: each candidate
     against its group's leader, and in the final comparison each group's leader against the fastest overall."""
     leaders = _leaders(series, keys, comparisons)
-    overall = min(keys, key=lambda k: _median(series[k]))
+    overall = _ranked(series, keys)[0]
     for key in keys:
         leader = leaders[comparisons.group(key)]
         if key != leader:
@@ -271,7 +280,7 @@ def _look(series: dict[K, Series[K]], active: list[K], comparisons: Comparisons[
     them is a gap well beyond its margin (else nothing): they are worth timing past the budget.
     """
     contenders = [k for k, s in series.items() if s.dropped is None and s.outpaced is None]
-    overall = min(contenders, key=lambda k: _median(series[k]))
+    overall = _ranked(series, contenders)[0]
     unresolved: set[K] = set()
     with_leader: set[K] = set()
     decisive = False
