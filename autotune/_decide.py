@@ -277,7 +277,8 @@ def _against_precision(pick: CandidateResult, other: CandidateResult) -> str:
         return f"{estimate:.2f}x faster than {label} ({numbers}x)"
     if clearly_faster(pick, other, None):
         return f"{label} is {estimate:.2f}x slower ({numbers})"
-    return f"no measurable difference with {label} ({numbers}: {estimate:.2f}x)"
+    within = f"{margin(pick.candidate, other.candidate):.0%} margin"
+    return f"{label} not faster by more than the {within} ({numbers}: {estimate:.2f}x); on a tie the simpler wins"
 
 
 def _against_plain(pick: CandidateResult, plain: CandidateResult) -> str:

@@ -23,6 +23,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from autotune._calibration.plan import Facts
 from autotune._calibration.truth import CandidateTruth, Truth, simulate, true_pick, true_score, truth_from_record
 from autotune._decide import decide, finalists
 from autotune._models import Candidate, Failure
@@ -68,6 +69,19 @@ def scenarios() -> dict[str, tuple[Truth, int | None]]:
             _c("cpu", "fp32"): CandidateTruth(10.0), _c("cuda:0", "fp32"): CandidateTruth(10.0, setup_s=3.0)},
             variant_factors=CPU_THREADS), None),
         "fused_optimizer_2pct": (gpu_family("f", 20.0, 10.0, fused=0.98), None),
+        # Several precisions within a few percent of one another on one device: every pair is contested.
+        "contested_precisions": (Truth(name="cp", candidates={
+            _c("cpu", "fp32"): CandidateTruth(200.0), _c("cuda:0", "fp32"): CandidateTruth(20.0, setup_s=3.0),
+            _c("cuda:0", "tf32"): CandidateTruth(19.8, setup_s=3.0),
+            _c("cuda:0", "bf16-mixed"): CandidateTruth(19.6, setup_s=3.0),
+            _c("cuda:0", "fp16-mixed"): CandidateTruth(18.5, setup_s=3.0)},
+            variant_factors={**CPU_THREADS, "fused-optimizer": 0.9}), None),
+        # fp32 and bf16 tie on the CPU and channels_last makes both 1.6x faster: fp32 channels_last is the
+        # answer, found only when the leader's layout is tried in the other precision too.
+        "cpu_tie_channels_last": (Truth(name="cl", candidates={
+            _c("cpu", "fp32"): CandidateTruth(50.0), _c("cpu", "bf16-mixed"): CandidateTruth(50.0)},
+            variant_factors={**CPU_THREADS, "channels_last": 0.6},
+            facts=Facts(image_inputs=True, default_optimizer=True)), None),
     }
     for path in sorted(MACHINES.glob("*.json")):
         stored = StoreFile.model_validate_json(path.read_bytes())

@@ -77,7 +77,9 @@ def test_calibrate_reports_monotonic_progress(tiny_family: str) -> None:
 
 def test_calibrate_reuses_cached_families_unless_forced(tiny_family: str) -> None:
     first = autotune.calibrate([tiny_family]).measurements[tiny_family]
-    assert autotune.calibrate([tiny_family]).measurements[tiny_family] == first
+    again = autotune.calibrate([tiny_family]).measurements[tiny_family]
+    # A result measured while the control drifted (a busy machine) is measured again; a steady one is served.
+    assert (again.measured_at != first.measured_at) if first.noisy else (again == first)
     assert autotune.calibrate([tiny_family], force=True).measurements[tiny_family].measured_at != first.measured_at
 
 

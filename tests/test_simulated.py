@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 import autotune
+from autotune._calibration.plan import Facts
 from autotune._calibration.truth import CandidateTruth, Truth, simulate
 from autotune._decide import decide
 from autotune._models import Candidate, Failure
@@ -136,3 +137,28 @@ def test_dropped_candidates_are_released_before_the_next_stage() -> None:
     assert _c("cuda:0", "fp32") in dropped
     assert set(dropped) <= set(released)
     assert not set(dropped) & set(session.ready)
+
+
+def test_a_device_far_behind_is_still_refined_when_that_is_cheap() -> None:
+    # The CPU is 6x behind the GPU (outpaced after one round) but its steps are cheap: prefer="cpu" gets the
+    # CPU's fused optimizer, and the CPU keeps the evidence that it is far behind.
+    truth = Truth(name="sim", candidates={
+        _c("cpu", "fp32"): CandidateTruth(60.0), _c("cuda:0", "fp32"): CandidateTruth(20.0, setup_s=3.0),
+        _c("cuda:0", "bf16-mixed"): CandidateTruth(10.0, setup_s=3.0)},
+        variant_factors={"fused-optimizer": 0.7, "1 thread": 3.0, "4 threads": 1.5})
+    for seed in range(5):
+        measured, _ = simulate(truth, seed)
+        cpu = decide(measured, prefer="cpu", digest="sim")
+        assert (cpu.device, cpu.optimizer) == ("cpu", "fused")
+        assert decide(measured, digest="sim").device == "cuda:0"
+
+
+def test_the_leaders_layout_is_tried_in_every_precision_that_ties_it() -> None:
+    # fp32 and bf16 tie on the CPU and channels_last makes both 1.6x faster: only fp32 channels_last against
+    # bf16 channels_last shows the tie, which fp32 wins (plain fp32 against bf16 channels_last would lose).
+    truth = Truth(name="sim", candidates={_c("cpu", "fp32"): CandidateTruth(50.0),
+                                          _c("cpu", "bf16-mixed"): CandidateTruth(50.0)},
+                  variant_factors={"channels_last": 0.6, "1 thread": 3.0, "4 threads": 1.5},
+                  facts=Facts(image_inputs=True, default_optimizer=True))
+    configs = [decide(simulate(truth, seed)[0], digest="sim") for seed in SEEDS]
+    assert sum((c.precision, c.memory_format) == ("fp32", "channels_last") for c in configs) >= len(SEEDS) - 1

@@ -1,12 +1,16 @@
 """One family's search: set-up, pruning stages, and the final paired comparison that decisions use.
 
 Stage 1 times every device x precision; stage 2 the layout and optimizer variants of *each device's* leader;
-stage 3 the combinations that helped, and fewer CPU threads. Each stage interleaves its candidates and only
-*prunes*: a candidate clearly slower than its device's leader is dropped with its evidence; what a stage
-cannot resolve stays alive. Then every live candidate (the best of each device, and every simpler one the tie
-rule could prefer) is timed again, together, in fresh interleaved rounds: the final comparison. Decisions
-compare only those paired final rounds, so a slowdown between stages (throttling, a background job) cannot
-turn into a "clearly faster" verdict.
+stage 3 the combinations that helped, fewer CPU threads, and the leader's settings in each other precision
+still alive on its device (with those precisions timed again), once they proved faster than the leader's plain
+precision. Stages 2 and 3 time each device on its own, sharing the stage's budget; a device far behind another
+is refined too when its variants fit that budget, so ``prefer=`` gets its best configuration (it keeps its far-
+behind evidence). Each stage interleaves its candidates and only *prunes*: a candidate clearly slower than its
+device's leader is dropped with its evidence; what a stage cannot resolve stays alive. Then every live
+candidate (the best of each device, and every simpler one the tie rule could prefer) is timed again, together,
+in fresh interleaved rounds: the final comparison. Decisions compare only those paired final rounds, so a
+slowdown between stages (throttling, a background job) cannot turn into a "clearly faster" verdict. A worker
+restarted after a crash runs the whole search again, without the candidates that failed (``failed``).
 
 The lab (real torch in the worker, a truth profile in the simulation), the clock and the control workload
 are injected: ``benchmarks/decision_sim.py`` runs this exact code on a fake clock.
@@ -14,7 +18,7 @@ are injected: ``benchmarks/decision_sim.py`` runs this exact code on a fake cloc
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from autotune import _rules, _stats
@@ -62,10 +66,21 @@ class Session:
         self.control_ms: list[float] = []
         self.notes: list[str] = []
         self.timing_s = 0.0
+        self._last_stage = 1
+        self.excluded: set[Candidate] = set()
+        #: devices far behind another one, with the evidence: it stays with the device when a later stage
+        #: refines it on its own (a layout or thread-count variant does not close a 4x gap)
+        self.behind: dict[str, Drop] = {}
 
-    def run(self, candidates: list[Candidate], *, staged: bool, backend_notes: dict[str, str]) -> None:
-        """Measure ``candidates`` (and, when ``staged``, their variants); emit Done unless poisoned."""
-        stages = 3 if staged and self.settings.search != "precision" else 1
+    def run(self, candidates: list[Candidate], *, staged: bool, backend_notes: dict[str, str],
+            failed: Sequence[CandidateResult] = ()) -> None:
+        """Measure ``candidates`` (and, when ``staged``, their variants); emit Done unless poisoned.
+
+        ``failed``: what an earlier worker of this family found failing; neither set up nor proposed again.
+        """
+        self.excluded = {r.candidate for r in failed}
+        candidates = [c for c in candidates if c not in self.excluded]
+        stages = self._last_stage = 3 if staged and self.settings.search != "precision" else 1
         span = 0.8 / stages  # progress: the stages share 80%, the final comparison the rest
         self.emit(Planned(candidates=candidates, stage=1, backend_notes=backend_notes))
         ready = self.set_up(candidates, (0.0, 0.5 * span))
@@ -80,13 +95,20 @@ class Session:
             lo = (stage - 1) * span
             self.emit(Planned(candidates=new, stage=stage))
             tried = self.set_up(new, (lo, lo + 0.5 * span))
-            leaders = [self._leader(alive, device) for device in dict.fromkeys(c.device for c in tried)]
-            self.notes.append(f"stage {stage}: " + ", ".join(c.label for c in new)
-                              + " against " + ", ".join(c.label for c in leaders))
-            if tried:
-                timed = self._time([*leaders, *tried], stage, (lo + 0.5 * span, lo + span))
-                dropped = {c for c in [*leaders, *tried] if c not in timed}
-                alive = [c for c in alive if c not in dropped] + [c for c in tried if c not in dropped]
+            devices = list(dict.fromkeys(c.device for c in tried))
+            # Each device on its own (its pairs are within the device), sharing the stage's budget: a device
+            # far behind another is refined too, so a user who prefers it gets its best configuration.
+            for index, device in enumerate(devices):
+                leader = self._leader(alive, device)
+                rivals = self._rivals(alive, leader, stage)
+                group = [leader, *rivals, *(c for c in tried if c.device == device)]
+                self.notes.append(f"stage {stage}: " + ", ".join(c.label for c in group[1 + len(rivals):])
+                                  + " against " + ", ".join(c.label for c in [leader, *rivals]))
+                part = tuple(lo + 0.5 * span * (1 + (index + k) / len(devices)) for k in (0, 1))
+                timed = self._time(group, stage, (part[0], part[1]), budget_share=1 / len(devices))
+                dropped = {c for c in group if c not in timed}
+                alive = [c for c in alive if c not in dropped]
+                alive += [c for c in group if c not in dropped and c not in alive]
                 self._release(dropped)
         if self.poisoned:
             return
@@ -129,7 +151,7 @@ class Session:
                 self.poisoned = True  # a device error can leave the context poisoned: measure nothing else here
         return ready
 
-    def _stage_settings(self, stage: int) -> MeasureSettings:
+    def _stage_settings(self, stage: int, budget_share: float = 1.0) -> MeasureSettings:
         measure = self.settings.measure
         if stage == FINAL_STAGE:
             # Finalists survived the stages: a single round this far behind is interference, not evidence.
@@ -138,15 +160,16 @@ class Session:
                                               "far_behind_device": float("inf")})
         rounds = max(look for look in _stats.LOOKS if look <= self.settings.prune_max_rounds)
         return measure.model_copy(update={
-            "budget_s": self.settings.stage_shares[stage - 1] * measure.budget_s,
+            "budget_s": self.settings.stage_shares[stage - 1] * measure.budget_s * budget_share,
             "max_rounds": min(measure.max_rounds, rounds),
         })
 
-    def _time(self, candidates: list[Candidate], stage: int, share: tuple[float, float]) -> list[Candidate]:
+    def _time(self, candidates: list[Candidate], stage: int, share: tuple[float, float], *,
+              budget_share: float = 1.0) -> list[Candidate]:
         """Interleave ``candidates``, record their timings (replacing earlier ones); those not dropped."""
         if not candidates:
             return []
-        settings = self._stage_settings(stage)
+        settings = self._stage_settings(stage, budget_share)
         final = stage == FINAL_STAGE
 
         def on_round(round_index: int, key: Candidate | None) -> None:
@@ -154,7 +177,7 @@ class Session:
                 fraction = share[0] + (share[1] - share[0]) * min(1.0, round_index / settings.max_rounds)
                 self.emit(Begin(candidate=key, phase="timing", fraction=fraction))
 
-        estimates = {c: _stats.median(warm_up(self.ready[c].step, self.clock, self.ready[c].recent_s, settings)[-3:])
+        estimates = {c: _stats.median(warm_up(self.ready[c].step, self.clock, self._recent_s(c), settings)[-3:])
                      for c in candidates}
         timed = interleave(
             {c: self.ready[c].step for c in candidates}, estimate_s=estimates, control=self.control,
@@ -164,10 +187,15 @@ class Session:
         self.control_ms += timed.control_ms
         self.timing_s += timed.elapsed_s
         for candidate, series in timed.series.items():
+            evidence = _drop(series.outpaced)
+            if evidence is not None:
+                self.behind.setdefault(candidate.device, evidence)
+        for candidate, series in timed.series.items():
             timing = Timing(
                 round_ms=series.round_ms, steps_per_round=series.steps_per_round,
                 median_ms=_stats.median(series.round_ms), spread=_stats.spread(series.round_ms),
-                stage=stage, final=final, dropped=_drop(series.dropped), outpaced=_drop(series.outpaced),
+                stage=stage, final=final, dropped=_drop(series.dropped),
+                outpaced=_drop(series.outpaced) or self.behind.get(candidate.device),
             )
             self.results[candidate] = self.results[candidate].model_copy(update={"timing": timing})
         return [c for c in candidates if timed.series[c].dropped is None]
@@ -201,32 +229,58 @@ class Session:
         medians of different stages are not compared."""
         on_device = [c for c in alive if c.device == device]
         latest = max(self._stage(c) for c in on_device)
-        return min((c for c in on_device if self._stage(c) == latest), key=self._median)
+        timed = [c for c in on_device if self._stage(c) == latest]
+        shared = min(len(self._rounds(c)) for c in timed)  # a settled candidate stopped early: same rounds
+        return min(timed, key=lambda c: _stats.median(self._rounds(c)[:shared]) if shared else float("inf"))
 
     def _stage(self, candidate: Candidate) -> int:
         timing = self.results[candidate].timing
         return timing.stage if timing is not None else 0
 
     def _outpaced(self, candidate: Candidate) -> bool:
-        timing = self.results[candidate].timing
-        return timing is not None and timing.outpaced is not None
+        return candidate.device in self.behind
 
-    def _median(self, candidate: Candidate) -> float:
+    def _recent_s(self, candidate: Candidate) -> list[float]:
+        """The step times that count towards its warm-up: a candidate timed before, while other candidates
+        ran since (their caches, their allocations), needs at least one fresh step that agrees with them."""
+        recent = self.ready[candidate].recent_s
+        return recent if self._stage(candidate) == 0 else recent[-2:]
+
+    def _rounds(self, candidate: Candidate) -> list[float]:
         timing = self.results[candidate].timing
-        return timing.median_ms if timing is not None else float("inf")
+        return timing.round_ms if timing is not None else []
+
+    def _rivals(self, alive: list[Candidate], leader: Candidate, stage: int) -> list[Candidate]:
+        """In the last stage, the device's other live precisions, once the leader's variant settings proved
+        clearly faster than its plain precision: each is timed again next to those settings in its own
+        precision, so the tie rule meets the best of every precision."""
+        if stage != self._last_stage or leader.base in alive:
+            return []  # the leader's variant settings beat nothing yet: the rivals' own best stays comparable
+        return [c for c in alive if c.device == leader.device and c.precision != leader.precision]
 
     def _variants(self, alive: list[Candidate], stage: int) -> list[Candidate]:
         found: list[Candidate] = []
         for device in dict.fromkeys(c.device for c in alive):
             leader = self._leader(alive, device)
-            if self._outpaced(leader):
-                continue  # far behind another device: refining it is not worth the budget
             tried = [c for c in self.results if c.device == device and self._stage(c) == stage - 1]
             facts: Facts = self.ready[leader].facts
-            found += [c for c in variants(leader, stage, facts, search=self.settings.search,
-                                          default_threads=self.lab.default_threads, tried=tried)
-                      if c not in self.results and c not in found]
+            proposed = variants(leader, stage, facts, search=self.settings.search,
+                                default_threads=self.lab.default_threads, tried=tried)
+            proposed += [leader.model_copy(update={"precision": rival.precision})
+                         for rival in self._rivals(alive, leader, stage)]
+            proposed = [c for c in proposed if c not in self.results and c not in self.excluded and c not in found]
+            if self._outpaced(leader) and self._cost_s(leader, len(proposed)) > self._stage_settings(stage).budget_s:
+                self.notes.append(f"stage {stage}: {leader.label} not refined (far behind another device, and its "
+                                  f"variants would take {self._cost_s(leader, len(proposed)):.1f} s)")
+                continue
+            found += proposed
         return found
+
+    def _cost_s(self, leader: Candidate, variants: int) -> float:
+        """About what timing ``variants`` of ``leader`` costs: each one's verification window and warm-up,
+        and the first look's rounds for all of them."""
+        step_s = _stats.median(self._rounds(leader)) / 1000
+        return step_s * ((self.settings.variant_verify_steps + 3 + _stats.LOOKS[0]) * variants + _stats.LOOKS[0])
 
     def _with_baseline_ratios(self) -> list[CandidateResult]:
         """Each timed candidate's step-time ratio to fp32 on the CPU, where both were timed in the same rounds."""
