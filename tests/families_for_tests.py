@@ -254,3 +254,29 @@ def _checks_fp32_settings(model: nn.Module, inputs: tuple[Tensor, ...]) -> Tenso
 def build_checks_fp32_settings() -> Workload:
     base = build_tiny()
     return Workload(base.model, base.inputs, _checks_fp32_settings)
+
+
+def _abort_under_channels_last(model: nn.Module, inputs: tuple[Tensor, ...]) -> Tensor:
+    if not inputs[0].is_contiguous():
+        os.abort()  # a native crash that only the channels_last layout meets
+    return cross_entropy(model, inputs)
+
+
+def build_abort_under_channels_last() -> Workload:
+    base = build_tiny_cnn()
+    return Workload(base.model, base.inputs, _abort_under_channels_last)
+
+
+_OOM_ONCE = {"raised": False}
+
+
+def _cpu_oom_once_under_bf16(model: nn.Module, inputs: tuple[Tensor, ...]) -> Tensor:
+    if torch.is_autocast_enabled("cpu") and not _OOM_ONCE["raised"]:
+        _OOM_ONCE["raised"] = True  # per process: the first bf16 step of this worker runs out of memory
+        torch.empty(2**45, dtype=torch.uint8)  # 32 TiB: the real CPU allocator refuses
+    return cross_entropy(model, inputs)
+
+
+def build_cpu_oom_once_under_bf16() -> Workload:
+    base = build_tiny()
+    return Workload(base.model, base.inputs, _cpu_oom_once_under_bf16)

@@ -56,6 +56,23 @@ def test_a_crash_restarts_the_worker_for_the_rest_and_the_next_family() -> None:
     assert any(r.usable for r in after.candidates)
 
 
+def test_a_worker_restarted_after_a_crash_goes_on_with_the_staged_search() -> None:
+    # channels_last aborts the process in stage 2; the restarted worker searches again without it, so the
+    # later stage (fewer CPU threads) is still tried, and the crash is recorded once.
+    autotune.register_family("abort_cl", "families_for_tests:build_abort_under_channels_last")
+    settings = CalibrationSettings(measure=MeasureSettings(budget_s=0.2))
+    with Worker(isolation="subprocess", timeout_s=60) as worker:
+        result = worker.run_family(get_family("abort_cl"), settings)
+        assert worker.starts >= 2
+    by_label = {r.candidate.label: r for r in result.candidates}
+    crashed = [r for r in result.candidates if r.failure is not None and r.failure.kind == "crashed"]
+    assert crashed and all(r.candidate.memory_format == "channels_last" for r in crashed)
+    assert len(crashed) == worker.starts - 1  # each one once: a restarted worker does not try it again
+    assert all("_abort_under_channels_last" in (r.failure.detail if r.failure else "") for r in crashed)
+    assert any(r.candidate.num_threads == 1 and r.timing is not None for r in result.candidates)
+    assert by_label["cpu fp32"].timing is not None
+
+
 HOST = textwrap.dedent("""
     import sys
     sys.path.insert(0, {tests!r})

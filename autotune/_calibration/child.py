@@ -78,11 +78,8 @@ def calibrate(job: Job, emit: Callable[[Planned | Begin | Failed | Done], None],
     family = Family(job.family.name, job.family.ref)
     session = Session(TorchLab(family, job.settings), job.settings, tracking, clock=time.perf_counter,
                       control=Control(), settle=time.sleep, discard_on_device_error=discard_on_device_error)
-    if job.candidates is None:
-        candidates, notes = plan()
-        session.run(candidates, staged=True, backend_notes=notes)
-    else:
-        session.run(job.candidates, staged=False, backend_notes={})
+    candidates, notes = plan()
+    session.run(candidates, staged=True, backend_notes=notes, failed=job.failed)
     return bool(finished)
 
 

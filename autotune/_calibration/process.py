@@ -148,6 +148,16 @@ def record(event: Event, attempt: Attempt, progress: Progress | None) -> None:
             progress(None, 1.0)
 
 
+def _last_words(stderr_tail: list[str]) -> str:
+    """What a dead worker said last: for a native crash, faulthandler's innermost frame of the crashing thread
+    (``File "model.py", line 12 in forward``) rather than its closing list of extension modules."""
+    lines = [line.strip() for line in stderr_tail if line.strip()]
+    for index, line in enumerate(lines):
+        if "most recent call first" in line and index + 1 < len(lines) and lines[index + 1].startswith("File "):
+            return lines[index + 1]
+    return next((line for line in reversed(lines) if not line.startswith("Extension modules:")), "")
+
+
 def _pump(stream: TextIO | None, sink: Callable[[str], object], at_end: Callable[[], object]) -> None:
     if stream is not None:
         for line in stream:
@@ -156,7 +166,7 @@ def _pump(stream: TextIO | None, sink: Callable[[str], object], at_end: Callable
 
 
 def _crash_failure(returncode: int, stderr_tail: list[str]) -> Failure:
-    last = next((line.strip() for line in reversed(stderr_tail) if line.strip()), "")
+    last = _last_words(stderr_tail)
     if returncode < 0:
         try:
             name = signal.Signals(-returncode).name

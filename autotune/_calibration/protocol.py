@@ -61,8 +61,9 @@ class Job(_Message):
 
     kind: Literal["calibrate"] = "calibrate"
     family: FamilyRef
-    #: None: plan and search here; a list: a restarted worker's remaining candidates, timed in one stage
-    candidates: list[Candidate] | None
+    #: candidates an earlier worker of this family found failing (it crashed, hung, ran out of memory): a
+    #: restarted worker runs the whole staged search again without them
+    failed: list[CandidateResult] = []
     settings: CalibrationSettings
     #: the host's fp32 settings: mixed precisions run with them, as they will in the app (fp32 and tf32 set
     #: their own; issue #16)

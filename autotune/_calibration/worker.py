@@ -131,16 +131,18 @@ class Worker:
         done: Done | None = None
         start_s = 0.0
         while done is None:
-            remaining = None if planned is None else [c for c in planned if c not in failed]
             reference = failed.get(BASELINE)
-            if remaining and reference is not None and reference.failure is not None:
-                for candidate in remaining:
-                    failed[candidate] = CandidateResult(candidate=candidate, failure=unverified(reference.failure))
+            if planned and reference is not None and reference.failure is not None:
+                for candidate in planned:
+                    failed.setdefault(candidate, CandidateResult(candidate=candidate,
+                                                                 failure=unverified(reference.failure)))
                 break
             attempt = Attempt()
             answered = len(failed)
-            job = Job(family=FamilyRef(name=family.name, ref=family.ref), candidates=remaining, settings=settings,
-                      fp32=_fp32.current(), threads=torch.get_num_threads(), sys_path=[p for p in sys.path if p])
+            # A restarted worker runs the staged search again, without the candidates that failed.
+            job = Job(family=FamilyRef(name=family.name, ref=family.ref), failed=list(failed.values()),
+                      settings=settings, fp32=_fp32.current(), threads=torch.get_num_threads(),
+                      sys_path=[p for p in sys.path if p])
             start_s += self._attempt(job, attempt, progress, since=started)
             for event in attempt.events:
                 if isinstance(event, Planned):  # the first plan, then the variants each later stage adds
@@ -159,7 +161,7 @@ class Worker:
                 if attempt.in_flight is not None and attempt.in_flight not in failed:
                     ended = attempt.ended or Failure(kind="crashed", detail="the worker stopped without a result")
                     failed[attempt.in_flight] = CandidateResult(candidate=attempt.in_flight, failure=ended)
-                    log.warning("%s %s: %s (%s); restarting the worker for the remaining candidates",
+                    log.warning("%s %s: %s (%s); restarting the worker to search on without it",
                                 family.name, attempt.in_flight.label, ended.kind, ended.detail)
                 elif len(failed) == answered:
                     # Died between candidates: restarting would loop forever on the same point.
