@@ -131,7 +131,7 @@ class Session:
                 if self.reference_failure is not None:
                     unverifiable = unverified(self.reference_failure)
                     raise CandidateFailed(CandidateResult(candidate=candidate, failure=unverifiable))
-                prepared = self.lab.set_up(candidate)
+                prepared = self._set_up(candidate)
             except CandidateFailed as exc:
                 result = exc.result
             except Exception as exc:
@@ -150,6 +150,26 @@ class Session:
                   and result.failure.kind not in ("numerics", "too_slow")):
                 self.poisoned = True  # a device error can leave the context poisoned: measure nothing else here
         return ready
+
+    def _set_up(self, candidate: Candidate) -> Prepared:
+        """``lab.set_up``, tried once more after an out-of-memory error, with the memory the failed attempt and
+        the dropped candidates held given back (the exception's frames hold the failed model until then)."""
+        try:
+            return self.lab.set_up(candidate)
+        except Exception as exc:
+            if classify(exc, candidate.device).kind != "oom":
+                raise
+        held = [c.label for c in self.ready if c.device == candidate.device]
+        self.lab.release([candidate])
+        try:
+            return self.lab.set_up(candidate)
+        except Exception as exc:
+            again = classify(exc, candidate.device)
+            if again.kind != "oom":
+                raise
+            also = f", with {', '.join(held)} held" if held else ""
+            failure = Failure(kind="oom", detail=f"{again.detail} (twice: again after freeing memory{also})")
+        raise CandidateFailed(CandidateResult(candidate=candidate, failure=failure))
 
     def _stage_settings(self, stage: int, budget_share: float = 1.0) -> MeasureSettings:
         measure = self.settings.measure
