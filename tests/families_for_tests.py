@@ -280,3 +280,26 @@ def _cpu_oom_once_under_bf16(model: nn.Module, inputs: tuple[Tensor, ...]) -> Te
 def build_cpu_oom_once_under_bf16() -> Workload:
     base = build_tiny()
     return Workload(base.model, base.inputs, _cpu_oom_once_under_bf16)
+
+
+#: how many of the emulated-fp16 layers below ran in this process
+FP16_LAYERS_RUN = {"count": 0}
+
+
+class _EmulatedUnderFp16(nn.Module):
+    """A layer whose kernel is emulated under fp16 autocast: 0.4 s per call, like fp16 convolutions on a CPU."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        if torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.float16:
+            FP16_LAYERS_RUN["count"] += 1
+            time.sleep(0.4)
+        return x
+
+
+def build_emulated_fp16() -> Workload:
+    torch.manual_seed(0)
+    layers: list[nn.Module] = []
+    for _ in range(6):
+        layers += [nn.Linear(8, 8), _EmulatedUnderFp16()]
+    model = nn.Sequential(*layers, nn.Linear(8, 4))
+    return Workload(model, (torch.randn(16, 8), torch.randint(0, 4, (16,))), cross_entropy)

@@ -89,6 +89,23 @@ def test_a_candidate_out_of_memory_twice_says_so() -> None:
     assert label == "cpu fp32" and why.startswith("oom: ") and "(twice: again after freeing memory)" in why
 
 
+def test_an_emulated_dtype_is_stopped_inside_its_first_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Six layers that take 0.4 s each under fp16 autocast (2.4 s a step): the limit (0.5 s) is checked at
+    # every module, so fp16 stops after its second slow layer instead of finishing the step. In-process, so
+    # this test can count the layers that ran.
+    import families_for_tests
+
+    monkeypatch.setenv("AUTOTUNE_ISOLATION", "inprocess")
+    monkeypatch.setenv("AUTOTUNE_SEARCH", "precision")
+    autotune.register_family("emulated", "families_for_tests:build_emulated_fp16")
+    families_for_tests.FP16_LAYERS_RUN["count"] = 0
+    measured = autotune.calibrate(["emulated"]).measurements["emulated"]
+    fp16 = next(r for r in measured.candidates if r.candidate.precision == "fp16-mixed")
+    assert fp16.failure is not None and fp16.failure.kind == "too_slow"
+    assert "into step 1" in fp16.failure.detail and "stopped inside the step" in fp16.failure.detail
+    assert families_for_tests.FP16_LAYERS_RUN["count"] < 6
+
+
 def test_python_exception_is_classified_in_process_too(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AUTOTUNE_ISOLATION", "inprocess")
     autotune.register_family("broken", "families_for_tests:build_value_error")

@@ -2,13 +2,17 @@
 
 The verification window (the first ``verify_steps`` steps from the same seed and batch as the reference)
 doubles as the warm-up, and stops a pathologically slow candidate early (fp16 autocast on a CPU: over a
-second a step, 20-48x slower). fp16 is retried at lower GradScaler scales while steps are skipped.
+second a step, 20-48x slower): inside the step, at the next module of the forward pass or gradient of the
+backward pass past the step's limit, so an emulated dtype costs the limit, not a whole step. fp16 is retried
+at lower GradScaler scales while steps are skipped.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -46,6 +50,35 @@ class CandidateFailed(Exception):
 def failed(candidate: Candidate, kind: str, detail: str, **measured: float | None) -> CandidateFailed:
     return CandidateFailed(CandidateResult.model_validate(
         {"candidate": candidate, "failure": Failure.model_validate({"kind": kind, "detail": detail}), **measured}))
+
+
+class _Overtime(Exception):
+    """A verification step ran past its limit: raised from inside the step (a module or gradient hook)."""
+
+
+@contextlib.contextmanager
+def _deadline(limit_s: float) -> Iterator[None]:
+    """Raise :class:`_Overtime` at the first module call (forward) or module-output gradient (backward) once
+    ``limit_s`` has passed. Native kernels cannot be interrupted; the checks run between them. On an
+    asynchronous device the host runs ahead of the kernels, so there it mostly catches slow host-side work."""
+    started = time.perf_counter()
+
+    def check(*_: object) -> None:
+        if time.perf_counter() - started > limit_s:
+            raise _Overtime()
+
+    def on_output(module: torch.nn.Module, args: object, output: object) -> None:
+        check()
+        if isinstance(output, torch.Tensor) and output.requires_grad:
+            output.register_hook(check)
+
+    handles = [torch.nn.modules.module.register_module_forward_pre_hook(check),
+               torch.nn.modules.module.register_module_forward_hook(on_output)]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 def unverified(reference_failure: Failure) -> Failure:
@@ -147,6 +180,24 @@ class TorchLab:
             peak_bytes=backend.peak_memory_bytes(candidate.device),
         )
 
+    def _limit_s(self, index: int, candidate: Candidate) -> float | None:
+        """How long verification step ``index`` may take before it is stopped inside (None: no limit yet)."""
+        if candidate.compiled:
+            return None  # compiling is the first step's job, and global module hooks would change the graph
+        if index == 0:
+            best_first_s = self.best_first.get(candidate.device, (float("inf"), candidate))[0]
+            if best_first_s == float("inf"):
+                return None  # nothing to compare with yet
+            return max(self.settings.slow_first_step_factor * best_first_s, self.settings.slow_step_floor_s)
+        if self.best_step_s == float("inf"):
+            return None
+        return max(self.settings.slow_step_factor * self.best_step_s, self.settings.slow_step_floor_s)
+
+    def _limit_basis(self, index: int) -> str:
+        if index == 0:
+            return f"{self.settings.slow_first_step_factor:.0f}x this device's fastest first step"
+        return f"{self.settings.slow_step_factor:.0f}x the fastest step so far"
+
     def _check(self, step: TrainStep) -> Trajectory:
         """The verification window, which doubles as warm-up; stops a pathologically slow candidate early."""
         trajectory = Trajectory()
@@ -154,14 +205,23 @@ class TorchLab:
         is_reference = self.reference is None and candidate == BASELINE
         steps = self.settings.verify_steps if candidate == candidate.base else self.settings.variant_verify_steps
         for index in range(steps):
+            limit_s = self._limit_s(index, candidate)
             started = time.perf_counter()
-            if self.settings.verify:
-                loss, grad_norm, skipped = step.run_checked()
-                trajectory.losses.append(loss)
-                trajectory.grad_norms.append(grad_norm)
-                trajectory.skipped.append(skipped)
-            else:
-                step.run()
+            try:
+                with _deadline(limit_s) if limit_s is not None else contextlib.nullcontext():
+                    if self.settings.verify:
+                        loss, grad_norm, skipped = step.run_checked()
+                        trajectory.losses.append(loss)
+                        trajectory.grad_norms.append(grad_norm)
+                        trajectory.skipped.append(skipped)
+                    else:
+                        step.run()
+            except _Overtime:
+                elapsed = time.perf_counter() - started
+                first = trajectory.step_s[0] if trajectory.step_s else elapsed
+                raise failed(candidate, "too_slow", (
+                    f"over {_human_s(elapsed)} into step {index + 1} (the limit: {_human_s(limit_s or 0.0)}, "
+                    f"{self._limit_basis(index)}); stopped inside the step"), first_step_ms=1000 * first) from None
             elapsed = time.perf_counter() - started
             if self.settings.verify and is_reference and index + 1 == self.settings.variant_verify_steps:
                 trajectory.early_updates[index + 1] = step.update()
