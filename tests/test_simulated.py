@@ -53,7 +53,8 @@ def test_a_10x_gap_is_always_taken() -> None:
     {"ramp_per_s": 0.02},
     {"outlier_rate": 0.05},
     {"burst": (8.0, 12.0)},
-], ids=["steady", "slowdown-between-stages", "ramp-2pct-per-s", "outliers-5pct-3x", "burst"])
+    {"load_correlation": 0.95, "load_noise": 0.10},
+], ids=["steady", "slowdown-between-stages", "ramp-2pct-per-s", "outliers-5pct-3x", "burst", "slow-load"])
 def test_truly_equal_precisions_are_a_tie_won_by_fp32(weather: dict[str, object]) -> None:
     results = picks(gpu_machine(20.0, 20.0, **weather))
     assert results.count(("cuda:0", "bf16-mixed")) <= 1  # a wrong "clearly faster" verdict: <= 5%

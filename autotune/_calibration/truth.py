@@ -52,6 +52,10 @@ class Truth:
     default_threads: int = 8
     #: log-normal sigma of every step
     noise: float = 0.03
+    #: a slow, machine-wide load (the control sees it too): an AR(1) log factor with this step-to-step
+    #: correlation and sigma ``load_noise``; consecutive rounds are then not independent
+    load_correlation: float = 0.0
+    load_noise: float = 0.0
     #: share of steps hit by an outlier, and how much slower they are
     outlier_rate: float = 0.0
     outlier_factor: float = 3.0
@@ -89,10 +93,20 @@ class _Weather:
         #: steps timed by the session (not by a set-up's verification window)
         self.timed_steps = 0
         self.in_setup = False
+        self._load = [0.0]  # shared with the control's weather: the machine's slow load, in log units
+
+    def load(self) -> float:
+        """The machine-wide load factor, one AR(1) step further."""
+        truth = self.truth
+        if truth.load_noise == 0.0:
+            return 1.0
+        rho = truth.load_correlation
+        self._load[0] = rho * self._load[0] + math.sqrt(1 - rho * rho) * self.rng.gauss(0.0, truth.load_noise)
+        return math.exp(self._load[0])
 
     def factor(self, device: str) -> float:
         truth, now = self.truth, self.clock.now
-        value = (1 + truth.ramp_per_s * now) * math.exp(self.rng.gauss(0.0, truth.noise))
+        value = (1 + truth.ramp_per_s * now) * math.exp(self.rng.gauss(0.0, truth.noise)) * self.load()
         if truth.burst is not None and truth.burst[0] <= now < truth.burst[1]:
             value *= truth.burst_factor
         if self.stage_1_over and device != "cpu":
@@ -183,10 +197,11 @@ class _ControlWeather(_Weather):
 
     def __init__(self, weather: _Weather) -> None:
         super().__init__(weather.truth, weather.clock, weather.rng)
+        self._load = weather._load
 
     def factor(self, device: str) -> float:
         truth, now = self.truth, self.clock.now
-        value = (1 + truth.ramp_per_s * now) * math.exp(self.rng.gauss(0.0, 0.01))
+        value = (1 + truth.ramp_per_s * now) * math.exp(self.rng.gauss(0.0, 0.01)) * self.load()
         if truth.burst is not None and truth.burst[0] <= now < truth.burst[1]:
             value *= truth.burst_factor
         return value
@@ -223,9 +238,6 @@ def true_score(truth: Truth, candidate: Candidate, expected_steps: int | None = 
     return step if expected_steps is None else 1000 * truth.candidates[candidate.base].setup_s + expected_steps * step
 
 
-
-
-
 def truth_from_record(measured: FamilyResult, **weather: object) -> Truth:
     """A recorded family (e.g. ``fixtures/machines/*.json``) read as a truth profile: each plain
     candidate's recorded median step time, set-up time, failure and GradScaler facts become its truth."""
@@ -242,6 +254,8 @@ def truth_from_record(measured: FamilyResult, **weather: object) -> Truth:
             default_scale_skipped=numerics.default_scale_skipped if numerics is not None else None,
         )
     return Truth(name=measured.model_kind, candidates=candidates, **weather)  # type: ignore[arg-type]
+
+
 __all__ = [
     "CandidateTruth", "FakeClock", "Truth", "TruthLab", "simulate", "true_pick", "true_score", "truth_from_record",
 ]
