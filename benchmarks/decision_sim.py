@@ -65,6 +65,8 @@ def scenarios() -> dict[str, tuple[Truth, int | None]]:
         "equal_outliers_5pct_3x": (gpu_family("o", 20.0, 20.0, outlier_rate=0.05), None),
         "gain_2.99pct_outliers_5pct_3x": (gpu_family("go", 20.0, 20.0 / 1.0299, outlier_rate=0.05), None),
         "equal_burst_halfway": (gpu_family("b", 20.0, 20.0, burst=(12.0, 16.0)), None),
+        # Outliers beyond the 4x one-round far-behind rule: one disturbed first round must not drop anything.
+        "equal_outliers_5pct_6x": (gpu_family("o6", 20.0, 20.0, outlier_rate=0.05, outlier_factor=6.0), None),
         # A background load that comes and goes slowly (AR(1), 0.95 step to step, 10%): rounds are correlated.
         "equal_slow_load": (gpu_family("l", 20.0, 20.0, load_correlation=0.95, load_noise=0.10), None),
         "gain_2.99pct_slow_load": (gpu_family("gl", 20.0, 20.0 / 1.0299, load_correlation=0.95, load_noise=0.10),
