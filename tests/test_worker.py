@@ -131,3 +131,56 @@ def test_an_interrupted_host_kills_its_worker_before_going_on() -> None:
     out, _ = host.communicate(timeout=30)
     assert "interrupted" in out
     assert not _alive(pid)
+
+
+API_HOST = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, {tests!r})
+    import autotune
+
+    autotune.register_family("hang", "families_for_tests:build_hang")
+    try:
+        autotune.best_config("hang")  # under the family's calibration lock
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+    sys.stdin.readline()  # the test looks at the worker and the lock meanwhile
+    autotune.register_family("hang", "families_for_tests:build_tiny")  # the same family, so the same lock
+    print(autotune.best_config("hang").source, flush=True)
+""")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_an_interrupted_calibration_frees_its_lock_and_the_next_one_runs_alone(isolated_autotune: Path) -> None:
+    import filelock
+
+    env = {**os.environ, "AUTOTUNE_LOCK_TIMEOUT_S": "1"}  # a lock still held would answer "heuristic" at once
+    host = subprocess.Popen([sys.executable, "-c", API_HOST.format(tests=str(TESTS))], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, env=env)
+    assert host.stdin is not None and host.stdout is not None
+    try:
+        worker = _worker_in_a_hung_step(host.pid)
+        host.send_signal(signal.SIGINT)
+        assert host.stdout.readline().strip() == "interrupted"
+        assert not _alive(worker), "the worker was killed before the host went on"
+        (lock_path,) = isolated_autotune.glob("*.hang.calibrating.lock")
+        lock = filelock.FileLock(lock_path)
+        lock.acquire(timeout=0)  # free: raises Timeout if the interrupted calibration still held it
+        lock.release()
+        host.stdin.write("\n")
+        host.stdin.flush()
+        assert host.stdout.readline().strip() == "measured", "the next calibration ran, without waiting"
+        assert host.wait(timeout=120) == 0
+    finally:
+        host.kill()
+
+
+def _worker_in_a_hung_step(host_pid: int) -> int:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        children = Path(f"/proc/{host_pid}/task/{host_pid}/children").read_text().split()
+        if children and _alive(pid := int(children[0])):
+            status = Path(f"/proc/{pid}/status").read_text()
+            if "State:\tS" in status and _cpu_seconds(pid) > 1.0:  # imported torch, now asleep in the step
+                return pid
+        time.sleep(0.2)
+    raise AssertionError("the worker never reached the hung step")
