@@ -1,9 +1,10 @@
 """The worker process seen from the host: spawn it, send it a request, read its events, kill it.
 
-Its own process group (a new session on POSIX, a new process group on Windows), so a timeout kills the
-worker and anything it started. Events arrive on a reader thread; the host waits with a timeout since the
-last event, so a hung candidate is killed and recorded as ``timeout``; a worker that dies is classified from
-its exit status and the tail of its stderr (signal, OOM, exit status).
+How a process tree is started and killed is the platform's business, one small module each, chosen once
+here: ``_proc_posix`` (a new session, ``killpg``), ``_proc_windows`` (a job object, ``TerminateJobObject``);
+either way a timeout kills the worker and anything it started. Events arrive on a reader thread; the host
+waits with a timeout since the last event, so a hung candidate is killed and recorded as ``timeout``; a
+worker that dies is classified from its exit status and the tail of its stderr (signal, OOM, exit status).
 """
 
 from __future__ import annotations
@@ -11,10 +12,10 @@ from __future__ import annotations
 import collections
 import contextlib
 import logging
-import os
 import queue
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -38,6 +39,11 @@ from autotune._calibration.protocol import (
 )
 from autotune._models import Candidate, Failure
 
+if sys.platform == "win32":
+    from autotune._calibration._proc_windows import ProcessTree
+else:
+    from autotune._calibration._proc_posix import ProcessTree
+
 log = logging.getLogger("autotune")
 
 Progress = Callable[[Candidate | None, float], None]
@@ -59,8 +65,9 @@ class Attempt:
 class Process:
     """A running worker process: its protocol lines, its stderr tail, when it started and was ready."""
 
-    def __init__(self, proc: subprocess.Popen[str]) -> None:
-        self.proc = proc
+    def __init__(self, tree: ProcessTree) -> None:
+        self.tree = tree
+        self.proc = proc = tree.proc
         self.lines: queue.Queue[str | None] = queue.Queue()
         self.stderr_tail: collections.deque[str] = collections.deque(maxlen=20)
         self.launched = time.perf_counter()
@@ -72,6 +79,11 @@ class Process:
         ]
         for thread in self.threads:
             thread.start()
+
+    @classmethod
+    def spawn(cls, argv: list[str]) -> Process:
+        """Start ``argv`` as a process tree of its own; raises OSError when it cannot start."""
+        return cls(ProcessTree(argv))
 
     def run(self, job: Job | TraceJob | CheckJob, attempt: Attempt, timeout_s: float, progress: Progress | None,
             until: tuple[type[Event], ...] = (Done,)) -> bool:
@@ -117,12 +129,8 @@ class Process:
         return False
 
     def kill(self) -> None:
-        """SIGKILL the worker's process group: the worker and anything it started."""
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            if os.name == "posix":
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            else:
-                self.proc.kill()
+        """Kill the worker and anything it started, and reap it."""
+        self.tree.kill()
         self.proc.wait()
 
     def close(self) -> None:

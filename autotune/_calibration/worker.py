@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import os
-import subprocess
 import sys
 import threading
 import time
@@ -94,20 +92,14 @@ class Worker:
         if self.isolation == "inprocess" or self._process is not None:
             return
         try:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "autotune._calibration.child"],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                # Its own process group, so a timeout kills the worker and anything it started.
-                start_new_session=os.name == "posix",
-                creationflags=getattr(subprocess, "CREATE_NEW_PROCESS_GROUP", 0),
-            )
+            process = Process.spawn([sys.executable, "-m", "autotune._calibration.child"])
         except OSError as exc:
             self.start_failure = Failure(kind="crashed", detail=(
                 f"cannot start a worker process ({exc}); hosts that cannot start processes can set "
                 "AUTOTUNE_ISOLATION=inprocess"))
             return
         self.start_failure = None
-        self._process = Process(proc)
+        self._process = process
         self.starts += 1
 
     @property
