@@ -20,6 +20,7 @@ import errno
 import logging
 import os
 import stat
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -129,7 +130,7 @@ def directory_problem(root: Path, *, create: bool = False) -> str | None:
         return os_reason(exc)
     if not stat.S_ISDIR(st.st_mode):
         return "not a directory"
-    if os.name == "posix":
+    if sys.platform != "win32":  # POSIX permissions (a platform check mypy understands: geteuid)
         # Another user who can write here can plant results (or links) that this process would act on.
         if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
             return f"writable by other users, mode {stat.S_IMODE(st.st_mode):o}"
