@@ -205,14 +205,14 @@ def _decisions(args: argparse.Namespace) -> int:
     console = Console(width=None if sys.stdout.isatty() else 120)  # pipes and logs: no 80-column squeeze
     console.print(f"[bold]Machine[/bold] {fp.summary()}  [dim](fingerprint {fp.digest})[/dim]")
     table = Table()
-    for column in ("kind", "device", "precision", "also", "ms/step", "vs fp32 CPU", "source"):
+    for column in ("kind", "device", "precision", "also", "ms/step", "vs fp32 CPU", "peak MiB", "source"):
         table.add_column(column, overflow="fold")
     for kind, config in configs.items():
         speed = f"{config.speedup_vs_fp32_cpu:.2f}x" if config.speedup_vs_fp32_cpu else "-"
         step = f"{config.step_ms:.3g}" if config.step_ms else "-"
         marker = " [yellow](noisy)[/yellow]" if config.noisy else ""
         table.add_row(kind, config.device, config.precision + marker, ", ".join(config.variants) or "-", step,
-                      speed, config.source)
+                      speed, _mib(config.peak_memory_mb), config.source)
     console.print(table)
     for kind, config in configs.items():
         console.print(f"[bold]{kind}[/bold]: {config.reason}", highlight=False)
@@ -242,7 +242,8 @@ def _explain(kind: str, *, recalibrate: bool, as_json: bool) -> int:
     console.print(f"[bold]{kind}[/bold] measured {measured.measured_at} in {measured.wall_s:.1f} s"
                   + ("  [yellow]noisy[/yellow]" if measured.noisy else ""))
     table = Table()
-    columns = ("candidate", "ms/step", "rounds", "time vs fp32 CPU", "set-up s", "loss err", "update cos", "outcome")
+    columns = ("candidate", "ms/step", "rounds", "time vs fp32 CPU", "set-up s", "peak MiB", "loss err", "update cos",
+               "outcome")
     for column in columns:
         table.add_column(column, overflow="fold")
     for r in measured.candidates:
@@ -253,6 +254,8 @@ def _explain(kind: str, *, recalibrate: bool, as_json: bool) -> int:
             f"{t.n} x {t.steps_per_round}" if t else "-",
             t.vs_baseline.describe() if t and t.vs_baseline else "-",
             f"{r.setup_s:.2f}" if r.setup_s is not None else "-",
+            _mib(r.peak_bytes / 2**20 if r.peak_bytes is not None else None,
+                 r.peak_reserved_bytes / 2**20 if r.peak_reserved_bytes is not None else None),
             f"{n.loss_error:.1e}" if n else "-",
             f"{n.update_cosine:.3f}" if n else "-",
             _outcome(r),
@@ -332,6 +335,13 @@ def _pick_words(measured: FamilyResult | None) -> str:
         return decide(measured, digest="").candidate.label
     except autotune.CalibrationError:
         return "no usable candidate"
+
+
+def _mib(peak_mb: float | None, reserved_mb: float | None = None) -> str:
+    """e.g. ``'61.5'``, ``'812 (1024 reserved)'``, or ``'-'`` where no peak was measured."""
+    if peak_mb is None:
+        return "-"
+    return f"{peak_mb:.3g}" + (f" ({reserved_mb:.4g} reserved)" if reserved_mb is not None else "")
 
 
 def _outcome(result: CandidateResult) -> str:

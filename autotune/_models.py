@@ -157,7 +157,11 @@ class CandidateResult(Record):
     numerics: Numerics | None = None
     num_threads: int | None = None
     device_name: str | None = None
-    peak_bytes: int | None = None
+    peak_bytes: int | None = Field(default=None, description=(
+        "the most memory its set-up and verification steps held at once: on the CPU (Linux) what the worker's "
+        "peak resident size rose by over its size at the start; CUDA / XPU: allocated; MPS: driver-allocated"))
+    peak_reserved_bytes: int | None = Field(
+        default=None, description="CUDA / XPU: the most the caching allocator reserved from the device")
 
     @property
     def usable(self) -> bool:
