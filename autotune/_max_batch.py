@@ -46,10 +46,11 @@ MAX_BATCH_SIZE = 65536
 #: probes in all, the two line probes included; the search stops earlier once a batch is within CLOSE
 MAX_PROBES = 10
 #: a confirmed batch whose peak is within this share of the target is close enough
-CLOSE = 0.06
-#: predictions aim this share under the target (doubled after each batch that did not fit): the same batch
-#: peaked 4% apart in three runs on the CPU (oneDNN's choices, the allocator's reuse)
-AIM = 0.03
+CLOSE = 0.03
+#: predictions aim this share under the target (doubled after each batch that did not fit): a probe's peak
+#: repeats within a fraction of a percent in the probe worker (the CPU's: ``memory.pin_allocator``), but the
+#: line bends a little with the batch (the allocator's rounding, the library's algorithm choices)
+AIM = 0.015
 #: below this difference between two peaks the line's slope is page noise
 NOISE_BYTES = 2**20
 
@@ -114,8 +115,8 @@ def find_max_batch(probe: Probe, *, model_kind: str, candidate: Candidate, margi
             line = _line(measured, batch, second)
         else:
             bad, last_oom = second, outcome.outcome == "oom"
-    # 3. Predict, confirm, refine: aim a little under the target (peaks vary by a few percent from run to run),
-    # and lower after each batch that did not fit, so the search settles on one that does.
+    # 3. Predict, confirm, refine: aim a little under the target, and lower after each batch that did not fit,
+    # so the search settles on one that does.
     overs = 0
     while len(probes) < MAX_PROBES and good < MAX_BATCH_SIZE and (bad is None or bad - good > 1):
         if measured[good] >= target * (1 - CLOSE):
@@ -177,8 +178,8 @@ def _predict(measured: dict[int, int], good: int, target: float) -> int:
         low = high = good
     line = _line(measured, low, high) if low != high else MemoryLine(
         fixed_bytes=0.0, per_sample_bytes=measured[good] / good, batches=(good, good))
-    if line.per_sample_bytes <= 0:
-        return MAX_BATCH_SIZE
+    if line.per_sample_bytes <= 0:  # nothing measured grows with the batch (a zero peak): grow step by step
+        return 4 * good
     return int((target - line.fixed_bytes) / line.per_sample_bytes)
 
 

