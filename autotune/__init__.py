@@ -29,6 +29,7 @@ from autotune._background import CalibrationJob, start_calibration
 from autotune._config import Config
 from autotune._errors import (
     AutotuneError,
+    BatchSizeUnsupportedError,
     CalibrationCancelled,
     CalibrationError,
     CalibrationPending,
@@ -36,17 +37,20 @@ from autotune._errors import (
     FamilyRegistrationError,
     FrameworkError,
     ImportFileError,
+    MaxBatchError,
     TraceError,
     UnknownFamilyError,
 )
 from autotune._exchange import use_defaults
 from autotune._families import Family, Workload, get_family, register_family
 from autotune._fingerprint import Fingerprint, fingerprint
-from autotune._models import OperatorTime, TraceReport
+from autotune._max_batch import max_batch_report, max_batch_size
+from autotune._models import MaxBatchReport, MemoryLine, MemoryProbe, OperatorTime, TraceReport
 from autotune._version import __version__
 
 __all__ = [
     "AutotuneError",
+    "BatchSizeUnsupportedError",
     "CalibrationCancelled",
     "CalibrationError",
     "CalibrationJob",
@@ -60,6 +64,10 @@ __all__ = [
     "Fingerprint",
     "FrameworkError",
     "ImportFileError",
+    "MaxBatchError",
+    "MaxBatchReport",
+    "MemoryLine",
+    "MemoryProbe",
     "OperatorTime",
     "TraceError",
     "TraceReport",
@@ -73,6 +81,8 @@ __all__ = [
     "fingerprint",
     "get_family",
     "import_results",
+    "max_batch_report",
+    "max_batch_size",
     "register_family",
     "start_calibration",
     "trace",

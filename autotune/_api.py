@@ -373,9 +373,12 @@ def measure_family(
 
 
 def clear_cache() -> list[str]:
-    """Delete every stored measurement of every machine configuration; returns the removed paths."""
+    """Delete every stored measurement of every machine configuration (max-batch answers too); returns the
+    removed paths."""
+    from autotune import _max_batch
+
     _decisions.clear()
-    return [str(p) for p in _store().clear()]
+    return [str(p) for p in _store().clear()] + _max_batch.clear_cache()
 
 
 def cached_configs(

@@ -27,6 +27,8 @@ examples:
   python -m autotune --trace cnn --candidate "cpu fp32"   ... or another measured candidate, to compare
   python -m autotune --family mine=my_app.models:build_model   your own model kind (also --explain, --trace)
   python -m autotune --prefer gpu --steps 60   decisions for a user who chose "GPU" and a short job
+  python -m autotune --max-batch cnn        the largest batch that fits, with the fitted memory line
+  python -m autotune --max-batch cnn --memory-limit-mb 4096   ... under 4 GiB of training memory
   python -m autotune --doctor              GPU hardware that this torch build cannot use, and what to do
   python -m autotune --export results.json   share or ship the results (with --family: only those kinds)
   python -m autotune --import results.json   merge results measured elsewhere (files are checked, never run)
@@ -65,6 +67,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--check", action="store_true",
                         help="re-time each cached pick against fp32 and the runner-up; recalibrate a family whose "
                         "pick no longer wins (exit 3)")
+    parser.add_argument("--max-batch", metavar="NAME[=MODULE:FUNC]",
+                        help="the largest batch of one model kind that fits on its picked device and precision")
+    parser.add_argument("--memory-limit-mb", type=float, metavar="MIB",
+                        help="with --max-batch: the memory training may take (default: the device's free memory)")
+    parser.add_argument("--margin", type=float, default=0.15,
+                        help="with --max-batch: share of the limit kept free (default 0.15)")
     parser.add_argument("--clear", action="store_true", help="delete all stored measurements and exit")
     parser.add_argument("--doctor", action="store_true", help="diagnose GPUs this torch build cannot use")
     parser.add_argument("-v", "--verbose", action="store_true", help="log decisions and calibration steps")
@@ -77,6 +85,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         _parser().error("--steps must be a positive integer")
     if args.trace is None and (args.out is not None or args.candidate is not None):
         _parser().error("--out and --candidate go with --trace")
+    if args.max_batch is None and (args.memory_limit_mb is not None or args.margin != 0.15):
+        _parser().error("--memory-limit-mb and --margin go with --max-batch")
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING, format="autotune: %(message)s", stream=sys.stderr
     )
@@ -106,6 +116,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _explain(_register(args.explain), recalibrate=args.recalibrate, as_json=args.json)
         if args.trace:
             return _trace(_register(args.trace), args)
+        if args.max_batch:
+            return _max_batch(_register(args.max_batch), args)
         return _decisions(args)
     except autotune.AutotuneError as exc:
         print(f"autotune: error: {exc}", file=sys.stderr)
@@ -205,14 +217,14 @@ def _decisions(args: argparse.Namespace) -> int:
     console = Console(width=None if sys.stdout.isatty() else 120)  # pipes and logs: no 80-column squeeze
     console.print(f"[bold]Machine[/bold] {fp.summary()}  [dim](fingerprint {fp.digest})[/dim]")
     table = Table()
-    for column in ("kind", "device", "precision", "also", "ms/step", "vs fp32 CPU", "source"):
+    for column in ("kind", "device", "precision", "also", "ms/step", "vs fp32 CPU", "peak MiB", "source"):
         table.add_column(column, overflow="fold")
     for kind, config in configs.items():
         speed = f"{config.speedup_vs_fp32_cpu:.2f}x" if config.speedup_vs_fp32_cpu else "-"
         step = f"{config.step_ms:.3g}" if config.step_ms else "-"
         marker = " [yellow](noisy)[/yellow]" if config.noisy else ""
         table.add_row(kind, config.device, config.precision + marker, ", ".join(config.variants) or "-", step,
-                      speed, config.source)
+                      speed, _mib(config.peak_memory_mb), config.source)
     console.print(table)
     for kind, config in configs.items():
         console.print(f"[bold]{kind}[/bold]: {config.reason}", highlight=False)
@@ -242,7 +254,8 @@ def _explain(kind: str, *, recalibrate: bool, as_json: bool) -> int:
     console.print(f"[bold]{kind}[/bold] measured {measured.measured_at} in {measured.wall_s:.1f} s"
                   + ("  [yellow]noisy[/yellow]" if measured.noisy else ""))
     table = Table()
-    columns = ("candidate", "ms/step", "rounds", "time vs fp32 CPU", "set-up s", "loss err", "update cos", "outcome")
+    columns = ("candidate", "ms/step", "rounds", "time vs fp32 CPU", "set-up s", "peak MiB", "loss err", "update cos",
+               "outcome")
     for column in columns:
         table.add_column(column, overflow="fold")
     for r in measured.candidates:
@@ -253,6 +266,8 @@ def _explain(kind: str, *, recalibrate: bool, as_json: bool) -> int:
             f"{t.n} x {t.steps_per_round}" if t else "-",
             t.vs_baseline.describe() if t and t.vs_baseline else "-",
             f"{r.setup_s:.2f}" if r.setup_s is not None else "-",
+            _mib(r.peak_bytes / 2**20 if r.peak_bytes is not None else None,
+                 r.peak_reserved_bytes / 2**20 if r.peak_reserved_bytes is not None else None),
             f"{n.loss_error:.1e}" if n else "-",
             f"{n.update_cosine:.3f}" if n else "-",
             _outcome(r),
@@ -303,6 +318,39 @@ def _trace(kind: str, args: argparse.Namespace) -> int:
     return 0
 
 
+def _max_batch(kind: str, args: argparse.Namespace) -> int:
+    import autotune
+
+    report = autotune.max_batch_report(kind, margin=args.margin, memory_limit_mb=args.memory_limit_mb,
+                                       force=args.recalibrate)
+    if args.json:
+        print(report.model_dump_json(indent=1))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    def mib(value: float) -> str:
+        return f"{value / 2**20:.1f} MiB"
+
+    console = Console(width=None if sys.stdout.isatty() else 120)  # pipes and logs: no 80-column squeeze
+    capped = " (the search's upper bound)" if report.capped else ""
+    console.print(f"[bold]{kind}[/bold] on {report.candidate.label}: batch [bold]{report.batch_size}[/bold] fits"
+                  f"{capped}, peak {mib(report.peak_bytes)} of a {mib(report.target_bytes)} target "
+                  f"({report.limit_from} {mib(report.limit_bytes)} less {report.margin:.0%})", highlight=False)
+    if report.line is not None:
+        console.print(f"memory ~ {report.line.describe()}", highlight=False)
+    table = Table()
+    for column in ("batch", "peak MiB", "outcome"):
+        table.add_column(column, overflow="fold")
+    for probe in report.probes:
+        peak = f"{probe.peak_bytes / 2**20:.1f}" if probe.peak_bytes is not None else "-"
+        table.add_row(str(probe.batch_size), peak, probe.outcome + (f": {probe.detail}" if probe.detail else ""))
+    console.print(table)
+    console.print(f"[dim]measured {report.measured_at} in {report.wall_s:.1f} s; peaks are what training adds to "
+                  "the process (--recalibrate measures again)[/dim]", highlight=False)
+    return 0
+
+
 def _check(args: argparse.Namespace) -> int:
     from autotune._api import check_cached
 
@@ -332,6 +380,13 @@ def _pick_words(measured: FamilyResult | None) -> str:
         return decide(measured, digest="").candidate.label
     except autotune.CalibrationError:
         return "no usable candidate"
+
+
+def _mib(peak_mb: float | None, reserved_mb: float | None = None) -> str:
+    """e.g. ``'61.5'``, ``'812 (1024 reserved)'``, or ``'-'`` where no peak was measured."""
+    if peak_mb is None:
+        return "-"
+    return f"{peak_mb:.3g}" + (f" ({reserved_mb:.4g} reserved)" if reserved_mb is not None else "")
 
 
 def _outcome(result: CandidateResult) -> str:

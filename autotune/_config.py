@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, Literal, TypeVar, cast
 
 import torch
+from pydantic import Field
 from torch import nn
 
 from autotune import _fp32
@@ -42,6 +43,9 @@ class Config(Record):
     setup_s: float | None = None
     speedup_vs_fp32_cpu: float | None = None
     init_scale: float | None = None
+    peak_memory_mb: float | None = Field(default=None, description=(
+        "the most memory the measured training steps held at once, in MiB, e.g. 61.5: on the CPU what the "
+        "process's resident size rose by (Linux); on a GPU allocated memory; None where it was not measured"))
     num_threads: int | None = None
     memory_format: MemoryFormat = "contiguous"
     optimizer: OptimizerImpl = "default"

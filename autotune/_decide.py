@@ -162,6 +162,7 @@ def decide(
         setup_s=pick.setup_s,
         speedup_vs_fp32_cpu=_step_ms(baseline) / _step_ms(pick) if baseline else None,
         init_scale=pick.numerics.init_scale if pick.numerics else None,
+        peak_memory_mb=pick.peak_bytes / 2**20 if pick.peak_bytes is not None else None,
         num_threads=pick.candidate.num_threads,
         memory_format=pick.candidate.memory_format,
         optimizer=pick.candidate.optimizer,

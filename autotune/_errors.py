@@ -36,6 +36,34 @@ class FamilyRegistrationError(AutotuneError, ValueError):
         return f"cannot register model kind {self.name!r}: {self.why}"
 
 
+class BatchSizeUnsupportedError(AutotuneError, TypeError):
+    """``max_batch_size`` needs a family whose ``build`` takes ``batch_size``; this one's does not."""
+
+    def __init__(self, name: str, ref: str) -> None:
+        self.name = name
+        self.ref = ref
+        super().__init__(name, ref)
+
+    def __str__(self) -> str:
+        return (f"model kind {self.name!r} cannot be built at another batch size: {self.ref} takes no batch_size "
+                "argument. Give it one with your training batch as the default, e.g. "
+                "def build(batch_size: int = 8) -> autotune.Workload, and register it again")
+
+
+class MaxBatchError(AutotuneError, RuntimeError):
+    """No batch size could be confirmed to fit, e.g. even a batch of 1 needs more than the limit."""
+
+    def __init__(self, model_kind: str, candidate: str, why: str) -> None:
+        self.model_kind = model_kind
+        self.candidate = candidate
+        self.why = why
+        super().__init__(model_kind, candidate, why)
+
+    def __str__(self) -> str:
+        return (f"no batch size of {self.model_kind!r} on {self.candidate} fits: {self.why}. Raise memory_limit_mb, "
+                "lower margin, free memory on the device, or try another device or precision")
+
+
 class ConfigurationError(AutotuneError, ValueError):
     """An invalid option or ``AUTOTUNE_*`` environment variable."""
 
@@ -141,6 +169,7 @@ class ImportFileError(AutotuneError, ValueError):
 
 __all__ = [
     "AutotuneError",
+    "BatchSizeUnsupportedError",
     "CalibrationCancelled",
     "CalibrationError",
     "CalibrationPending",
@@ -148,6 +177,7 @@ __all__ = [
     "FamilyRegistrationError",
     "FrameworkError",
     "ImportFileError",
+    "MaxBatchError",
     "TraceError",
     "UnknownFamilyError",
 ]

@@ -7,6 +7,7 @@ reference (``"module:function"``) because it runs in a spawned worker process, w
 from __future__ import annotations
 
 import importlib
+import inspect
 import re
 import sys
 from collections.abc import Callable, Iterable
@@ -16,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from autotune._errors import FamilyRegistrationError, UnknownFamilyError
+from autotune._errors import BatchSizeUnsupportedError, FamilyRegistrationError, UnknownFamilyError
 
 LossFn = Callable[[nn.Module, tuple[Tensor, ...]], Tensor]
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
@@ -37,7 +38,7 @@ class Workload:
     optimizer: OptimizerFactory = field(default=adamw)
 
 
-BuildFn = Callable[[], Workload]
+BuildFn = Callable[..., Workload]
 
 
 def _resolve(ref: str) -> object:
@@ -61,17 +62,29 @@ class Family:
     #: the app's own version of the model behind ``ref``; a new one measures the family again
     version: str | None = None
 
-    def build(self) -> Workload:
-        """Import the build function by reference and call it."""
+    def build(self, batch_size: int | None = None) -> Workload:
+        """Import the build function by reference and call it, with ``batch_size=`` when one is given."""
         target = _resolve(self.ref)
         if not callable(target):
             raise FamilyRegistrationError(self.name, f"{self.ref} is not callable")
-        workload = target()
+        if batch_size is not None and not self.accepts_batch_size():
+            raise BatchSizeUnsupportedError(self.name, self.ref)
+        workload = target() if batch_size is None else target(batch_size=batch_size)
         if not isinstance(workload, Workload):
             raise FamilyRegistrationError(
                 self.name, f"{self.ref}() returned {type(workload).__name__}, expected autotune.Workload"
             )
         return workload
+
+    def accepts_batch_size(self) -> bool:
+        """Whether ``build`` takes a ``batch_size`` keyword (``autotune.max_batch_size`` needs one)."""
+        target = _resolve(self.ref)
+        try:
+            parameters = inspect.signature(target).parameters.values()  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            return False
+        return any((p.name == "batch_size" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+                   or p.kind is p.VAR_KEYWORD for p in parameters)
 
 
 # -- built-in families -------------------------------------------------------------------------------------
@@ -82,18 +95,18 @@ def cross_entropy(model: nn.Module, inputs: tuple[Tensor, ...]) -> Tensor:
     return F.cross_entropy(model(features), labels)
 
 
-def build_tiny_mlp() -> Workload:
+def build_tiny_mlp(batch_size: int = 64) -> Workload:
     """The hand-gesture classifier of BACKGROUND.md fact 2: 21 hand landmarks x 3 coordinates, 10 gestures."""
     model = nn.Sequential(nn.Linear(63, 128), nn.ReLU(), nn.Linear(128, 64), nn.ReLU(), nn.Linear(64, 10))
-    return Workload(model, (torch.randn(64, 63), torch.randint(0, 10, (64,))), cross_entropy)
+    return Workload(model, (torch.randn(batch_size, 63), torch.randint(0, 10, (batch_size,))), cross_entropy)
 
 
-def build_mlp() -> Workload:
+def build_mlp(batch_size: int = 256) -> Workload:
     """A wider MLP on flattened features (e.g. embeddings or 28x28 images)."""
     model = nn.Sequential(
         nn.Linear(784, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10)
     )
-    return Workload(model, (torch.randn(256, 784), torch.randint(0, 10, (256,))), cross_entropy)
+    return Workload(model, (torch.randn(batch_size, 784), torch.randint(0, 10, (batch_size,))), cross_entropy)
 
 
 def _conv_block(channels_in: int, channels_out: int) -> nn.Module:
@@ -105,13 +118,13 @@ def _conv_block(channels_in: int, channels_out: int) -> nn.Module:
     )
 
 
-def build_cnn() -> Workload:
+def build_cnn(batch_size: int = 32) -> Workload:
     """A small image classifier: three conv + batchnorm blocks on 64x64 RGB images, batch 32."""
     model = nn.Sequential(
         _conv_block(3, 32), _conv_block(32, 64), _conv_block(64, 128),
         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(128, 10),
     )
-    return Workload(model, (torch.randn(32, 3, 64, 64), torch.randint(0, 10, (32,))), cross_entropy)
+    return Workload(model, (torch.randn(batch_size, 3, 64, 64), torch.randint(0, 10, (batch_size,))), cross_entropy)
 
 
 class TextClassifier(nn.Module):
@@ -129,9 +142,10 @@ class TextClassifier(nn.Module):
         return out
 
 
-def build_transformer() -> Workload:
+def build_transformer(batch_size: int = 16) -> Workload:
     """A small text classifier: 2 encoder layers, width 256, 16 sequences of 128 tokens."""
-    return Workload(TextClassifier(), (torch.randint(0, 1000, (16, 128)), torch.randint(0, 10, (16,))), cross_entropy)
+    inputs = (torch.randint(0, 1000, (batch_size, 128)), torch.randint(0, 10, (batch_size,)))
+    return Workload(TextClassifier(), inputs, cross_entropy)
 
 
 BUILTIN_FAMILIES: tuple[Family, ...] = (
@@ -190,6 +204,10 @@ def register_family(
     name: str, build: BuildFn | str, *, description: str = "", version: str | None = None
 ) -> Family:
     """Register a model kind: ``register_family("detector", "my_app.models:build_detector", version="2")``.
+
+    ``build()`` returns one batch's :class:`Workload` at the batch size the app trains with. Give it a
+    ``batch_size`` keyword with that default (``def build_detector(batch_size: int = 8)``) and
+    :func:`autotune.max_batch_size` can measure how large a batch fits; calibration always calls ``build()``.
 
     Stored measurements are keyed by ``build``'s reference and ``version``: registering another build, or
     the same build with another ``version`` (the app changed the model), measures the family again.

@@ -157,7 +157,11 @@ class CandidateResult(Record):
     numerics: Numerics | None = None
     num_threads: int | None = None
     device_name: str | None = None
-    peak_bytes: int | None = None
+    peak_bytes: int | None = Field(default=None, description=(
+        "the most memory its set-up and verification steps held at once: on the CPU (Linux) what the worker's "
+        "peak resident size rose by over its size at the start; CUDA / XPU: allocated; MPS: driver-allocated"))
+    peak_reserved_bytes: int | None = Field(
+        default=None, description="CUDA / XPU: the most the caching allocator reserved from the device")
 
     @property
     def usable(self) -> bool:
@@ -235,6 +239,63 @@ class TraceReport(Record):
     operators: list[OperatorTime]
 
 
+ProbeOutcome = Literal["fits", "over", "oom"]
+
+
+class MemoryProbe(Record):
+    """A few real training steps at one batch size, e.g. ``MemoryProbe(batch_size=16, peak_bytes=..., outcome="fits")``.
+
+    ``outcome``: ``fits`` under the target (the limit less the margin), ``over`` it (measured, backed off), or
+    ``oom`` (the step ran out of memory or the kernel killed the worker: nothing measured).
+    """
+
+    batch_size: int
+    peak_bytes: int | None
+    outcome: ProbeOutcome
+    detail: str | None = None
+
+
+class MemoryLine(Record):
+    """Peak memory as a line in the batch size, ``fixed_bytes + per_sample_bytes * batch``, fitted through
+    two probes (``batches``): the model, optimizer state and gradients, then activations and inputs."""
+
+    fixed_bytes: float
+    per_sample_bytes: float
+    batches: tuple[int, int]
+
+    def predict(self, batch_size: int) -> float:
+        return self.fixed_bytes + self.per_sample_bytes * batch_size
+
+    def describe(self) -> str:
+        """e.g. ``'12.3 MiB + 2.81 MiB x batch (fitted at batch 4 and 16)'``"""
+        return (f"{self.fixed_bytes / 2**20:.1f} MiB + {self.per_sample_bytes / 2**20:.3g} MiB x batch "
+                f"(fitted at batch {self.batches[0]} and {self.batches[1]})")
+
+
+class MaxBatchReport(Record):
+    """What ``autotune.max_batch_report`` found: the largest batch confirmed to fit, and the evidence.
+
+    Peaks are what the training steps add (CPU: the process's resident size over its size before them; CUDA /
+    XPU: reserved by the caching allocator; MPS: driver-allocated), so ``limit_bytes`` bounds what training
+    may take on top of the process that runs it.
+    """
+
+    model_kind: str
+    candidate: Candidate
+    batch_size: int = Field(description="the largest batch whose measured peak stayed under target_bytes")
+    peak_bytes: int = Field(description="the peak measured at batch_size")
+    limit_bytes: int = Field(description="memory_limit_mb, or the device's free memory, whichever is lower")
+    limit_from: Literal["memory_limit_mb", "free memory"]
+    free_bytes: int | None = Field(description="the device's free memory before the first probe, if known")
+    margin: float
+    target_bytes: int = Field(description="limit_bytes x (1 - margin)")
+    line: MemoryLine | None = Field(description="fitted at the two smallest probes; None if only one fitted")
+    probes: list[MemoryProbe]
+    capped: bool = Field(default=False, description="batch_size is the search's upper bound, not a memory limit")
+    measured_at: str
+    wall_s: float
+
+
 __all__ = [
     "PRECISIONS",
     "Candidate",
@@ -245,11 +306,15 @@ __all__ = [
     "FamilyKey",
     "FamilyResult",
     "Interval",
+    "MaxBatchReport",
     "MemoryFormat",
+    "MemoryLine",
+    "MemoryProbe",
     "Numerics",
     "OperatorTime",
     "OptimizerImpl",
     "Precision",
+    "ProbeOutcome",
     "Timing",
     "TraceReport",
 ]

@@ -304,3 +304,51 @@ def build_emulated_fp16() -> Workload:
         layers += [nn.Linear(8, 8), _EmulatedUnderFp16()]
     model = nn.Sequential(*layers, nn.Linear(8, 4))
     return Workload(model, (torch.randn(16, 8), torch.randint(0, 4, (16,))), cross_entropy)
+
+
+# -- batch sizes and memory (issue #15) ------------------------------------------------------------------------
+
+
+class _TokenClassifier(nn.Module):
+    """Per-token layers over 256 tokens of 128 features: about half a MiB of activations per sample, so
+    peak memory grows clearly with the batch while the model itself stays small."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.Sequential(nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 4))
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        out: Tensor = self.layers(tokens).mean(dim=1)
+        return out
+
+
+def build_batched(batch_size: int = 8) -> Workload:
+    torch.manual_seed(0)
+    return Workload(_TokenClassifier(), (torch.randn(batch_size, 256, 128), torch.randint(0, 4, (batch_size,))),
+                    cross_entropy)
+
+
+#: the batch above which the failing families below stop a step
+FAILS_ABOVE = 40
+
+
+def _oom_above(model: nn.Module, inputs: tuple[Tensor, ...]) -> Tensor:
+    if inputs[0].shape[0] > FAILS_ABOVE:  # what a GPU allocator raises when the batch does not fit
+        raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate {inputs[0].shape[0]} MiB")
+    return cross_entropy(model, inputs)
+
+
+def _killed_above(model: nn.Module, inputs: tuple[Tensor, ...]) -> Tensor:
+    if inputs[0].shape[0] > FAILS_ABOVE:  # what the kernel's OOM killer does to a process over its memory
+        os.kill(os.getpid(), 9)
+    return cross_entropy(model, inputs)
+
+
+def build_oom_above(batch_size: int = 8) -> Workload:
+    base = build_batched(batch_size)
+    return Workload(base.model, base.inputs, _oom_above)
+
+
+def build_killed_above(batch_size: int = 8) -> Workload:
+    base = build_batched(batch_size)
+    return Workload(base.model, base.inputs, _killed_above)

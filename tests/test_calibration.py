@@ -32,6 +32,9 @@ def test_end_to_end_calibration_of_builtin_tiny_mlp(isolated_autotune: Path) -> 
     assert baseline.timing.n >= 3 or baseline.timing.dropped is not None  # timed to a verdict, or far behind
     assert baseline.numerics is not None and baseline.numerics.loss_error == 0.0
     assert baseline.num_threads is not None and baseline.setup_s is not None
+    if sys.platform == "linux":  # the worker's peak resident size, reset per candidate (issue #15)
+        assert all(r.peak_bytes is not None and r.peak_bytes > 0 for r in measured.candidates if r.failure is None)
+        assert config.peak_memory_mb is not None and config.peak_memory_mb > 0
     # Every backend that offered no candidate says why; CPU always offers one.
     assert "cpu" not in measured.backend_notes and all(measured.backend_notes.values())
     planned_backends = {r.candidate.device.split(":")[0] for r in measured.candidates}

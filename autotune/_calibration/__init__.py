@@ -3,6 +3,8 @@
 ``plan`` (what to measure) -> ``setup`` (build, verify against the fp32 CPU reference, warm up; with ``step``
 and ``verify``) -> ``session`` (pruning stages, then the final paired comparison; timing by ``measure``) ->
 ``worker`` (the process around it all, speaking ``protocol``), which hands the host a ``FamilyResult``.
+Beside the pipeline, in the same worker: ``trace`` (a candidate under ``torch.profiler``), ``check`` (the
+canary's re-timing) and ``memory`` (a candidate's peak memory at one batch size, for ``max_batch_size``).
 
 It imports backends, families and the records, never the API, the store or the decision: it prunes, and
 ``autotune._decide`` picks from what it measured.

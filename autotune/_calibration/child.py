@@ -33,6 +33,8 @@ from autotune._calibration.protocol import (
     Done,
     Failed,
     Job,
+    MemoryProbed,
+    MemoryProbeJob,
     Planned,
     Ready,
     Traced,
@@ -110,7 +112,7 @@ def main() -> int:
     faulthandler.enable()  # a segfault or abort leaves a Python traceback in stderr, which the host keeps
     _die_with_the_host(os.getppid())
 
-    def emit(event: Ready | Planned | Begin | Failed | Done | Traced | Checked) -> None:
+    def emit(event: Ready | Planned | Begin | Failed | Done | Traced | Checked | MemoryProbed) -> None:
         protocol.write(event.model_dump_json() + "\n")
 
     warm_process()
@@ -118,11 +120,17 @@ def main() -> int:
     for line in sys.stdin:
         job = REQUEST.validate_json(line)
         sys.path[:0] = [p for p in job.sys_path if p not in sys.path]
-        if isinstance(job, (Job, CheckJob)):  # a clean slate for each family, with the host's settings
+        if isinstance(job, (Job, CheckJob, MemoryProbeJob)):  # a clean slate for each job, with the host's settings
             torch.set_num_threads(job.threads)
         _fp32.ensure(job.fp32)
         if isinstance(job, TraceJob):
             trace(job, emit)
+        elif isinstance(job, MemoryProbeJob):
+            from autotune._calibration.memory import pin_allocator, probe_memory
+
+            pin_allocator()
+            emit(Begin(candidate=job.candidate, phase="setup", fraction=0.0))  # a crash now is this probe's
+            emit(probe_memory(job))
         elif isinstance(job, CheckJob):
             from autotune._calibration.check import check
 

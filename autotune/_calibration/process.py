@@ -32,6 +32,8 @@ from autotune._calibration.protocol import (
     Done,
     Failed,
     Job,
+    MemoryProbed,
+    MemoryProbeJob,
     Planned,
     Ready,
     Traced,
@@ -47,7 +49,7 @@ else:
 log = logging.getLogger("autotune")
 
 Progress = Callable[[Candidate | None, float], None]
-Event = Planned | Begin | Failed | Done | Traced | Checked
+Event = Planned | Begin | Failed | Done | Traced | Checked | MemoryProbed
 
 #: the worker imports torch before its first word; allow a slow disk that long whatever the candidate timeout
 STARTUP_TIMEOUT_S = 120.0
@@ -85,8 +87,8 @@ class Process:
         """Start ``argv`` as a process tree of its own; raises OSError when it cannot start."""
         return cls(ProcessTree(argv))
 
-    def run(self, job: Job | TraceJob | CheckJob, attempt: Attempt, timeout_s: float, progress: Progress | None,
-            until: tuple[type[Event], ...] = (Done,)) -> bool:
+    def run(self, job: Job | TraceJob | CheckJob | MemoryProbeJob, attempt: Attempt, timeout_s: float,
+            progress: Progress | None, until: tuple[type[Event], ...] = (Done,)) -> bool:
         """Send ``job`` and record its events up to one of ``until``; True when the worker is still alive."""
         try:
             assert self.proc.stdin is not None
@@ -150,7 +152,7 @@ def record(event: Event, attempt: Attempt, progress: Progress | None) -> None:
         attempt.in_flight = event.candidate
         if progress is not None:
             progress(event.candidate, event.fraction)
-    elif isinstance(event, (Failed, Done)):
+    elif isinstance(event, (Failed, Done, MemoryProbed)):
         attempt.in_flight = None
         if isinstance(event, Done) and progress is not None:
             progress(None, 1.0)

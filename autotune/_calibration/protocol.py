@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 from autotune._calibration.measure import MeasureSettings
 from autotune._env import Search
 from autotune._fp32 import Fp32Settings
-from autotune._models import Candidate, CandidateResult, TraceReport
+from autotune._models import Candidate, CandidateResult, Failure, TraceReport
 
 
 class _Message(BaseModel):
@@ -104,8 +104,24 @@ class CheckJob(_Message):
     sys_path: list[str]
 
 
-Request = Annotated[Job | TraceJob | CheckJob, Field(discriminator="kind")]
-REQUEST: TypeAdapter[Job | TraceJob | CheckJob] = TypeAdapter(Request)
+class MemoryProbeJob(_Message):
+    """Train one candidate for a few steps at ``batch_size`` and report the peak memory they held."""
+
+    kind: Literal["memory_probe"] = "memory_probe"
+    family: FamilyRef
+    candidate: Candidate
+    init_scale: float | None
+    batch_size: int = Field(ge=1)
+    #: the second step is the steady one: the optimizer state exists and the first step's gradients live
+    #: through its forward pass
+    steps: int = Field(default=2, ge=1)
+    fp32: Fp32Settings
+    threads: int
+    sys_path: list[str]
+
+
+Request = Annotated[Job | TraceJob | CheckJob | MemoryProbeJob, Field(discriminator="kind")]
+REQUEST: TypeAdapter[Job | TraceJob | CheckJob | MemoryProbeJob] = TypeAdapter(Request)
 
 
 class Ready(_Message):
@@ -166,10 +182,23 @@ class Checked(_Message):
     noisy: bool
 
 
-Event = Annotated[Ready | Planned | Begin | Failed | Done | Traced | Checked, Field(discriminator="event")]
-EVENT: TypeAdapter[Ready | Planned | Begin | Failed | Done | Traced | Checked] = TypeAdapter(Event)
+class MemoryProbed(_Message):
+    """One memory probe: the peak its steps held (None where the backend cannot tell), the device's free
+    memory before it started, or the failure that stopped it (``oom`` when the batch did not fit)."""
+
+    event: Literal["memory_probed"] = "memory_probed"
+    batch_size: int
+    peak_bytes: int | None
+    peak_reserved_bytes: int | None
+    free_bytes: int | None
+    failure: Failure | None = None
+
+
+Event = Annotated[Ready | Planned | Begin | Failed | Done | Traced | Checked | MemoryProbed,
+                  Field(discriminator="event")]
+EVENT: TypeAdapter[Ready | Planned | Begin | Failed | Done | Traced | Checked | MemoryProbed] = TypeAdapter(Event)
 
 __all__ = [
     "EVENT", "REQUEST", "Begin", "CalibrationSettings", "CheckJob", "Checked", "Done", "Event", "Failed", "FamilyRef",
-    "Job", "Planned", "Ready", "Request", "Retimed", "TraceJob", "Traced",
+    "Job", "MemoryProbeJob", "MemoryProbed", "Planned", "Ready", "Request", "Retimed", "TraceJob", "Traced",
 ]

@@ -178,6 +178,7 @@ class TorchLab:
             num_threads=candidate.num_threads or self.default_threads,
             device_name=backend.device_name(candidate.device),
             peak_bytes=backend.peak_memory_bytes(candidate.device),
+            peak_reserved_bytes=backend.peak_reserved_bytes(candidate.device),
         )
 
     def _limit_s(self, index: int, candidate: Candidate) -> float | None:

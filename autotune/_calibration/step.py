@@ -65,7 +65,7 @@ class TrainStep:
 
     def __init__(
         self, family: Family, candidate: Candidate, backend: Backend, *, seed: int, fp32_host: _fp32.Fp32Settings,
-        init_scale: float | None = None,
+        init_scale: float | None = None, batch_size: int | None = None,
     ) -> None:
         self.candidate = candidate
         self.fp32 = _fp32.target(candidate.precision, fp32_host)
@@ -73,7 +73,7 @@ class TrainStep:
         self.device = torch.device(candidate.device)
         started = time.perf_counter()
         torch.manual_seed(seed)
-        workload = family.build()
+        workload = family.build(batch_size)  # None: the family's own batch
         self.initial_params = [p.detach().clone() for p in workload.model.parameters()]
         start_device(backend, candidate.device)  # a no-op after the device's first candidate
         self.memory_format = MEMORY_FORMATS[candidate.memory_format]

@@ -33,6 +33,8 @@ from autotune._calibration.protocol import (
     Failed,
     FamilyRef,
     Job,
+    MemoryProbed,
+    MemoryProbeJob,
     Planned,
     Traced,
     TraceJob,
@@ -231,6 +233,32 @@ class Worker:
         if checked is None and attempt.in_flight is not None and attempt.ended is not None:
             failed.append(CandidateResult(candidate=attempt.in_flight, failure=attempt.ended))  # took the worker down
         return checked, failed, attempt.ended
+
+    def run_memory_probe(self, job: MemoryProbeJob) -> MemoryProbed:
+        """One memory probe in the worker; a worker that died in it (the kernel's OOM killer: SIGKILL) is the
+        probe's failure, and the next probe starts a fresh worker."""
+        from autotune._calibration.memory import probe_memory
+
+        if self.isolation == "inprocess":
+            with _fp32.preserved():
+                return probe_memory(job)
+        attempt = Attempt()
+        self.start()
+        process = self._process
+        if process is not None:
+            try:
+                if not process.run(job, attempt, self.timeout_s, None, until=(MemoryProbed,)):
+                    self._process = None
+            except BaseException:
+                process.kill()
+                self._process = None
+                raise
+        probed = next((e for e in attempt.events if isinstance(e, MemoryProbed)), None)
+        if probed is not None:
+            return probed
+        failure = attempt.ended or self.start_failure or Failure(kind="crashed", detail="the worker stopped")
+        return MemoryProbed(batch_size=job.batch_size, peak_bytes=None, peak_reserved_bytes=None, free_bytes=None,
+                            failure=failure)
 
     def _attempt(self, job: Job, attempt: Attempt, progress: Progress | None, *, since: float) -> float:
         """Run ``job`` once; returns how long this family waited for a worker to start."""

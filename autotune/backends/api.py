@@ -56,6 +56,17 @@ class Backend(ABC):
         """Start a new peak-memory window where the backend tracks one."""
 
     def peak_memory_bytes(self, device: str) -> int | None:
+        """The most memory the work since ``reset_peak_memory`` held at once (CPU: what the resident size
+        rose by; CUDA / XPU: allocated; MPS: driver-allocated); None where the backend cannot tell."""
+        return None
+
+    def peak_reserved_bytes(self, device: str) -> int | None:
+        """The most memory the caching allocator held from the device since the reset (allocated plus cached
+        blocks: what the device really gave); None for backends without such an allocator."""
+        return None
+
+    def free_memory_bytes(self, device: str) -> int | None:
+        """What new allocations on ``device`` can still get now, e.g. 20 GiB; None where the OS does not say."""
         return None
 
     def is_oom(self, exc: BaseException) -> bool:

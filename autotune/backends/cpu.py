@@ -14,6 +14,7 @@ import warnings
 import torch
 
 from autotune._models import Precision
+from autotune.backends import _linux
 from autotune.backends.api import Accelerator, Backend
 
 _ISA_FLAGS = (
@@ -93,5 +94,37 @@ class CpuBackend(Backend):
             found.append("fp16-mixed")
         return found
 
+    def __init__(self) -> None:
+        #: the resident size when the current peak window started; None: no window (not Linux, or refused)
+        self._baseline_bytes: int | None = None
+
     def device_name(self, device: str) -> str:
         return f"{cpu_brand()}, {torch.get_num_threads()} threads"
+
+    def release_cached_memory(self, device: str) -> None:
+        if sys.platform == "linux":
+            _linux.return_free_heap()
+
+    def reset_peak_memory(self, device: str) -> None:
+        """Start a peak window at the live set: free heap pages go back first, so the resident size is what
+        is in use, and what the next candidate allocates raises it (see ``_linux.return_free_heap``)."""
+        self._baseline_bytes = None
+        if sys.platform != "linux":
+            return
+        _linux.return_free_heap()
+        if _linux.reset_peak_resident():
+            resident = _linux.resident_bytes()
+            self._baseline_bytes = resident[0] if resident is not None else None
+
+    def peak_memory_bytes(self, device: str) -> int | None:
+        """What the process's peak resident size rose by since ``reset_peak_memory``: the candidate's own
+        model, optimizer state, gradients, activations and batch, not the interpreter and torch around them
+        (as a GPU's allocated peak leaves out its context). None where the OS gives no resettable peak."""
+        if self._baseline_bytes is None:
+            return None
+        resident = _linux.resident_bytes()
+        return None if resident is None else max(0, resident[1] - self._baseline_bytes)
+
+    def free_memory_bytes(self, device: str) -> int | None:
+        """The RAM new allocations can get without swapping (``MemAvailable``); None off Linux."""
+        return _linux.available_bytes() if sys.platform == "linux" else None

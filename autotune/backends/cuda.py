@@ -239,3 +239,12 @@ class CudaBackend(Backend):
 
     def peak_memory_bytes(self, device: str) -> int | None:
         return int(torch.cuda.max_memory_allocated(torch.device(device)))
+
+    def peak_reserved_bytes(self, device: str) -> int | None:
+        return int(torch.cuda.max_memory_reserved(torch.device(device)))
+
+    def free_memory_bytes(self, device: str) -> int | None:
+        """Free on the device plus the allocator's cached, unused blocks (this process can reuse those)."""
+        where = torch.device(device)
+        free, _ = torch.cuda.mem_get_info(where)
+        return int(free + torch.cuda.memory_reserved(where) - torch.cuda.memory_allocated(where))

@@ -81,5 +81,13 @@ class MpsBackend(Backend):
         self._track_peak()
         return self._peak_bytes
 
+    def free_memory_bytes(self, device: str) -> int | None:
+        """Metal's recommended working set less what the driver holds now: unified memory is shared with the
+        CPU, and going beyond the recommendation pages to disk or fails (BACKGROUND.md fact 9)."""
+        recommended = getattr(torch.mps, "recommended_max_memory", None)
+        if recommended is None:
+            return None
+        return max(0, int(recommended()) - int(torch.mps.driver_allocated_memory()))
+
     def is_oom(self, exc: BaseException) -> bool:
         return super().is_oom(exc) or "MPS backend out of memory" in str(exc)

@@ -103,3 +103,16 @@ class XpuBackend(Backend):
 
     def peak_memory_bytes(self, device: str) -> int | None:
         return int(torch.xpu.max_memory_allocated(torch.device(device)))
+
+    def peak_reserved_bytes(self, device: str) -> int | None:
+        return int(torch.xpu.max_memory_reserved(torch.device(device)))
+
+    def free_memory_bytes(self, device: str) -> int | None:
+        """Free on the device plus the allocator's cached, unused blocks; None on torch builds without
+        ``torch.xpu.mem_get_info``."""
+        mem_get_info = getattr(torch.xpu, "mem_get_info", None)
+        if mem_get_info is None:
+            return None
+        where = torch.device(device)
+        free, _ = mem_get_info(where)
+        return int(free + torch.xpu.memory_reserved(where) - torch.xpu.memory_allocated(where))
