@@ -24,7 +24,7 @@ import torch
 from autotune import _fp32
 from autotune._calibration.child import calibrate
 from autotune._calibration.plan import BASELINE
-from autotune._calibration.process import Attempt, Process, Progress, record
+from autotune._calibration.process import Attempt, Event, Process, Progress, record
 from autotune._calibration.protocol import (
     CalibrationSettings,
     Checked,
@@ -187,18 +187,9 @@ class Worker:
                 return outcome
             raise TraceError(job.family.name, job.candidate.label, outcome.kind, outcome.detail)
         attempt = Attempt()
-        self.start()
-        process = self._process
-        if process is None:
+        if self._send(job, attempt, None, until=(Traced, Failed)) is None:
             failure = self.start_failure or Failure(kind="crashed", detail="no worker")
             raise TraceError(job.family.name, job.candidate.label, failure.kind, failure.detail)
-        try:
-            if not process.run(job, attempt, self.timeout_s, None, until=(Traced, Failed)):
-                self._process = None
-        except BaseException:
-            process.kill()
-            self._process = None
-            raise
         for event in attempt.events:
             if isinstance(event, Traced):
                 return event.report
@@ -216,18 +207,8 @@ class Worker:
             with _fp32.preserved():
                 check(job, lambda event: record(event, attempt, None), clock=time.perf_counter, control=Control(),
                       settle=time.sleep)
-        else:
-            self.start()
-            process = self._process
-            if process is None:
-                return None, [], self.start_failure
-            try:
-                if not process.run(job, attempt, self.timeout_s, None, until=(Checked,)):
-                    self._process = None
-            except BaseException:
-                process.kill()
-                self._process = None
-                raise
+        elif self._send(job, attempt, None, until=(Checked,)) is None:
+            return None, [], self.start_failure
         checked = next((e for e in attempt.events if isinstance(e, Checked)), None)
         failed = [e.result for e in attempt.events if isinstance(e, Failed)]
         if checked is None and attempt.in_flight is not None and attempt.ended is not None:
@@ -243,22 +224,32 @@ class Worker:
             with _fp32.preserved():
                 return probe_memory(job)
         attempt = Attempt()
-        self.start()
-        process = self._process
-        if process is not None:
-            try:
-                if not process.run(job, attempt, self.timeout_s, None, until=(MemoryProbed,)):
-                    self._process = None
-            except BaseException:
-                process.kill()
-                self._process = None
-                raise
+        self._send(job, attempt, None, until=(MemoryProbed,))
         probed = next((e for e in attempt.events if isinstance(e, MemoryProbed)), None)
         if probed is not None:
             return probed
         failure = attempt.ended or self.start_failure or Failure(kind="crashed", detail="the worker stopped")
         return MemoryProbed(batch_size=job.batch_size, peak_bytes=None, peak_reserved_bytes=None, free_bytes=None,
                             failure=failure)
+
+    def _send(self, job: Job | TraceJob | CheckJob | MemoryProbeJob, attempt: Attempt, progress: Progress | None, *,
+              until: tuple[type[Event], ...]) -> Process | None:
+        """Run ``job`` in the worker (started if needed) up to one of ``until``; the process it ran in, or None
+        when no worker could start. A worker that died is forgotten (the next job starts a fresh one); on any
+        exception, ``KeyboardInterrupt`` and an app's cancel included, it is killed before the wait unwinds."""
+        self.start()
+        process = self._process
+        if process is None:
+            return None
+        try:
+            alive = process.run(job, attempt, self.timeout_s, progress, until=until)
+        except BaseException:
+            process.kill()
+            self._process = None
+            raise
+        if not alive:
+            self._process = None
+        return process
 
     def _attempt(self, job: Job, attempt: Attempt, progress: Progress | None, *, since: float) -> float:
         """Run ``job`` once; returns how long this family waited for a worker to start."""
@@ -272,19 +263,10 @@ class Worker:
             with _fp32.preserved():  # candidates switch the host's own settings: put them back
                 calibrate(job, lambda event: record(event, attempt, progress), discard_on_device_error=False)
             return waited
-        self.start()
-        process = self._process
+        process = self._send(job, attempt, progress, until=(Done,))
         if process is None:
             attempt.ended = self.start_failure
             return 0.0
-        try:
-            alive = process.run(job, attempt, self.timeout_s, progress)
-        except BaseException:
-            process.kill()  # KeyboardInterrupt, an app's cancel: the worker never outlives the wait for it
-            self._process = None
-            raise
-        if not alive:
-            self._process = None
         ready_at = process.ready_at if process.ready_at is not None else time.perf_counter()
         return max(0.0, ready_at - max(process.launched, since))
 
