@@ -2,9 +2,11 @@
 
 The fingerprint cannot see everything that changes speed: a driver update that kept its version string,
 thermal paste drying out, a background service. For each measured family the cached pick is re-timed in the
-worker against fp32 on the CPU and the runner-up (the fastest other finalist), in interleaved rounds; when
-another of them is now faster than the pick by more than the decision margin (at the decision's confidence),
-or the pick fails, the family is calibrated again and the change reported.
+worker against fp32 on the CPU and the runner-up (the fastest other finalist on another device, precision or
+thread count), in interleaved rounds; when another of them is now faster than the pick by more than the
+decision margin (at the decision's confidence; see :func:`~autotune._calibration.check.faster_by_margin`), or
+the pick fails, the family is calibrated again and the change reported. The rounds stop as soon as that
+question is answered for every candidate.
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ from typing import Literal
 
 import torch
 
-from autotune import _env, _fp32, _stats
-from autotune._decide import clearly_faster, decide, finalists
-from autotune._models import Candidate, CandidateResult, FamilyResult, Record, Timing
+from autotune import _env, _fp32, _rules, _stats
+from autotune._calibration.check import faster_by_margin
+from autotune._decide import decide, finalists
+from autotune._models import Candidate, CandidateResult, FamilyResult, Record
 
 log = logging.getLogger("autotune")
 
@@ -40,16 +43,13 @@ class CheckResult(Record):
     wall_s: float
 
 
-def _retimed(candidate: Candidate, round_ms: list[float]) -> CandidateResult:
-    timing = Timing(round_ms=round_ms, steps_per_round=1, median_ms=_stats.median(round_ms),
-                    spread=_stats.spread(round_ms), stage=0, final=True)
-    return CandidateResult(candidate=candidate, timing=timing)
-
-
 def _against(measured: FamilyResult, pick: Candidate) -> list[Candidate]:
     from autotune._calibration.plan import BASELINE
 
-    others = sorted((r for r in finalists(measured) if r.candidate != pick and r.timing is not None),
+    # The runner-up comes from another device, precision or thread count: what can change unseen (a driver that
+    # kept its version, cooling, a background service) shifts those against one another. A layout or
+    # optimizer-kernel variant of the pick's own math runs on the same hardware and moves with the pick.
+    others = sorted((r for r in finalists(measured) if r.timing is not None and _rules.margin(r.candidate, pick)),
                     key=lambda r: r.timing.median_ms if r.timing is not None else float("inf"))
     chosen = [BASELINE] if pick != BASELINE else []
     if others and others[0].candidate not in chosen:
@@ -67,7 +67,9 @@ def check(measured: dict[str, FamilyResult], digest: str) -> list[CheckResult]:
     # Every candidate is timed in every round: one round far behind is interference here, not evidence
     # (a finite "never", as the settings cross the process boundary as JSON).
     never = 1e9
-    settings = CalibrationSettings(verify=False, measure=MeasureSettings(
+    # Nothing is verified, so set-up needs no verification window: the first step and one steady step, then
+    # ``warm_up`` runs steps until three agree.
+    settings = CalibrationSettings(verify=False, verify_steps=2, variant_verify_steps=2, measure=MeasureSettings(
         budget_s=BUDGET_SHARE * _env.BUDGET_S.get(), max_rounds=MAX_ROUNDS, far_behind=never,
         far_behind_device=never))
     results = []
@@ -78,8 +80,8 @@ def check(measured: dict[str, FamilyResult], digest: str) -> list[CheckResult]:
             against = _against(record, pick)
             family = get_family(kind)
             job = CheckJob(family=FamilyRef(name=family.name, ref=family.ref), candidates=[*against[:1], pick,
-                           *against[1:]], settings=settings, fp32=_fp32.current(), threads=torch.get_num_threads(),
-                           sys_path=[p for p in sys.path if p])
+                           *against[1:]], pick=pick, settings=settings, fp32=_fp32.current(),
+                           threads=torch.get_num_threads(), sys_path=[p for p in sys.path if p])
             checked, failed, ended = worker.run_check(job)
             verdict, detail = _judge(pick, against, checked.series if checked is not None else None, failed,
                                      ended.detail if ended is not None else None)
@@ -98,7 +100,7 @@ def _judge(pick: Candidate, against: Sequence[Candidate], series: Sequence[objec
         return "recalibrated", f"the pick failed: {broken.failure.kind}: {broken.failure.detail}"
     if series is None:
         return "recalibrated", f"the check could not run: {ended or 'the worker stopped without a result'}"
-    retimed = {s.candidate: _retimed(s.candidate, s.round_ms) for s in series if isinstance(s, Retimed)}
+    retimed = {s.candidate: s.round_ms for s in series if isinstance(s, Retimed)}
     mine = retimed.get(pick)
     if mine is None:
         return "recalibrated", "the pick was not timed"
@@ -107,13 +109,12 @@ def _judge(pick: Candidate, against: Sequence[Candidate], series: Sequence[objec
         theirs = retimed.get(other)
         if theirs is None:
             continue
-        estimate, low, high = _stats.ratio_interval(theirs.timing.round_ms, mine.timing.round_ms) \
-            if theirs.timing is not None and mine.timing is not None else (1.0, 0.0, float("inf"))
-        if clearly_faster(theirs, mine, None):
+        estimate, low, high = _stats.ratio_interval(theirs, mine)
+        if faster_by_margin(theirs, mine):
             return "recalibrated", (f"{other.label} is now faster than the pick ({pick.label}): its time over the "
                                     f"pick's {estimate:.2f}x, interval {low:.2f}-{high:.2f}")
         words.append(f"{other.label} {estimate:.2f}x the pick's time")
-    rounds = mine.timing.n if mine.timing is not None else 0
+    rounds = len(mine)
     return "ok", f"{pick.label} still within the margin ({'; '.join(words) or 'nothing to compare'}; {rounds} rounds)"
 
 

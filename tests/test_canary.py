@@ -9,8 +9,9 @@ from samples import family, timed
 
 import autotune
 from autotune import _api
+from autotune._calibration.check import faster_by_margin
 from autotune._calibration.protocol import Retimed
-from autotune._canary import _judge
+from autotune._canary import _against, _judge
 from autotune._cli import main
 from autotune._models import Candidate, CandidateResult, Failure
 
@@ -28,6 +29,13 @@ def test_judge_keeps_a_pick_within_the_margin_and_flags_one_clearly_beaten() -> 
     assert verdict == "recalibrated" and "cpu fp32 is now faster than the pick" in detail
     crashed = [CandidateResult(candidate=PICK, failure=Failure(kind="crashed", detail="SIGABRT"))]
     assert _judge(PICK, [FP32], None, crashed, None) == ("recalibrated", "the pick failed: crashed: SIGABRT")
+
+
+def test_only_a_gain_beyond_the_margin_is_worth_a_calibration() -> None:
+    pick = [1.0, 1.001, 0.999, 1.0, 1.0]
+    assert faster_by_margin([0.99, 0.991, 0.989, 0.99, 0.99], pick) is False  # a variant 1% faster: keep the pick
+    assert faster_by_margin([0.9, 0.901, 0.899, 0.9, 0.9], pick) is True
+    assert faster_by_margin([0.9, 1.1, 0.95, 1.05, 1.0], pick) is None  # the rounds cannot tell yet
 
 
 def test_check_on_a_healthy_cache_retimes_without_calibrating(tiny_family: str,
@@ -53,3 +61,15 @@ def test_a_pick_that_now_crashes_is_recalibrated_and_exit_3(isolated_autotune: P
     now = _api.cached_families(["abort_bf16"])["abort_bf16"]
     assert now.measured_at != stale.measured_at
     assert autotune.best_config("abort_bf16", wait=False).precision != "bf16-mixed"
+
+
+def test_the_runner_up_is_another_device_precision_or_thread_count() -> None:
+    def variant(result: CandidateResult, **settings: object) -> CandidateResult:
+        return result.model_copy(update={"candidate": result.candidate.model_copy(update=settings)})
+
+    pick = Candidate(device="cpu", precision="bf16-mixed", optimizer="fused")
+    measured = family("f", timed("cpu", "fp32", 3.0), timed("cpu", "bf16-mixed", 1.01),
+                      variant(timed("cpu", "bf16-mixed", 1.0), optimizer="fused"),
+                      variant(timed("cpu", "bf16-mixed", 1.1), optimizer="fused", num_threads=1))
+    # not plain bf16 (the pick's own math with another optimizer kernel), though it is faster than 1 thread
+    assert _against(measured, pick) == [FP32, pick.model_copy(update={"num_threads": 1})]

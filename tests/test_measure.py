@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 import pytest
 
 from autotune import _stats
-from autotune._calibration.measure import Comparisons, Interleaved, MeasureSettings, interleave, warm_up
+from autotune._calibration.check import answered
+from autotune._calibration.measure import Comparisons, Interleaved, MeasureSettings, Series, interleave, warm_up
 
 
 class FakeClock:
@@ -50,13 +51,15 @@ ONE_DEVICE: Comparisons[str] = Comparisons(group=lambda key: "cpu", margin=lambd
 
 def _run(step_times: dict[str, Iterator[float]], control: Iterator[float] | None = None,
          settings: MeasureSettings = SETTINGS, comparisons: Comparisons[str] = ONE_DEVICE,
-         estimate_s: dict[str, float] | None = None) -> tuple[Interleaved[str], dict[str, FakeStep]]:
+         estimate_s: dict[str, float] | None = None,
+         answered: Callable[[Mapping[str, Series[str]]], bool] | None = None,
+         ) -> tuple[Interleaved[str], dict[str, FakeStep]]:
     clock = FakeClock()
     steps = {name: FakeStep(clock, times) for name, times in step_times.items()}
     control_step = FakeStep(clock, control or itertools.repeat(0.001))
     estimates = {k: 0.01 for k in steps} | (estimate_s or {})
     result = interleave(steps, estimate_s=estimates, control=control_step, clock=clock,
-                        settings=settings, comparisons=comparisons, settle=lambda s: None)
+                        settings=settings, comparisons=comparisons, settle=lambda s: None, answered=answered)
     return result, steps
 
 
@@ -209,3 +212,18 @@ def test_a_drifting_control_gives_every_pair_twice_the_first_looks_rounds() -> N
     noisy, _ = _run({"fp32": itertools.repeat(0.1), "bf16": itertools.repeat(0.1)}, control=drifting)
     assert steady.rounds == _stats.LOOKS[0]
     assert noisy.rounds >= 2 * _stats.LOOKS[0]
+
+
+def test_the_canarys_question_answered_at_a_look_stops_the_rounds() -> None:
+    # A runner-up 1% behind the pick: resolving that near-tie takes the whole budget, but the canary only asks
+    # whether anyone is more than the margin faster than the pick, which a few rounds answer (no).
+    def steps() -> dict[str, Iterator[float]]:
+        return {"fp32": jittered(0.2), "pick": jittered(0.1, 0.01), "runner": jittered(0.101, 0.01, phase=3)}
+
+    pairs, _ = _run(steps(), comparisons=Comparisons(group=lambda key: "cpu", margin=lambda a, b: 0.0))
+    canary, _ = _run(steps(), comparisons=Comparisons(group=lambda key: "cpu", margin=lambda a, b: 0.0),
+                     answered=answered("pick"))
+    assert canary.rounds in _stats.LOOKS and canary.rounds < pairs.rounds
+    # ... and one clearly faster than the pick ends the rounds at once, at the first look
+    faster = {"pick": jittered(0.1, 0.01), "runner": jittered(0.05, 0.01, phase=3)}
+    assert _run(faster, answered=answered("pick"))[0].rounds == _stats.LOOKS[0]

@@ -2,20 +2,47 @@
 
 Far cheaper than a calibration: no search, no numerics gate (the candidates passed it when calibrated), only
 the candidates named, set up once (their unchecked first steps warm them up) and timed in a few interleaved,
-paired rounds with the calibration's own :func:`~autotune._calibration.measure.interleave`. Whether the pick
-is still within the margin of the best is the host's decision (``autotune._canary``).
+paired rounds with the calibration's own :func:`~autotune._calibration.measure.interleave`, until
+:func:`faster_by_margin` can answer for every other candidate. The verdict is the host's (``autotune._canary``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 
 from autotune import _rules, _stats
-from autotune._calibration.measure import Clock, Comparisons, Steppable, interleave, warm_up
+from autotune._calibration.measure import Clock, Comparisons, K, Series, Steppable, interleave, warm_up
 from autotune._calibration.protocol import Begin, Checked, CheckJob, Failed, Retimed
 from autotune._calibration.setup import CandidateFailed, Prepared, TorchLab, classify
 from autotune._families import Family
 from autotune._models import Candidate, CandidateResult
+
+
+def faster_by_margin(other_ms: Sequence[float], pick_ms: Sequence[float]) -> bool | None:
+    """Is the other candidate faster than the pick by more than :data:`~autotune._rules.MARGIN`, at the
+    decision's confidence? None while the paired rounds cannot tell.
+
+    One margin for every pair, variants of the pick's own math included: a smaller gain is not worth a
+    calibration, and a near-tie is answered (no) as soon as the other cannot be that much faster.
+    """
+    _, low, high = _stats.ratio_interval(other_ms, pick_ms)
+    if high * (1 + _rules.MARGIN) < 1:
+        return True
+    if low * (1 + _rules.MARGIN) >= 1:
+        return False
+    return None
+
+
+def answered(pick: K) -> Callable[[Mapping[K, Series[K]]], bool]:
+    """The canary's stopping rule: at a look, stop once every other candidate is answered, or one is faster."""
+
+    def rule(series: Mapping[K, Series[K]]) -> bool:
+        if pick not in series:
+            return True  # the pick failed its set-up: the verdict needs no rounds
+        answers = [faster_by_margin(s.round_ms, series[pick].round_ms) for c, s in series.items() if c != pick]
+        return True in answers or None not in answers
+
+    return rule
 
 
 def check(job: CheckJob, emit: Callable[[Begin | Failed | Checked], None], *, clock: Clock, control: Steppable,
@@ -38,10 +65,10 @@ def check(job: CheckJob, emit: Callable[[Begin | Failed | Checked], None], *, cl
         settings=settings, settle=settle,
         on_round=lambda rounds, key: emit(Begin(candidate=key, phase="timing", fraction=0.5 + 0.5 * min(
             1.0, rounds / settings.max_rounds))) if key is not None else None,
-        comparisons=Comparisons(group=lambda c: "check", margin=_rules.margin),
+        comparisons=Comparisons(group=lambda c: "check", margin=_rules.margin), answered=answered(job.pick),
     )
     emit(Checked(series=[Retimed(candidate=c, round_ms=s.round_ms) for c, s in timed.series.items()],
                  noisy=timed.noisy))
 
 
-__all__ = ["check"]
+__all__ = ["answered", "check", "faster_by_margin"]

@@ -157,8 +157,10 @@ def interleave(
     comparisons: Comparisons[K],
     on_round: Callable[[int, K | None], None] | None = None,
     settle: Callable[[float], None] = time.sleep,
+    answered: Callable[[Mapping[K, Series[K]]], bool] | None = None,
 ) -> Interleaved[K]:
-    """Time ``steps`` in interleaved rounds until every pair is resolved or the budget is spent."""
+    """Time ``steps`` in interleaved rounds until every pair is resolved or the budget is spent (or, at a look,
+    the caller's own question is ``answered``)."""
     series: dict[K, Series[K]] = {
         key: Series(steps_per_round=max(1, math.ceil(settings.round_min_s / max(estimate_s[key], 1e-9))))
         for key in steps
@@ -188,7 +190,7 @@ def interleave(
         timing = list(active)
         decisive = _look(series, active, comparisons, rounds)
         drifting = _stats.drift(control_ms) > settings.noise_limit
-        if rounds >= settings.max_rounds:
+        if rounds >= settings.max_rounds or (answered is not None and answered(series)):
             break
         if drifting and rounds < 2 * _stats.LOOKS[0]:
             # A drifting machine gives every pair at least twice the first look's rounds before it settles.

@@ -97,6 +97,7 @@ class CheckJob(_Message):
     family: FamilyRef
     #: fp32 on the CPU first (the too-slow guard compares first steps with it), then the pick and the runner-up
     candidates: list[Candidate]
+    pick: Candidate
     settings: CalibrationSettings
     fp32: Fp32Settings
     #: the host's torch thread count, as for a Job
