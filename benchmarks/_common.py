@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import sys
 import time
@@ -51,11 +52,15 @@ def search_space(kind: str) -> list[Candidate]:
 
 def oracle(
     kind: str, *, extra: list[Candidate] = (), steps: int = 200, warmup: int = 10, space: list[Candidate] | None = None,
+    block_s: float = 0.01,
 ) -> dict[str, float]:
-    """Median ms/step of every candidate in the search space, timed in-process, interleaved step by step.
+    """Mean ms/step of every candidate in the search space, timed in-process in interleaved blocks of steps.
 
-    After warm-up, candidates within 1.5x of the fastest get ``steps`` timed steps; the rest 10 (enough to
-    rank them, cheap for fp16 convolutions on a CPU at over a second a step, which get 1 warm-up step).
+    A block lasts at least ``block_s`` (one step for most models; tens of steps for a sub-millisecond MLP), so
+    each candidate runs as an app runs it, with its thread count steady, rather than one step right after
+    another candidate switched the thread pool; the figure is the median block's mean. After warm-up,
+    candidates within 1.5x of the fastest get ``steps`` timed steps (at least 20 blocks); the rest 10 (enough
+    to rank them, cheap for fp16 convolutions on a CPU at over a second a step, which get 1 warm-up step).
     ``space`` replaces the whole search space (e.g. only the planned device x precision candidates).
     """
     family = get_family(kind)
@@ -64,17 +69,19 @@ def oracle(
     runners = {c: TrainStep(family, c, backend_for(c.device), seed=0, fp32_host=fp32_host) for c in candidates}
     warm: dict[Candidate, float] = {}
     for candidate, runner in runners.items():
-        first = _one(runner)
+        first = _block(runner, 1)
         count = warmup if first < 0.5 or not warm else 1
-        more = [_one(runner) for _ in range(count - 1)] if count > 1 else []
+        more = [_block(runner, 1) for _ in range(count - 1)] if count > 1 else []
         warm[candidate] = statistics.median([first, *more])
     best = min(warm.values())
-    counts = {c: (steps if w < 1.5 * best else (10 if w < 10 * best else 1)) for c, w in warm.items()}
+    per_block = {c: max(1, math.ceil(block_s / w)) for c, w in warm.items()}
+    blocks = {c: (max(20, steps // per_block[c]) if w < 1.5 * best else (10 if w < 10 * best else 1))
+              for c, w in warm.items()}
     samples: dict[Candidate, list[float]] = {c: [] for c in runners}
-    for index in range(max(counts.values())):
+    for index in range(max(blocks.values())):
         for candidate, runner in runners.items():
-            if index < counts[candidate]:
-                samples[candidate].append(_one(runner))
+            if index < blocks[candidate]:
+                samples[candidate].append(_block(runner, per_block[candidate]))
     return {c.label: 1000 * statistics.median(s) for c, s in samples.items()}
 
 
@@ -83,12 +90,13 @@ def picked(measured: FamilyResult) -> Candidate:
     return pick_fastest(finalists(measured), None).candidate
 
 
-def _one(runner: TrainStep) -> float:
-    """One step, timed like calibration times it: the candidate's thread count is set outside the timing."""
+def _block(runner: TrainStep, steps: int) -> float:
+    """Mean seconds per step over ``steps`` steps; the candidate's thread count is set outside the timing."""
     with runner.selected():
         started = time.perf_counter()
-        runner.run()
-        return time.perf_counter() - started
+        for _ in range(steps):
+            runner.run()
+        return (time.perf_counter() - started) / steps
 
 
 def families_from_argv() -> list[str]:

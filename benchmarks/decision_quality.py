@@ -2,8 +2,8 @@
 
 For each family 5 independent cold calibrations (each in its own worker, as in production) pick; then the
 oracle times the whole search space (precision x layout x optimizer x threads) in-process, the contenders
-for 200 interleaved steps each. regret = oracle time of the pick / oracle
-time of the best - 1. Also prints how often the 5 picks agreed.
+for 200 steps each in interleaved blocks of at least 10 ms (``_common.oracle``). regret = oracle time of the
+pick / oracle time of the best - 1. Also prints how often the 5 picks agreed.
 
     python benchmarks/decision_quality.py [FAMILY ...]
 """
