@@ -73,3 +73,22 @@ def test_the_runner_up_is_another_device_precision_or_thread_count() -> None:
                       variant(timed("cpu", "bf16-mixed", 1.1), optimizer="fused", num_threads=1))
     # not plain bf16 (the pick's own math with another optimizer kernel), though it is faster than 1 thread
     assert _against(measured, pick) == [FP32, pick.model_copy(update={"num_threads": 1})]
+
+
+def test_a_pick_that_fails_its_set_up_is_reported_without_timing_the_others(isolated_autotune: Path) -> None:
+    import time
+
+    from autotune._calibration.check import check
+    from autotune._calibration.child import Control
+    from autotune._calibration.protocol import Begin, CalibrationSettings, Checked, CheckJob, Failed, FamilyRef
+
+    gone = Candidate(device="cuda:99", precision="bf16-mixed")  # a device this machine does not have
+    job = CheckJob(family=FamilyRef(name="tiny", ref="families_for_tests:build_tiny"), candidates=[FP32, gone],
+                   pick=gone, settings=CalibrationSettings(verify=False), fp32=autotune._fp32.current(), threads=1,
+                   sys_path=[])
+    events: list[object] = []
+    check(job, events.append, clock=time.perf_counter, control=Control(), settle=time.sleep)
+    failed = [e.result.candidate for e in events if isinstance(e, Failed)]
+    assert failed == [gone]
+    assert not any(isinstance(e, Begin) and e.phase == "timing" for e in events)
+    assert [e for e in events if isinstance(e, Checked)] == [Checked(series=[], noisy=False)]

@@ -37,8 +37,6 @@ def answered(pick: K) -> Callable[[Mapping[K, Series[K]]], bool]:
     """The canary's stopping rule: at a look, stop once every other candidate is answered, or one is faster."""
 
     def rule(series: Mapping[K, Series[K]]) -> bool:
-        if pick not in series:
-            return True  # the pick failed its set-up: the verdict needs no rounds
         answers = [faster_by_margin(s.round_ms, series[pick].round_ms) for c, s in series.items() if c != pick]
         return True in answers or None not in answers
 
@@ -58,6 +56,9 @@ def check(job: CheckJob, emit: Callable[[Begin | Failed | Checked], None], *, cl
             emit(Failed(result=exc.result))
         except Exception as exc:  # recorded with its class, never swallowed: the host recalibrates
             emit(Failed(result=CandidateResult(candidate=candidate, failure=classify(exc, candidate.device))))
+    if job.pick not in ready:
+        emit(Checked(series=[], noisy=False))  # the pick failed: that is the verdict, no rounds needed
+        return
     settings = job.settings.measure
     estimates = {c: _stats.median(warm_up(p.step, clock, p.recent_s, settings)[-3:]) for c, p in ready.items()}
     timed = interleave(
