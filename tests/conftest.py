@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import autotune
-from autotune import _api, _families, _fp32
+from autotune import _api, _background, _families, _fp32
 
 
 @pytest.fixture(autouse=True)
@@ -26,6 +26,12 @@ def isolated_autotune(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterat
     threads = torch.get_num_threads()
     with _fp32.preserved():  # an in-process candidate, a framework or a test may switch them: put them back
         yield cache
+    # A background job still running would go on in the next test's cache dir and show its worker there.
+    with _background._jobs_guard:
+        jobs = list(_background._jobs.values())
+    for job in jobs:
+        job.cancel()
+        job._finished.wait(timeout=60)
     torch.set_num_threads(threads)
     _families._registry.clear()
     _families._registry.update(registry)

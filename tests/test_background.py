@@ -71,7 +71,9 @@ def test_job_measures_in_the_background_and_a_second_start_joins_it(tiny_family:
     assert seen and {thread for _, thread in seen} == {"autotune-calibration"}  # documented: the job's thread
     after = autotune.best_config(tiny_family, wait=False)
     assert after.source == "measured" and after == report.configs[tiny_family]
-    assert autotune.start_calibration([tiny_family]) is not job  # a finished job is not joined
+    again = autotune.start_calibration([tiny_family])
+    assert again is not job  # a finished job is not joined; the new one serves the stored result
+    assert again.wait(timeout=300).measurements[tiny_family].measured_at == report.measurements[tiny_family].measured_at
     assert _workers_of(os.getpid()) == []
 
 
