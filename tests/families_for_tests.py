@@ -329,7 +329,7 @@ def build_batched(batch_size: int = 8) -> Workload:
 
 
 #: the batch above which the failing families below stop a step
-FAILS_ABOVE = 40
+FAILS_ABOVE = 12  # above the first probe (4), under the second (16): the search backs off at once
 
 
 def _oom_above(model: nn.Module, inputs: tuple[Tensor, ...]) -> Tensor:
