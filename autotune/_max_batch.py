@@ -107,16 +107,17 @@ def find_max_batch(probe: Probe, *, model_kind: str, candidate: Candidate, margi
     good, bad = batch, None
     # 2. The second line probe: at most what the first peak, scaled in proportion, allows.
     second = min(4 * batch, int(target * batch / max(measured[batch], 1)), MAX_BATCH_SIZE)
-    line, last_oom = None, False
+    line, bad_oom = None, False  # bad_oom: the smallest failing batch ran out of memory (its peak is unknown)
     if second > batch:
         outcome = record(probe(second))
         if outcome.outcome == "fits":
             good = second
             line = _line(measured, batch, second)
         else:
-            bad, last_oom = second, outcome.outcome == "oom"
+            bad, bad_oom = second, outcome.outcome == "oom"
     # 3. Predict, confirm, refine: aim a little under the target, and lower after each batch that did not fit,
-    # so the search settles on one that does.
+    # so the search settles on one that does. Below a batch that ran out of memory the line was wrong there:
+    # halfway to it, not next to it (a probe that the kernel's OOM killer ends costs a worker start).
     overs = 0
     while len(probes) < MAX_PROBES and good < MAX_BATCH_SIZE and (bad is None or bad - good > 1):
         if measured[good] >= target * (1 - CLOSE):
@@ -124,15 +125,14 @@ def find_max_batch(probe: Probe, *, model_kind: str, candidate: Candidate, margi
         aim = target * max(0.5, 1 - AIM * 2**overs)
         guess = min(_predict(measured, good, aim), MAX_BATCH_SIZE)
         if bad is not None:
-            guess = min(guess, bad - 1, (good + bad) // 2 if last_oom else bad - 1)
+            guess = min(guess, (good + bad) // 2 if bad_oom else bad - 1)
         if guess <= good:
             break
         outcome = record(probe(guess))
-        last_oom = outcome.outcome == "oom"
         if outcome.outcome == "fits":
             good, overs = guess, max(0, overs - 1)
         else:
-            bad, overs = guess, overs + 1
+            bad, bad_oom, overs = guess, outcome.outcome == "oom", overs + 1
     return MaxBatchReport(
         model_kind=model_kind, candidate=candidate, batch_size=good, peak_bytes=measured[good], limit_bytes=limit,
         limit_from=limit_from, free_bytes=free, margin=margin, target_bytes=target, line=line, probes=probes,
