@@ -86,12 +86,15 @@ def _usable_cores() -> int:
 
 
 def _ram_gib() -> int:
-    try:
-        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError):
+    if sys.platform == "win32":
         from autotune.backends import _windows
 
         total = _windows.ram_bytes()
+    else:
+        try:
+            total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError):  # a name this system does not know
+            total = 0
     return max(1, round(total / 2**30))
 
 

@@ -12,6 +12,9 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
+
+assert sys.platform != "win32", "POSIX only: process.py imports _proc_windows there"  # and mypy skips it there
 
 
 class ProcessTree:

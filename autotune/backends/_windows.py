@@ -34,6 +34,8 @@ def clean_cpu_name(value: str) -> str:
 
 def ram_bytes() -> int:
     """Installed physical memory from ``GlobalMemoryStatusEx``; 0 when it cannot be read."""
+    if sys.platform != "win32":
+        return 0
 
     class MemoryStatus(ctypes.Structure):
         _fields_ = [("length", ctypes.c_ulong), ("load", ctypes.c_ulong), ("total_phys", ctypes.c_ulonglong),
@@ -43,7 +45,7 @@ def ram_bytes() -> int:
 
     status = MemoryStatus()
     status.length = ctypes.sizeof(MemoryStatus)
-    if not ctypes.windll.kernel32.GlobalMemoryStatusEx(ctypes.byref(status)):  # type: ignore[attr-defined]
+    if not ctypes.windll.kernel32.GlobalMemoryStatusEx(ctypes.byref(status)):
         return 0
     return int(status.total_phys)
 

@@ -42,6 +42,7 @@ def read_cpuinfo(path: str = "/proc/cpuinfo") -> dict[str, str]:
 @functools.cache
 def cpu_facts() -> tuple[str, tuple[str, ...]]:
     """The CPU's brand and the ISA flags that matter for training speed, e.g. ``('Apple M2', ('neon', 'bf16'))``."""
+    flags: set[str]
     if sys.platform == "linux":
         info = read_cpuinfo()
         brand = info.get("model name") or info.get("Model") or info.get("Hardware") or platform.processor()
