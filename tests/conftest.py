@@ -40,6 +40,14 @@ def isolated_autotune(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterat
 
 
 @pytest.fixture
+def in_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Candidates run in this process: for tests whose subject is not the worker process (a calibration then
+    takes about 1 s here instead of the 4-5 s a worker's start adds: torch, then torch._dynamo's import, which
+    the first optimizer triggers). The worker's own tests, end to end and across processes, keep it."""
+    monkeypatch.setenv("AUTOTUNE_ISOLATION", "inprocess")
+
+
+@pytest.fixture
 def tiny_family() -> str:
     """A healthy, very small family registered from an importable test module."""
     autotune.register_family("tiny", "families_for_tests:build_tiny")

@@ -55,10 +55,12 @@ def test_a_second_process_is_answered_from_the_cache(tiny_family: str, isolated_
     assert again == first
 
 
+@pytest.mark.usefixtures("in_process")
 def test_repeated_calls_in_a_process_reuse_the_decision(tiny_family: str) -> None:
     assert autotune.best_config(tiny_family) is autotune.best_config(tiny_family)
 
 
+@pytest.mark.usefixtures("in_process")
 def test_a_write_by_another_process_is_noticed(tiny_family: str, isolated_autotune: Path) -> None:
     before = autotune.best_config(tiny_family)
     autotune.calibrate([tiny_family], force=True)
@@ -66,6 +68,7 @@ def test_a_write_by_another_process_is_noticed(tiny_family: str, isolated_autotu
     assert after.measured_at != before.measured_at
 
 
+@pytest.mark.usefixtures("in_process")
 def test_calibrate_reports_monotonic_progress(tiny_family: str) -> None:
     events: list[CalibrationProgress] = []
     report = autotune.calibrate([tiny_family, "tiny_mlp"], progress=events.append)
@@ -78,6 +81,7 @@ def test_calibrate_reports_monotonic_progress(tiny_family: str) -> None:
     assert Path(report.store_path).exists()
 
 
+@pytest.mark.usefixtures("in_process")
 def test_calibrate_reuses_cached_families_unless_forced(tiny_family: str) -> None:
     first = autotune.calibrate([tiny_family]).measurements[tiny_family]
     again = autotune.calibrate([tiny_family]).measurements[tiny_family]
@@ -92,12 +96,14 @@ def test_calibrate_rejects_unknown_names_before_measuring(isolated_autotune: Pat
     assert cached_families() == {}
 
 
+@pytest.mark.usefixtures("in_process")
 def test_calibrate_on_miss_false_answers_heuristically(tiny_family: str) -> None:
     config = autotune.best_config(tiny_family, calibrate_on_miss=False)
     assert (config.source, config.device, config.precision) == ("heuristic", "cpu", "fp32")
     assert "calibrate_on_miss=False" in config.reason
 
 
+@pytest.mark.usefixtures("in_process")
 @pytest.mark.parametrize(("prefer", "steps"), [("cpu", None), ("auto", 10), ("gpu", 100)])
 def test_preferences_and_short_jobs_need_no_new_measurement(tiny_family: str, prefer: str, steps: int | None) -> None:
     measured_at = autotune.best_config(tiny_family).measured_at
@@ -105,6 +111,7 @@ def test_preferences_and_short_jobs_need_no_new_measurement(tiny_family: str, pr
     assert config.measured_at == measured_at and config.device == "cpu"
 
 
+@pytest.mark.usefixtures("in_process")
 def test_prefer_gpu_on_this_cpu_only_machine_says_there_is_no_usable_gpu(tiny_family: str) -> None:
     config = autotune.best_config(tiny_family, prefer="gpu")
     assert config.device == "cpu"
@@ -126,6 +133,7 @@ def test_inprocess_isolation_measures_the_same_way(tiny_family: str, monkeypatch
     assert config.source == "measured"
 
 
+@pytest.mark.usefixtures("in_process")
 def test_forced_device_from_the_environment(tiny_family: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AUTOTUNE_DEVICE", "cpu")
     config = autotune.best_config(tiny_family)
@@ -144,6 +152,7 @@ def test_invalid_environment_is_an_error_naming_the_variable(
         autotune.calibrate([tiny_family], force=True)
 
 
+@pytest.mark.usefixtures("in_process")
 def test_empty_environment_values_mean_unset(tiny_family: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AUTOTUNE_DEVICE", "")
     assert autotune.best_config(tiny_family).source == "measured"
@@ -172,6 +181,7 @@ def test_cli_unknown_family_exits_1_with_suggestion() -> None:
     assert "did you mean 'cnn'?" in proc.stderr
 
 
+@pytest.mark.usefixtures("in_process")
 def test_cli_explain_lists_every_candidate_with_its_outcome(tiny_family: str, capsys: pytest.CaptureFixture[str],
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     from autotune._cli import main
@@ -184,6 +194,7 @@ def test_cli_explain_lists_every_candidate_with_its_outcome(tiny_family: str, ca
     assert "decision:" in out
 
 
+@pytest.mark.usefixtures("in_process")
 def test_cli_table_and_doctor_in_process(tiny_family: str, capsys: pytest.CaptureFixture[str]) -> None:
     from autotune._cli import main
 

@@ -38,6 +38,7 @@ def test_only_a_gain_beyond_the_margin_is_worth_a_calibration() -> None:
     assert faster_by_margin([0.9, 1.1, 0.95, 1.05, 1.0], pick) is None  # the rounds cannot tell yet
 
 
+@pytest.mark.usefixtures("in_process")
 def test_check_on_a_healthy_cache_retimes_without_calibrating(tiny_family: str,
                                                             capsys: pytest.CaptureFixture[str]) -> None:
     before = autotune.calibrate([tiny_family]).measurements[tiny_family]

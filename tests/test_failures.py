@@ -73,14 +73,16 @@ def test_crash_only_under_bf16_picks_fp32_and_names_the_crash() -> None:
     assert by_label["cpu fp32"].timing is not None  # measured again in the restarted worker
 
 
+@pytest.mark.usefixtures("in_process")
 def test_an_out_of_memory_error_is_retried_once_before_it_is_recorded() -> None:
-    # The worker's first bf16 step asks the real CPU allocator for 32 TiB: retried once, bf16 is measured.
+    # The first bf16 step asks the real CPU allocator for 32 TiB: retried once, bf16 is measured.
     autotune.register_family("oom_once", "families_for_tests:build_cpu_oom_once_under_bf16")
     measured = autotune.calibrate(["oom_once"]).measurements["oom_once"]
     bf16 = next(r for r in measured.candidates if r.candidate.label == "cpu bf16-mixed")
     assert bf16.failure is None and bf16.numerics is not None
 
 
+@pytest.mark.usefixtures("in_process")
 def test_a_candidate_out_of_memory_twice_says_so() -> None:
     autotune.register_family("oom", "families_for_tests:build_raise_oom")
     with pytest.raises(CalibrationError) as info:

@@ -103,6 +103,7 @@ def test_expected_steps_weighs_set_up_with_the_paired_interval() -> None:
     assert decide(measured, expected_steps=20000, digest="sim").device == "cuda:0"
 
 
+@pytest.mark.usefixtures("in_process")
 def test_a_real_family_whose_fp32_steps_are_10x_slower_trains_in_mixed_precision(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
