@@ -13,37 +13,13 @@ from pathlib import Path
 
 import filelock
 import pytest
+from procs_for_tests import alive, workers_of
 
 import autotune
 from autotune import _api
 from autotune._api import cached_families
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc for worker processes")
-
-
-def _workers_of(pid: int) -> list[int]:
-    """Calibration worker processes whose parent is ``pid`` (the OS boundary: /proc)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        if ppid == pid and b"autotune._calibration.child" in cmdline:
-            found.append(int(entry))
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 def _lock_free(kind: str) -> bool:
@@ -75,7 +51,7 @@ def test_job_measures_in_the_background_and_a_second_start_joins_it(tiny_family:
     assert again is not job  # a finished job is not joined
     first, second = report.measurements[tiny_family], again.wait(timeout=300).measurements[tiny_family]
     assert (second.measured_at != first.measured_at) == first.noisy  # a noisy result is measured again
-    assert _workers_of(os.getpid()) == []
+    assert workers_of(os.getpid()) == []
 
 
 def test_wait_with_a_timeout_says_the_job_goes_on(tiny_family: str) -> None:
@@ -92,7 +68,7 @@ def test_cancel_at_random_moments_keeps_finished_families_and_leaves_nothing(tin
     rng = random.Random(12)
     pids: set[int] = set()  # every worker seen while a job ran
     for _ in range(3):
-        job = autotune.start_calibration(kinds, progress=lambda p: pids.update(_workers_of(os.getpid())))
+        job = autotune.start_calibration(kinds, progress=lambda p: pids.update(workers_of(os.getpid())))
         time.sleep(rng.uniform(0.0, 6.0))
         job.cancel()
         try:
@@ -101,7 +77,7 @@ def test_cancel_at_random_moments_keeps_finished_families_and_leaves_nothing(tin
         except autotune.CalibrationCancelled as cancelled:
             finished = cancelled.finished
             assert set(cancelled.finished) | set(cancelled.missing) == set(kinds)
-        assert _workers_of(os.getpid()) == [] and not any(_alive(pid) for pid in pids)
+        assert workers_of(os.getpid()) == [] and not any(alive(pid) for pid in pids)
         assert all(_lock_free(kind) for kind in kinds)
         stored = cached_families(kinds)
         assert set(finished) <= set(stored)
@@ -145,9 +121,9 @@ def test_an_app_that_exits_mid_job_leaves_no_worker(isolated_autotune: Path) -> 
                          cwd=Path(__file__).parent, env=os.environ)
     app_pid = int(app.stdout.split()[0])
     deadline = time.monotonic() + 10
-    while _workers_of(app_pid) and time.monotonic() < deadline:
+    while workers_of(app_pid) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert _workers_of(app_pid) == []  # reparented workers would show another parent: check by command line too
+    assert workers_of(app_pid) == []  # reparented workers would show another parent: check by command line too
     assert not any(b"autotune._calibration.child" in Path(f"/proc/{p}/cmdline").read_bytes() and
                    str(isolated_autotune).encode() in Path(f"/proc/{p}/environ").read_bytes()
                    for p in os.listdir("/proc") if p.isdigit() and _readable(p))

@@ -1,0 +1,32 @@
+"""Worker processes seen at the OS boundary (/proc, Linux): what a test asserts about processes it cannot see
+from Python."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def workers_of(pid: int) -> list[int]:
+    """Calibration worker processes whose parent is ``pid``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        if ppid == pid and b"autotune._calibration.child" in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+def alive(pid: int) -> bool:
+    """The process exists and is not a zombie."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
