@@ -124,12 +124,13 @@ def best_config(
                 "calibration was not allowed (calibrate_on_miss=False)"
             return fallback(family.name, fp, store, why, prefer=prefer, expected_steps=expected_steps)
         with _new_worker() as worker:
-            worker.start()  # its interpreter start overlaps taking the lock
+            if not _calibrating_elsewhere(store, fp.digest, family.name):  # else it may need none (run_calibration)
+                worker.start()  # its interpreter start overlaps taking the lock
             measured = _calibrate_one(family, key, fp, store, force=False, progress=None, index=0, total=1,
                                       worker=worker)
         if measured is None:
             return fallback(family.name, fp, store, "another process is still calibrating and the wait timed out "
-                            f"after {_env.LOCK_TIMEOUT_S.get():.0f} s (AUTOTUNE_LOCK_TIMEOUT_S)",
+                            f"after {_env.LOCK_TIMEOUT_S.get():g} s (AUTOTUNE_LOCK_TIMEOUT_S)",
                             prefer=prefer, expected_steps=expected_steps)
         memo = (*memo[:-1], store.stamp(fp.digest))
     config = decide(measured, prefer=prefer, expected_steps=expected_steps, forced_device=forced, digest=fp.digest)
@@ -255,8 +256,12 @@ def run_calibration(
     with _new_worker() as worker:  # one worker for every family; killed on any exception
         if on_worker is not None:
             on_worker(worker)
-        if len(cached) < len(families):
-            worker.start()  # first: its interpreter start overlaps everything else
+        pending = [family for family in families if family.name not in cached]
+        # First, so its interpreter start overlaps everything else; but not while another process measures the
+        # first family: this one waits for that result and may need no worker at all (nor take CPU from that
+        # measurement). It then starts when a family needs it.
+        if pending and not _calibrating_elsewhere(store, fp.digest, pending[0].name):
+            worker.start()
         for index, family in enumerate(families):
             if worker.cancelled:
                 raise CalibrationCancelled(finished=list(measurements), missing=kinds[index:])
@@ -282,6 +287,21 @@ def run_calibration(
         fingerprint=fp, measurements=measurements, configs=configs,
         wall_s=time.perf_counter() - started, store_path=str(store.path(fp.digest)),
     )
+
+
+def _calibrating_elsewhere(store: Store, digest: str, name: str) -> bool:
+    """True while another process (or thread) holds ``name``'s calibration lock: a look, not a claim."""
+    import filelock
+
+    lock = store.calibration_lock(digest, name)
+    if lock is None:
+        return False
+    try:
+        lock.acquire(timeout=0)
+    except filelock.Timeout:
+        return True
+    lock.release()
+    return False
 
 
 def _new_worker() -> Worker:

@@ -7,10 +7,12 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
+from procs_for_tests import workers_of
 
 import autotune
 from autotune import CalibrationError
@@ -197,15 +199,29 @@ def test_a_waiter_takes_over_when_the_lock_holder_dies(isolated_autotune: Path) 
 def test_lock_wait_timeout_answers_heuristically(isolated_autotune: Path, tiny_family: str,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     holder = _hold_calibration_lock(isolated_autotune)
+    seen: set[int] = set()  # worker processes of this one while it waited (read from /proc)
+    waited = threading.Event()
+
+    def watch() -> None:
+        while not waited.is_set() and sys.platform.startswith("linux"):
+            seen.update(workers_of(os.getpid()))
+            time.sleep(0.02)
+
+    watcher = threading.Thread(target=watch)
     try:
         monkeypatch.setenv("AUTOTUNE_LOCK_TIMEOUT_S", "0.5")
+        watcher.start()
         config = autotune.best_config(tiny_family)
     finally:
+        waited.set()
+        watcher.join()
         holder.kill()
         holder.wait()
     assert config.source == "heuristic"
     assert "another process is still calibrating" in config.reason
     assert "AUTOTUNE_LOCK_TIMEOUT_S" in config.reason
+    # Waiting for another process's result takes no worker (nor CPU from that process's measurement).
+    assert seen == set()
 
 
 def test_a_worker_that_cannot_start_is_a_calibration_error(tiny_family: str, monkeypatch: pytest.MonkeyPatch) -> None:
