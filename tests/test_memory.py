@@ -53,8 +53,9 @@ def test_a_smaller_second_window_is_not_hidden_by_freed_memory_the_allocator_kep
     second = backend.peak_memory_bytes("cpu")
     del blocks
     assert first is not None and second is not None
-    # 64 MiB and 32 MiB touched; a few pages of slack (the window starts above what was resident at its reset)
-    assert first >= 60 * MIB and 30 * MIB <= second < first
+    # 64 MiB and 32 MiB touched. Memory earlier tests left resident in this process can serve part of a window
+    # (57.9 MiB read once in CI): three quarters of each, and the bug this is about reads ~0 for the second.
+    assert first >= 48 * MIB and 24 * MIB <= second < first
 
 
 def test_available_memory_is_memavailable(tmp_path: Path) -> None:
