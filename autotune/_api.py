@@ -124,8 +124,10 @@ def best_config(
                 "calibration was not allowed (calibrate_on_miss=False)"
             return fallback(family.name, fp, store, why, prefer=prefer, expected_steps=expected_steps)
         with _new_worker() as worker:
-            if not _calibrating_elsewhere(store, fp.digest, family.name):  # else it may need none (run_calibration)
-                worker.start()  # its interpreter start overlaps taking the lock
+            # Its interpreter start overlaps taking the lock; not while another process measures this family:
+            # then this one waits for that result and may need no worker at all.
+            if not _calibrating_elsewhere(store, fp.digest, family.name):
+                worker.start()
             measured = _calibrate_one(family, key, fp, store, force=False, progress=None, index=0, total=1,
                                       worker=worker)
         if measured is None:
