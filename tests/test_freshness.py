@@ -24,8 +24,7 @@ from autotune._models import FamilyResult
 
 
 @pytest.fixture(autouse=True)
-def quick(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("AUTOTUNE_ISOLATION", "inprocess")
+def quick(in_process: None, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AUTOTUNE_SEARCH", "precision")
     monkeypatch.setenv("AUTOTUNE_BUDGET_S", "0.2")
 

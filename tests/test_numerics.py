@@ -11,11 +11,8 @@ import autotune
 from autotune._api import measure_family
 from autotune._models import FamilyResult
 
-
-@pytest.fixture(autouse=True)
-def in_process(monkeypatch: pytest.MonkeyPatch) -> None:
-    # These tests are about numerics, not isolation (test_failures covers the worker): skip its start-up.
-    monkeypatch.setenv("AUTOTUNE_ISOLATION", "inprocess")
+# These tests are about numerics, not isolation (test_failures covers the worker): skip its start-up.
+pytestmark = pytest.mark.usefixtures("in_process")
 
 
 def _measure(build: str) -> dict[str, FamilyResult]:

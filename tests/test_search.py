@@ -12,10 +12,7 @@ from autotune import Config
 from autotune._api import measure_family
 from autotune._models import FamilyResult
 
-
-@pytest.fixture(autouse=True)
-def in_process(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("AUTOTUNE_ISOLATION", "inprocess")  # the search, not the isolation, is under test
+pytestmark = pytest.mark.usefixtures("in_process")  # the search, not the isolation, is under test
 
 
 def _measure(build: str) -> FamilyResult:
