@@ -9,7 +9,7 @@ import autotune
 from autotune._calibration.plan import Facts
 from autotune._calibration.truth import CandidateTruth, Truth, simulate
 from autotune._decide import decide
-from autotune._models import Candidate, Failure
+from autotune._models import Candidate, CandidateResult, Failure
 
 SEEDS = range(20)
 
@@ -164,3 +164,36 @@ def test_the_leaders_layout_is_tried_in_every_precision_that_ties_it() -> None:
                   facts=Facts(image_inputs=True, default_optimizer=True))
     configs = [decide(simulate(truth, seed)[0], digest="sim") for seed in SEEDS]
     assert sum((c.precision, c.memory_format) == ("fp32", "channels_last") for c in configs) >= len(SEEDS) - 1
+
+
+def test_a_restarted_worker_resumes_after_the_last_stage_it_finished() -> None:
+    # The worker died on a stage-3 candidate: the restarted one takes over stage 2's checkpoint, sets up only
+    # the fp32 baseline (its trajectory verifies the rest) and what was alive, and goes on with stage 3.
+    from autotune._calibration.plan import BASELINE
+    from autotune._calibration.protocol import Begin, Checkpoint, Planned
+
+    truth = Truth(name="sim", candidates={
+        _c("cpu", "fp32"): CandidateTruth(30.0), _c("cpu", "bf16-mixed"): CandidateTruth(120.0),
+        _c("cuda:0", "fp32"): CandidateTruth(20.0, setup_s=3.0), _c("cuda:0", "bf16-mixed"): CandidateTruth(10.0)},
+        variant_factors={"fused-optimizer": 0.7, "1 thread": 3.0, "4 threads": 1.5})
+    events: list[object] = []
+    simulate(truth, 0, events=events)
+    checkpoint = next(e for e in events if isinstance(e, Checkpoint) and e.stage == 2)
+    stage_3 = [c for e in events if isinstance(e, Planned) and e.stage == 3 for c in e.candidates]
+    crashed = CandidateResult(candidate=stage_3[0], failure=Failure(kind="crashed", detail="SIGABRT"))
+
+    again: list[object] = []
+    resumed, _ = simulate(truth, 1, events=again, failed=[crashed], resume=checkpoint)
+    set_up = [e.candidate for e in again if isinstance(e, Begin) and e.phase == "setup"]
+    assert [e.stage for e in again if isinstance(e, Planned)] == [3]
+    assert set_up[0] == BASELINE
+    assert set(set_up) == {BASELINE, *checkpoint.alive, *stage_3[1:]}
+    by_candidate = {r.candidate: r for r in resumed.candidates}
+    assert stage_3[0] not in by_candidate
+    earlier = [r for r in checkpoint.results if r.timing is not None and r.timing.dropped is not None]
+    assert earlier
+    for result in earlier:  # their evidence stands
+        timing, before = by_candidate[result.candidate].timing, result.timing
+        assert timing is not None and (timing.dropped, timing.round_ms) == (before.dropped, before.round_ms)
+    assert any("resumed after stage 2" in note for note in resumed.search_notes)
+    assert decide(resumed, digest="sim").device == "cuda:0"

@@ -57,8 +57,8 @@ def test_a_crash_restarts_the_worker_for_the_rest_and_the_next_family() -> None:
 
 
 def test_a_worker_restarted_after_a_crash_goes_on_with_the_staged_search() -> None:
-    # channels_last aborts the process in stage 2; the restarted worker searches again without it, so the
-    # later stage (fewer CPU threads) is still tried, and the crash is recorded once.
+    # channels_last aborts the process in stage 2; the restarted worker resumes after stage 1 without it, so
+    # the later stage (fewer CPU threads) is still tried, and the crash is recorded once.
     autotune.register_family("abort_cl", "families_for_tests:build_abort_under_channels_last")
     settings = CalibrationSettings(measure=MeasureSettings(budget_s=0.2))
     with Worker(isolation="subprocess", timeout_s=60) as worker:
@@ -71,6 +71,7 @@ def test_a_worker_restarted_after_a_crash_goes_on_with_the_staged_search() -> No
     assert all("_abort_under_channels_last" in (r.failure.detail if r.failure else "") for r in crashed)
     assert any(r.candidate.num_threads == 1 and r.timing is not None for r in result.candidates)
     assert by_label["cpu fp32"].timing is not None
+    assert any(note.startswith("resumed after stage 1 in a restarted worker") for note in result.search_notes)
 
 
 HOST = textwrap.dedent("""

@@ -30,6 +30,7 @@ from autotune._calibration.protocol import (
     Begin,
     Checked,
     CheckJob,
+    Checkpoint,
     Done,
     Failed,
     Job,
@@ -65,7 +66,7 @@ class Control:
         return contextlib.nullcontext()
 
 
-def calibrate(job: Job, emit: Callable[[Planned | Begin | Failed | Done], None], *,
+def calibrate(job: Job, emit: Callable[[Planned | Begin | Failed | Checkpoint | Done], None], *,
               discard_on_device_error: bool = True) -> bool:
     """Measure the job's family here (in the worker, or in the host when isolation is ``inprocess``).
 
@@ -73,7 +74,7 @@ def calibrate(job: Job, emit: Callable[[Planned | Begin | Failed | Done], None],
     """
     finished: list[bool] = []
 
-    def tracking(event: Planned | Begin | Failed | Done) -> None:
+    def tracking(event: Planned | Begin | Failed | Checkpoint | Done) -> None:
         if isinstance(event, Done):
             finished.append(True)
         emit(event)
@@ -82,7 +83,7 @@ def calibrate(job: Job, emit: Callable[[Planned | Begin | Failed | Done], None],
     session = Session(TorchLab(family, job.settings), job.settings, tracking, clock=time.perf_counter,
                       control=Control(), settle=time.sleep, discard_on_device_error=discard_on_device_error)
     candidates, notes = plan()
-    session.run(candidates, staged=True, backend_notes=notes, failed=job.failed)
+    session.run(candidates, staged=True, backend_notes=notes, failed=job.failed, resume=job.resume)
     return bool(finished)
 
 
@@ -112,7 +113,7 @@ def main() -> int:
     faulthandler.enable()  # a segfault or abort leaves a Python traceback in stderr, which the host keeps
     _die_with_the_host(os.getppid())
 
-    def emit(event: Ready | Planned | Begin | Failed | Done | Traced | Checked | MemoryProbed) -> None:
+    def emit(event: Ready | Planned | Begin | Failed | Checkpoint | Done | Traced | Checked | MemoryProbed) -> None:
         protocol.write(event.model_dump_json() + "\n")
 
     warm_process()

@@ -29,6 +29,7 @@ from autotune._calibration.protocol import (
     Begin,
     Checked,
     CheckJob,
+    Checkpoint,
     Done,
     Failed,
     Job,
@@ -49,7 +50,7 @@ else:
 log = logging.getLogger("autotune")
 
 Progress = Callable[[Candidate | None, float], None]
-Event = Planned | Begin | Failed | Done | Traced | Checked | MemoryProbed
+Event = Planned | Begin | Failed | Checkpoint | Done | Traced | Checked | MemoryProbed
 
 #: the worker imports torch before its first word; allow a slow disk that long whatever the candidate timeout
 STARTUP_TIMEOUT_S = 120.0

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 from autotune._calibration.measure import MeasureSettings
 from autotune._env import Search
 from autotune._fp32 import Fp32Settings
-from autotune._models import Candidate, CandidateResult, Failure, TraceReport
+from autotune._models import Candidate, CandidateResult, Drop, Failure, TraceReport
 
 
 class _Message(BaseModel):
@@ -56,14 +56,33 @@ class FamilyRef(_Message):
     ref: str
 
 
+class Checkpoint(_Message):
+    """Where one family's staged search stands after a pruning stage: what a restarted worker resumes from.
+
+    ``results`` holds every candidate measured so far (timings and drop evidence); ``alive`` those the next
+    stage builds on; ``behind`` the devices far behind another one, with the evidence.
+    """
+
+    event: Literal["checkpoint"] = "checkpoint"
+    stage: int
+    alive: list[Candidate]
+    results: list[CandidateResult]
+    behind: dict[str, Drop]
+    notes: list[str]
+    control_ms: list[float]
+    timing_s: float
+
+
 class Job(_Message):
     """Calibrate one family."""
 
     kind: Literal["calibrate"] = "calibrate"
     family: FamilyRef
     #: candidates an earlier worker of this family found failing (it crashed, hung, ran out of memory): a
-    #: restarted worker runs the whole staged search again without them
+    #: restarted worker searches on without them
     failed: list[CandidateResult] = []
+    #: the last stage an earlier worker of this family finished: a restarted worker continues from there
+    resume: Checkpoint | None = None
     settings: CalibrationSettings
     #: the host's fp32 settings: mixed precisions run with them, as they will in the app (fp32 and tf32 set
     #: their own; issue #16)
@@ -195,11 +214,13 @@ class MemoryProbed(_Message):
     failure: Failure | None = None
 
 
-Event = Annotated[Ready | Planned | Begin | Failed | Done | Traced | Checked | MemoryProbed,
+Event = Annotated[Ready | Planned | Begin | Failed | Checkpoint | Done | Traced | Checked | MemoryProbed,
                   Field(discriminator="event")]
-EVENT: TypeAdapter[Ready | Planned | Begin | Failed | Done | Traced | Checked | MemoryProbed] = TypeAdapter(Event)
+EVENT: TypeAdapter[Ready | Planned | Begin | Failed | Checkpoint | Done | Traced | Checked | MemoryProbed] = (
+    TypeAdapter(Event))
 
 __all__ = [
-    "EVENT", "REQUEST", "Begin", "CalibrationSettings", "CheckJob", "Checked", "Done", "Event", "Failed", "FamilyRef",
-    "Job", "MemoryProbeJob", "MemoryProbed", "Planned", "Ready", "Request", "Retimed", "TraceJob", "Traced",
+    "EVENT", "REQUEST", "Begin", "CalibrationSettings", "CheckJob", "Checked", "Checkpoint", "Done", "Event", "Failed",
+    "FamilyRef", "Job", "MemoryProbeJob", "MemoryProbed", "Planned", "Ready", "Request", "Retimed", "TraceJob",
+    "Traced",
 ]

@@ -9,8 +9,9 @@ behind evidence). Each stage interleaves its candidates and only *prunes*: a can
 device's leader is dropped with its evidence; what a stage cannot resolve stays alive. Then every live
 candidate (the best of each device, and every simpler one the tie rule could prefer) is timed again, together,
 in fresh interleaved rounds: the final comparison. Decisions compare only those paired final rounds, so a
-slowdown between stages (throttling, a background job) cannot turn into a "clearly faster" verdict. A worker
-restarted after a crash runs the whole search again, without the candidates that failed (``failed``).
+slowdown between stages (throttling, a background job) cannot turn into a "clearly faster" verdict. After
+each pruning stage the session emits a :class:`Checkpoint`; a worker restarted after a crash continues from
+the last one, without the candidates that failed (``failed``).
 
 The lab (real torch in the worker, a truth profile in the simulation), the clock and the control workload
 are injected: ``benchmarks/decision_sim.py`` runs this exact code on a fake clock.
@@ -24,11 +25,11 @@ from typing import Protocol
 from autotune import _rules, _stats
 from autotune._calibration.measure import Clock, Comparisons, Dropped, MeasureSettings, Steppable, interleave, warm_up
 from autotune._calibration.plan import BASELINE, Facts, variants
-from autotune._calibration.protocol import Begin, CalibrationSettings, Done, Failed, Planned
+from autotune._calibration.protocol import Begin, CalibrationSettings, Checkpoint, Done, Failed, Planned
 from autotune._calibration.setup import CandidateFailed, Prepared, classify, unverified
 from autotune._models import Candidate, CandidateResult, Drop, Failure, Interval, Timing
 
-Emit = Callable[[Planned | Begin | Failed | Done], None]
+Emit = Callable[[Planned | Begin | Failed | Checkpoint | Done], None]
 FINAL_STAGE = 4
 
 
@@ -73,43 +74,31 @@ class Session:
         self.behind: dict[str, Drop] = {}
 
     def run(self, candidates: list[Candidate], *, staged: bool, backend_notes: dict[str, str],
-            failed: Sequence[CandidateResult] = ()) -> None:
+            failed: Sequence[CandidateResult] = (), resume: Checkpoint | None = None) -> None:
         """Measure ``candidates`` (and, when ``staged``, their variants); emit Done unless poisoned.
 
         ``failed``: what an earlier worker of this family found failing; neither set up nor proposed again.
+        ``resume``: the last stage an earlier worker of this family finished; the search goes on from there.
         """
         self.excluded = {r.candidate for r in failed}
         candidates = [c for c in candidates if c not in self.excluded]
         stages = self._last_stage = 3 if staged and self.settings.search != "precision" else 1
         span = 0.8 / stages  # progress: the stages share 80%, the final comparison the rest
-        self.emit(Planned(candidates=candidates, stage=1, backend_notes=backend_notes))
-        ready = self.set_up(candidates, (0.0, 0.5 * span))
-        alive = self._time(ready, 1, (0.5 * span, span))
-        self._release(set(ready) - set(alive))
-        for stage in range(2, stages + 1):
+        if resume is None:
+            self.emit(Planned(candidates=candidates, stage=1, backend_notes=backend_notes))
+            ready = self.set_up(candidates, (0.0, 0.5 * span))
+            alive = self._time(ready, 1, (0.5 * span, span))
+            self._release(set(ready) - set(alive))
+            self._checkpoint(1, alive)
+        else:
+            alive = self._resume(resume, (resume.stage * span, resume.stage * span))
+        for stage in range(resume.stage + 1 if resume is not None else 2, stages + 1):
             if self.poisoned:
                 return
             new = self._variants(alive, stage)
-            if not new:
-                continue
-            lo = (stage - 1) * span
-            self.emit(Planned(candidates=new, stage=stage))
-            tried = self.set_up(new, (lo, lo + 0.5 * span))
-            devices = list(dict.fromkeys(c.device for c in tried))
-            # Each device on its own (its pairs are within the device), sharing the stage's budget: a device
-            # far behind another is refined too, so a user who prefers it gets its best configuration.
-            for index, device in enumerate(devices):
-                leader = self._leader(alive, device)
-                rivals = self._rivals(alive, leader, stage)
-                group = [leader, *rivals, *(c for c in tried if c.device == device)]
-                self.notes.append(f"stage {stage}: " + ", ".join(c.label for c in group[1 + len(rivals):])
-                                  + " against " + ", ".join(c.label for c in [leader, *rivals]))
-                part = tuple(lo + 0.5 * span * (1 + (index + k) / len(devices)) for k in (0, 1))
-                timed = self._time(group, stage, (part[0], part[1]), budget_share=1 / len(devices))
-                dropped = {c for c in group if c not in timed}
-                alive = [c for c in alive if c not in dropped]
-                alive += [c for c in group if c not in dropped and c not in alive]
-                self._release(dropped)
+            if new:
+                alive = self._refine(alive, new, stage, span)
+            self._checkpoint(stage, alive)
         if self.poisoned:
             return
         self._final(alive)
@@ -118,6 +107,54 @@ class Session:
             # Judged over every stage's rounds together, the same series the warning quotes.
             noisy=_stats.drift(self.control_ms) > self.settings.measure.noise_limit,
         ))
+
+    def _refine(self, alive: list[Candidate], new: list[Candidate], stage: int, span: float) -> list[Candidate]:
+        """Set up a later stage's variants and time each device's against its leader; the candidates alive after."""
+        lo = (stage - 1) * span
+        self.emit(Planned(candidates=new, stage=stage))
+        tried = self.set_up(new, (lo, lo + 0.5 * span))
+        devices = list(dict.fromkeys(c.device for c in tried))
+        # Each device on its own (its pairs are within the device), sharing the stage's budget: a device
+        # far behind another is refined too, so a user who prefers it gets its best configuration.
+        for index, device in enumerate(devices):
+            leader = self._leader(alive, device)
+            rivals = self._rivals(alive, leader, stage)
+            group = [leader, *rivals, *(c for c in tried if c.device == device)]
+            self.notes.append(f"stage {stage}: " + ", ".join(c.label for c in group[1 + len(rivals):])
+                              + " against " + ", ".join(c.label for c in [leader, *rivals]))
+            part = tuple(lo + 0.5 * span * (1 + (index + k) / len(devices)) for k in (0, 1))
+            timed = self._time(group, stage, (part[0], part[1]), budget_share=1 / len(devices))
+            dropped = {c for c in group if c not in timed}
+            alive = [c for c in alive if c not in dropped]
+            alive += [c for c in group if c not in dropped and c not in alive]
+            self._release(dropped)
+        return alive
+
+    def _checkpoint(self, stage: int, alive: list[Candidate]) -> None:
+        """Tell the host where the search stands after ``stage``: a restarted worker resumes from here."""
+        if not self.poisoned:
+            self.emit(Checkpoint(stage=stage, alive=alive, results=list(self.results.values()), behind=self.behind,
+                                 notes=self.notes, control_ms=self.control_ms, timing_s=self.timing_s))
+
+    def _resume(self, checkpoint: Checkpoint, share: tuple[float, float]) -> list[Candidate]:
+        """Take over an earlier worker's search after ``checkpoint.stage``: its measurements stand, and the
+        candidates it left alive are set up again (after the fp32 baseline, whose trajectory verifies them; the
+        baseline is freed again when it is not alive). Returns the candidates alive."""
+        kept = {r.candidate: r for r in checkpoint.results if r.candidate not in self.excluded}
+        self.results.update(kept)
+        self.behind.update(checkpoint.behind)
+        self.notes += checkpoint.notes
+        self.control_ms += checkpoint.control_ms
+        self.timing_s = checkpoint.timing_s
+        alive = [c for c in checkpoint.alive if c not in self.excluded]
+        again = list(dict.fromkeys(c for c in [BASELINE, *alive] if c not in self.excluded))
+        self.notes.append(f"resumed after stage {checkpoint.stage} in a restarted worker, with "
+                          + ", ".join(c.label for c in again) + " set up again")
+        ready = self.set_up(again, share)
+        for candidate in ready:
+            self.results[candidate] = kept.get(candidate, self.results[candidate])  # its timings stand
+        self._release({c for c in ready if c not in alive})
+        return [c for c in alive if c in ready]
 
     def set_up(self, candidates: list[Candidate], share: tuple[float, float]) -> list[Candidate]:
         """Build and verify each candidate; returns those ready to time. Failures are emitted as they happen."""

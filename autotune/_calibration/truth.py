@@ -15,11 +15,11 @@ from __future__ import annotations
 import contextlib
 import math
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from autotune._calibration.plan import Facts
-from autotune._calibration.protocol import CalibrationSettings, Done
+from autotune._calibration.protocol import CalibrationSettings, Checkpoint, Done
 from autotune._calibration.session import Session
 from autotune._calibration.setup import CandidateFailed, Prepared
 from autotune._models import Candidate, CandidateResult, Failure, FamilyResult, Numerics
@@ -170,19 +170,24 @@ class TruthLab:
         return Prepared(step, result, recent_s[1:], self.truth.facts)
 
 
-def simulate(truth: Truth, seed: int, settings: CalibrationSettings | None = None) -> tuple[FamilyResult, float]:
-    """One calibration of ``truth`` by the real session, seeded; the result and its simulated seconds."""
+def simulate(truth: Truth, seed: int, settings: CalibrationSettings | None = None, *,
+             events: list[object] | None = None, failed: Sequence[CandidateResult] = (),
+             resume: Checkpoint | None = None) -> tuple[FamilyResult, float]:
+    """One calibration of ``truth`` by the real session, seeded; the result and its simulated seconds.
+
+    ``events`` collects what the session emits; ``failed`` and ``resume`` are what a worker restarted after a
+    crash is handed (the candidates that failed, the last stage finished)."""
     settings = settings or CalibrationSettings()
     rng = random.Random(seed)
     clock = FakeClock()
     weather = _Weather(truth, clock, rng)
     lab = TruthLab(truth, weather, settings)
-    events: list[object] = []
+    events = [] if events is None else events
     session = Session(lab, settings, events.append, clock=clock,
                       control=_FakeStep(CONTROL_MS / 1000, "cpu", _ControlWeather(weather)),
                       settle=_advance(clock), discard_on_device_error=False)
     planned = sorted(truth.candidates, key=lambda c: c != Candidate(device="cpu", precision="fp32"))
-    session.run(planned, staged=True, backend_notes={})
+    session.run(planned, staged=True, backend_notes={}, failed=failed, resume=resume)
     done = next(e for e in events if isinstance(e, Done))
     result = FamilyResult(
         model_kind=truth.name, measured_at="simulated", autotune_version="simulated", wall_s=clock.now,

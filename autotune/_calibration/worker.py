@@ -29,6 +29,7 @@ from autotune._calibration.protocol import (
     CalibrationSettings,
     Checked,
     CheckJob,
+    Checkpoint,
     Done,
     Failed,
     FamilyRef,
@@ -122,6 +123,7 @@ class Worker:
         planned: list[Candidate] | None = None
         backend_notes: dict[str, str] = {}
         failed: dict[Candidate, CandidateResult] = {}
+        checkpoint: Checkpoint | None = None
         done: Done | None = None
         start_s = 0.0
         while done is None:
@@ -133,9 +135,9 @@ class Worker:
                 break
             attempt = Attempt()
             answered = len(failed)
-            # A restarted worker runs the staged search again, without the candidates that failed.
+            # A restarted worker goes on from the last stage finished, without the candidates that failed.
             job = Job(family=FamilyRef(name=family.name, ref=family.ref), failed=list(failed.values()),
-                      settings=settings, fp32=_fp32.current(), threads=torch.get_num_threads(),
+                      resume=checkpoint, settings=settings, fp32=_fp32.current(), threads=torch.get_num_threads(),
                       sys_path=[p for p in sys.path if p])
             start_s += self._attempt(job, attempt, progress, since=started)
             for event in attempt.events:
@@ -144,6 +146,8 @@ class Worker:
                     backend_notes.update(event.backend_notes)
                 elif isinstance(event, Failed):
                     failed[event.result.candidate] = event.result
+                elif isinstance(event, Checkpoint):
+                    checkpoint = event
                 elif isinstance(event, Done):
                     done = event
             if done is None and self._cancelled.is_set():  # killed on purpose: no candidate to blame
