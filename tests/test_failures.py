@@ -85,12 +85,29 @@ def test_an_out_of_memory_error_is_retried_once_before_it_is_recorded() -> None:
 
 
 @pytest.mark.usefixtures("in_process")
+def test_an_out_of_memory_set_up_is_retried_alone_and_the_others_are_built_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Each precision's first step needs room for a workspace (then cached): fp16's runs out of memory next to
+    # fp32 and bf16, fits with bf16 set aside (the fp32 baseline stays), and all three are timed together.
+    import families_for_tests
+
+    families_for_tests.WORKSPACE_CHOSEN.clear()  # in-process: this process's first steps
+    monkeypatch.setenv("AUTOTUNE_SEARCH", "precision")
+    autotune.register_family("workspace", "families_for_tests:build_workspace_hungry")
+    measured = autotune.calibrate(["workspace"]).measurements["workspace"]
+    assert families_for_tests.WORKSPACE_CHOSEN == {"fp32", "torch.bfloat16", "torch.float16"}
+    for result in measured.candidates:
+        assert result.failure is None and result.timing is not None, (result.candidate.label, result.failure)
+
+
+@pytest.mark.usefixtures("in_process")
 def test_a_candidate_out_of_memory_twice_says_so() -> None:
     autotune.register_family("oom", "families_for_tests:build_raise_oom")
     with pytest.raises(CalibrationError) as info:
         autotune.best_config("oom")
     label, why = info.value.failures[0]
-    assert label == "cpu fp32" and why.startswith("oom: ") and "(twice: again after freeing memory)" in why
+    assert label == "cpu fp32" and why.startswith("oom: ") and "(twice: again alone, after freeing memory)" in why
 
 
 def test_an_emulated_dtype_is_stopped_inside_its_first_step(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -135,10 +135,10 @@ def test_dropped_candidates_are_released_before_the_next_stage() -> None:
                       control=_FakeStep(CONTROL_MS / 1000, "cpu", weather), settle=lambda s: None,
                       discard_on_device_error=False)
     session.run(list(truth.candidates), staged=True, backend_notes={})
-    dropped = [c for c, r in session.results.items() if r.timing is not None and r.timing.dropped is not None]
+    dropped = [c for c, r in session.roster.results.items() if r.timing is not None and r.timing.dropped is not None]
     assert _c("cuda:0", "fp32") in dropped
     assert set(dropped) <= set(released)
-    assert not set(dropped) & set(session.ready)
+    assert not set(dropped) & set(session.roster.ready)
 
 
 def test_a_device_far_behind_is_still_refined_when_that_is_cheap() -> None:

@@ -1,7 +1,8 @@
 """Calibration: everything that runs in the worker, one module per step of the pipeline.
 
 ``plan`` (what to measure) -> ``setup`` (build, verify against the fp32 CPU reference, warm up; with ``step``
-and ``verify``) -> ``session`` (pruning stages, then the final paired comparison; timing by ``measure``) ->
+and ``verify``; ``roster`` holds what is set up) -> ``session`` (pruning stages, then the final paired
+comparison; timing by ``measure``) ->
 ``worker`` (the process around it all, speaking ``protocol``), which hands the host a ``FamilyResult``.
 Beside the pipeline, in the same worker: ``trace`` (a candidate under ``torch.profiler``), ``check`` (the
 canary's re-timing) and ``memory`` (a candidate's peak memory at one batch size, for ``max_batch_size``).

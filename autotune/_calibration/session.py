@@ -20,28 +20,15 @@ are injected: ``benchmarks/decision_sim.py`` runs this exact code on a fake cloc
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Protocol
 
 from autotune import _rules, _stats
 from autotune._calibration.measure import Clock, Comparisons, Dropped, MeasureSettings, Steppable, interleave, warm_up
-from autotune._calibration.plan import BASELINE, Facts, variants
-from autotune._calibration.protocol import Begin, CalibrationSettings, Checkpoint, Done, Failed, Planned
-from autotune._calibration.setup import CandidateFailed, Prepared, classify, unverified
-from autotune._models import Candidate, CandidateResult, Drop, Failure, Interval, Timing
+from autotune._calibration.plan import BASELINE, variants
+from autotune._calibration.protocol import Begin, CalibrationSettings, Checkpoint, Done, Planned
+from autotune._calibration.roster import Emit, Lab, Roster
+from autotune._models import Candidate, CandidateResult, Drop, Interval, Timing
 
-Emit = Callable[[Planned | Begin | Failed | Checkpoint | Done], None]
 FINAL_STAGE = 4
-
-
-class Lab(Protocol):
-    #: torch's CPU thread count in the process that times the candidates
-    default_threads: int
-
-    def set_up(self, candidate: Candidate) -> Prepared:
-        """Build and verify ``candidate``; raise CandidateFailed when it cannot be used."""
-
-    def release(self, candidates: list[Candidate]) -> None:
-        """Free what the lab holds for ``candidates`` (no longer timed): memory for the ones still to come."""
 
 
 def _device(candidate: Candidate) -> str:
@@ -59,11 +46,7 @@ class Session:
         self.clock = clock
         self.control = control
         self.settle = settle
-        self.discard_on_device_error = discard_on_device_error
-        self.ready: dict[Candidate, Prepared] = {}
-        self.results: dict[Candidate, CandidateResult] = {}
-        self.reference_failure: Failure | None = None
-        self.poisoned = False
+        self.roster = Roster(lab, emit, discard_on_device_error=discard_on_device_error)
         self.control_ms: list[float] = []
         self.notes: list[str] = []
         self.timing_s = 0.0
@@ -86,20 +69,20 @@ class Session:
         span = 0.8 / stages  # progress: the stages share 80%, the final comparison the rest
         if resume is None:
             self.emit(Planned(candidates=candidates, stage=1, backend_notes=backend_notes))
-            ready = self.set_up(candidates, (0.0, 0.5 * span))
+            ready = self.roster.set_up(candidates, (0.0, 0.5 * span))
             alive = self._time(ready, 1, (0.5 * span, span))
-            self._release(set(ready) - set(alive))
+            self.roster.release(set(ready) - set(alive))
             self._checkpoint(1, alive)
         else:
             alive = self._resume(resume, (resume.stage * span, resume.stage * span))
         for stage in range(resume.stage + 1 if resume is not None else 2, stages + 1):
-            if self.poisoned:
+            if self.roster.poisoned:
                 return
             new = self._variants(alive, stage)
             if new:
                 alive = self._refine(alive, new, stage, span)
             self._checkpoint(stage, alive)
-        if self.poisoned:
+        if self.roster.poisoned:
             return
         self._final(alive)
         self.emit(Done(
@@ -112,7 +95,7 @@ class Session:
         """Set up a later stage's variants and time each device's against its leader; the candidates alive after."""
         lo = (stage - 1) * span
         self.emit(Planned(candidates=new, stage=stage))
-        tried = self.set_up(new, (lo, lo + 0.5 * span))
+        tried = self.roster.set_up(new, (lo, lo + 0.5 * span))
         devices = list(dict.fromkeys(c.device for c in tried))
         # Each device on its own (its pairs are within the device), sharing the stage's budget: a device
         # far behind another is refined too, so a user who prefers it gets its best configuration.
@@ -127,21 +110,22 @@ class Session:
             dropped = {c for c in group if c not in timed}
             alive = [c for c in alive if c not in dropped]
             alive += [c for c in group if c not in dropped and c not in alive]
-            self._release(dropped)
+            self.roster.release(dropped)
         return alive
 
     def _checkpoint(self, stage: int, alive: list[Candidate]) -> None:
         """Tell the host where the search stands after ``stage``: a restarted worker resumes from here."""
-        if not self.poisoned:
-            self.emit(Checkpoint(stage=stage, alive=alive, results=list(self.results.values()), behind=self.behind,
-                                 notes=self.notes, control_ms=self.control_ms, timing_s=self.timing_s))
+        if not self.roster.poisoned:
+            self.emit(Checkpoint(stage=stage, alive=alive, results=list(self.roster.results.values()),
+                                 behind=self.behind, notes=self.notes, control_ms=self.control_ms,
+                                 timing_s=self.timing_s))
 
     def _resume(self, checkpoint: Checkpoint, share: tuple[float, float]) -> list[Candidate]:
         """Take over an earlier worker's search after ``checkpoint.stage``: its measurements stand, and the
         candidates it left alive are set up again (after the fp32 baseline, whose trajectory verifies them; the
         baseline is freed again when it is not alive). Returns the candidates alive."""
         kept = {r.candidate: r for r in checkpoint.results if r.candidate not in self.excluded}
-        self.results.update(kept)
+        self.roster.results.update(kept)
         self.behind.update(checkpoint.behind)
         self.notes += checkpoint.notes
         self.control_ms += checkpoint.control_ms
@@ -150,63 +134,9 @@ class Session:
         again = list(dict.fromkeys(c for c in [BASELINE, *alive] if c not in self.excluded))
         self.notes.append(f"resumed after stage {checkpoint.stage} in a restarted worker, with "
                           + ", ".join(c.label for c in again) + " set up again")
-        ready = self.set_up(again, share)
-        for candidate in ready:
-            self.results[candidate] = kept.get(candidate, self.results[candidate])  # its timings stand
-        self._release({c for c in ready if c not in alive})
+        ready = self.roster.set_up(again, share, again=True)
+        self.roster.release({c for c in ready if c not in alive})
         return [c for c in alive if c in ready]
-
-    def set_up(self, candidates: list[Candidate], share: tuple[float, float]) -> list[Candidate]:
-        """Build and verify each candidate; returns those ready to time. Failures are emitted as they happen."""
-        ready = []
-        for index, candidate in enumerate(candidates):
-            if self.poisoned:
-                break
-            fraction = share[0] + (share[1] - share[0]) * index / len(candidates)
-            self.emit(Begin(candidate=candidate, phase="setup", fraction=fraction))
-            try:
-                if self.reference_failure is not None:
-                    unverifiable = unverified(self.reference_failure)
-                    raise CandidateFailed(CandidateResult(candidate=candidate, failure=unverifiable))
-                prepared = self._set_up(candidate)
-            except CandidateFailed as exc:
-                result = exc.result
-            except Exception as exc:
-                result = CandidateResult(candidate=candidate, failure=classify(exc, candidate.device))
-            else:
-                self.ready[candidate] = prepared
-                self.results[candidate] = prepared.result
-                ready.append(candidate)
-                continue
-            assert result.failure is not None
-            self.results[candidate] = result
-            self.emit(Failed(result=result))
-            if candidate == BASELINE:
-                self.reference_failure = result.failure
-            elif (candidate.device != "cpu" and self.discard_on_device_error
-                  and result.failure.kind not in ("numerics", "too_slow")):
-                self.poisoned = True  # a device error can leave the context poisoned: measure nothing else here
-        return ready
-
-    def _set_up(self, candidate: Candidate) -> Prepared:
-        """``lab.set_up``, tried once more after an out-of-memory error, with the memory the failed attempt and
-        the dropped candidates held given back (the exception's frames hold the failed model until then)."""
-        try:
-            return self.lab.set_up(candidate)
-        except Exception as exc:
-            if classify(exc, candidate.device).kind != "oom":
-                raise
-        held = [c.label for c in self.ready if c.device == candidate.device]
-        self.lab.release([candidate])
-        try:
-            return self.lab.set_up(candidate)
-        except Exception as exc:
-            again = classify(exc, candidate.device)
-            if again.kind != "oom":
-                raise
-            also = f", with {', '.join(held)} held" if held else ""
-            failure = Failure(kind="oom", detail=f"{again.detail} (twice: again after freeing memory{also})")
-        raise CandidateFailed(CandidateResult(candidate=candidate, failure=failure))
 
     def _stage_settings(self, stage: int, budget_share: float = 1.0) -> MeasureSettings:
         measure = self.settings.measure
@@ -224,6 +154,10 @@ class Session:
     def _time(self, candidates: list[Candidate], stage: int, share: tuple[float, float], *,
               budget_share: float = 1.0) -> list[Candidate]:
         """Interleave ``candidates``, record their timings (replacing earlier ones); those not dropped."""
+        missing = [c for c in candidates if c not in self.roster.ready]  # set aside for another one's set-up alone
+        if missing:
+            self.roster.set_up(missing, (share[0], share[0]), again=True)
+        candidates = [c for c in candidates if c in self.roster.ready]
         if not candidates:
             return []
         settings = self._stage_settings(stage, budget_share)
@@ -234,10 +168,10 @@ class Session:
                 fraction = share[0] + (share[1] - share[0]) * min(1.0, round_index / settings.max_rounds)
                 self.emit(Begin(candidate=key, phase="timing", fraction=fraction))
 
-        estimates = {c: _stats.median(warm_up(self.ready[c].step, self.clock, self._recent_s(c), settings)[-3:])
+        estimates = {c: _stats.median(warm_up(self.roster.ready[c].step, self.clock, self._recent_s(c), settings)[-3:])
                      for c in candidates}
         timed = interleave(
-            {c: self.ready[c].step for c in candidates}, estimate_s=estimates, control=self.control,
+            {c: self.roster.ready[c].step for c in candidates}, estimate_s=estimates, control=self.control,
             clock=self.clock, settings=settings, on_round=on_round, settle=self.settle,
             comparisons=Comparisons(group=_device, margin=_rules.margin, across_groups=final),
         )
@@ -254,7 +188,7 @@ class Session:
                 stage=stage, final=final, dropped=_drop(series.dropped),
                 outpaced=_drop(series.outpaced) or self.behind.get(candidate.device),
             )
-            self.results[candidate] = self.results[candidate].model_copy(update={"timing": timing})
+            self.roster.results[candidate] = self.roster.results[candidate].model_copy(update={"timing": timing})
         return [c for c in candidates if timed.series[c].dropped is None]
 
     def _final(self, alive: list[Candidate]) -> None:
@@ -268,18 +202,10 @@ class Session:
             self._time(alive, FINAL_STAGE, (0.8, 1.0))
             return
         for candidate in alive:
-            timing = self.results[candidate].timing
+            timing = self.roster.results[candidate].timing
             if timing is not None:
-                self.results[candidate] = self.results[candidate].model_copy(
+                self.roster.results[candidate] = self.roster.results[candidate].model_copy(
                     update={"timing": timing.model_copy(update={"final": True})})
-
-    def _release(self, dropped: set[Candidate]) -> None:
-        """A dropped candidate is never timed again: free its model and optimizer before the next set-ups."""
-        if not dropped:
-            return
-        for candidate in dropped:
-            self.ready.pop(candidate, None)
-        self.lab.release(sorted(dropped, key=lambda c: c.label))
 
     def _leader(self, alive: list[Candidate], device: str) -> Candidate:
         """The fastest live candidate on ``device`` among those timed last (it proposes the next variants):
@@ -291,7 +217,7 @@ class Session:
         return min(timed, key=lambda c: _stats.median(self._rounds(c)[:shared]) if shared else float("inf"))
 
     def _stage(self, candidate: Candidate) -> int:
-        timing = self.results[candidate].timing
+        timing = self.roster.results[candidate].timing
         return timing.stage if timing is not None else 0
 
     def _outpaced(self, candidate: Candidate) -> bool:
@@ -300,11 +226,11 @@ class Session:
     def _recent_s(self, candidate: Candidate) -> list[float]:
         """The step times that count towards its warm-up: a candidate timed before, while other candidates
         ran since (their caches, their allocations), needs at least one fresh step that agrees with them."""
-        recent = self.ready[candidate].recent_s
+        recent = self.roster.ready[candidate].recent_s
         return recent if self._stage(candidate) == 0 else recent[-2:]
 
     def _rounds(self, candidate: Candidate) -> list[float]:
-        timing = self.results[candidate].timing
+        timing = self.roster.results[candidate].timing
         return timing.round_ms if timing is not None else []
 
     def _rivals(self, alive: list[Candidate], leader: Candidate, stage: int) -> list[Candidate]:
@@ -319,13 +245,13 @@ class Session:
         found: list[Candidate] = []
         for device in dict.fromkeys(c.device for c in alive):
             leader = self._leader(alive, device)
-            tried = [c for c in self.results if c.device == device and self._stage(c) == stage - 1]
-            facts: Facts = self.ready[leader].facts
-            proposed = variants(leader, stage, facts, search=self.settings.search,
+            tried = [c for c in self.roster.results if c.device == device and self._stage(c) == stage - 1]
+            proposed = variants(leader, stage, self.roster.facts[leader], search=self.settings.search,
                                 default_threads=self.lab.default_threads, tried=tried)
             proposed += [leader.model_copy(update={"precision": rival.precision})
                          for rival in self._rivals(alive, leader, stage)]
-            proposed = [c for c in proposed if c not in self.results and c not in self.excluded and c not in found]
+            proposed = [c for c in proposed
+                        if c not in self.roster.results and c not in self.excluded and c not in found]
             if self._outpaced(leader) and self._cost_s(leader, len(proposed)) > self._stage_settings(stage).budget_s:
                 self.notes.append(f"stage {stage}: {leader.label} not refined (far behind another device, and its "
                                   f"variants would take {self._cost_s(leader, len(proposed)):.1f} s)")
@@ -341,9 +267,9 @@ class Session:
 
     def _with_baseline_ratios(self) -> list[CandidateResult]:
         """Each timed candidate's step-time ratio to fp32 on the CPU, where both were timed in the same rounds."""
-        baseline = self.results.get(BASELINE)
+        baseline = self.roster.results.get(BASELINE)
         out = []
-        for candidate, result in self.results.items():
+        for candidate, result in self.roster.results.items():
             if (baseline is not None and baseline.timing is not None and result.timing is not None
                     and candidate != BASELINE and result.timing.stage == baseline.timing.stage):
                 estimate, low, high = _stats.ratio_interval(result.timing.round_ms, baseline.timing.round_ms)
@@ -362,4 +288,4 @@ def _drop(dropped: Dropped[Candidate] | None) -> Drop | None:
                 rounds=dropped.rounds, far_behind=dropped.far_behind)
 
 
-__all__ = ["FINAL_STAGE", "Lab", "Session"]
+__all__ = ["FINAL_STAGE", "Session"]

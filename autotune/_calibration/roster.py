@@ -1,0 +1,131 @@
+"""The candidates one family's search holds: set up once, set aside when memory is short, released when dropped.
+
+A set-up builds a candidate's model and optimizer and verifies its first steps against the fp32 CPU reference
+(the lab does that: real torch in the worker, a truth profile in the simulation). Set-up failures are emitted as
+they happen. An out-of-memory error is retried once *alone*: the other candidates held on that device, but the
+fp32 CPU baseline, are set aside and built again when they are next timed. A device error on an accelerator
+poisons the session: nothing else is measured in that process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+from autotune._calibration.plan import BASELINE, Facts
+from autotune._calibration.protocol import Begin, Checkpoint, Done, Failed, Planned
+from autotune._calibration.setup import CandidateFailed, Prepared, classify, unverified
+from autotune._models import Candidate, CandidateResult, Failure
+
+Emit = Callable[[Planned | Begin | Failed | Checkpoint | Done], None]
+
+
+class Lab(Protocol):
+    #: torch's CPU thread count in the process that times the candidates
+    default_threads: int
+
+    def set_up(self, candidate: Candidate) -> Prepared:
+        """Build and verify ``candidate``; raise CandidateFailed when it cannot be used."""
+
+    def release(self, candidates: list[Candidate]) -> None:
+        """Free what the lab holds for ``candidates`` (no longer timed): memory for the ones still to come."""
+
+
+class Roster:
+    """What the session holds: candidates ready to time, their results so far, and whether it can go on."""
+
+    def __init__(self, lab: Lab, emit: Emit, *, discard_on_device_error: bool) -> None:
+        self.lab = lab
+        self.emit = emit
+        self.discard_on_device_error = discard_on_device_error
+        self.ready: dict[Candidate, Prepared] = {}
+        #: what each candidate's built workload says about its variants (kept while it is set aside)
+        self.facts: dict[Candidate, Facts] = {}
+        self.results: dict[Candidate, CandidateResult] = {}
+        self.reference_failure: Failure | None = None
+        self.poisoned = False
+
+    def set_up(self, candidates: list[Candidate], share: tuple[float, float], *,
+               again: bool = False) -> list[Candidate]:
+        """Build and verify each candidate; returns those ready to time. Failures are emitted as they happen.
+
+        ``again``: candidates measured before (set aside for another one's set-up, or alive in a resumed search):
+        their measurements stand, and an out-of-memory error is final (retried alone, it would set others aside).
+        """
+        ready = []
+        for index, candidate in enumerate(candidates):
+            if self.poisoned:
+                break
+            fraction = share[0] + (share[1] - share[0]) * index / len(candidates)
+            if self._set_up_one(candidate, fraction, again=again):
+                ready.append(candidate)
+        return ready
+
+    def _set_up_one(self, candidate: Candidate, fraction: float, *, again: bool) -> bool:
+        """One candidate of :meth:`set_up`; True when it is ready. (Its own frame: no caller's local holds a
+        model that an out-of-memory retry alone must free.)"""
+        self.emit(Begin(candidate=candidate, phase="setup", fraction=fraction))
+        try:
+            if self.reference_failure is not None:
+                raise CandidateFailed(CandidateResult(candidate=candidate, failure=unverified(self.reference_failure)))
+            prepared = self.lab.set_up(candidate) if again else self._set_up(candidate)
+        except CandidateFailed as exc:
+            result = exc.result
+        except Exception as exc:
+            result = CandidateResult(candidate=candidate, failure=classify(exc, candidate.device))
+        else:
+            self.ready[candidate] = prepared
+            self.facts[candidate] = prepared.facts
+            if not again:
+                self.results[candidate] = prepared.result
+            return True
+        failure = result.failure
+        assert failure is not None
+        if again and failure.kind == "oom":
+            held = ", ".join(c.label for c in self.ready if c.device == candidate.device) or "nothing"
+            failure = Failure(kind="oom", detail=f"{failure.detail} (built again to be timed, next to {held})")
+            result = result.model_copy(update={"failure": failure})
+        self.results[candidate] = result
+        self.emit(Failed(result=result))
+        if candidate == BASELINE:
+            self.reference_failure = failure
+        elif (candidate.device != "cpu" and self.discard_on_device_error
+              and failure.kind not in ("numerics", "too_slow")):
+            self.poisoned = True  # a device error can leave the context poisoned: measure nothing else here
+        return False
+
+    def _set_up(self, candidate: Candidate) -> Prepared:
+        """``lab.set_up``, tried once more *alone* after an out-of-memory error: the failed attempt's memory and
+        every other candidate held on that device (but the fp32 CPU baseline, which every decision compares with)
+        are given back first; the exception's frames hold the failed model until then. Those set aside are built
+        again when they are next timed: a set-up can peak higher than the timed steps (cuDNN's benchmark mode
+        tries algorithms with large workspaces on a layer's first call, once per process)."""
+        try:
+            return self.lab.set_up(candidate)
+        except Exception as exc:
+            if classify(exc, candidate.device).kind != "oom":
+                raise
+        held = [c for c in self.ready if c.device == candidate.device and c != BASELINE]
+        for other in held:
+            del self.ready[other]
+        self.lab.release([candidate, *held])
+        try:
+            return self.lab.set_up(candidate)
+        except Exception as exc:
+            again = classify(exc, candidate.device)
+            if again.kind != "oom":
+                raise
+            failure = Failure(kind="oom", detail=f"{again.detail} (twice: again alone, after freeing memory)")
+        raise CandidateFailed(CandidateResult(candidate=candidate, failure=failure))
+
+    def release(self, dropped: set[Candidate]) -> None:
+        """A dropped candidate is never timed again: free its model and optimizer before the next set-ups."""
+        if not dropped:
+            return
+        for candidate in dropped:
+            self.ready.pop(candidate, None)
+        self.lab.release(sorted(dropped, key=lambda c: c.label))
+
+
+
+__all__ = ["Emit", "Lab", "Roster"]
