@@ -16,6 +16,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from autotune import _env
 from autotune._errors import CalibrationCancelled, CalibrationPending
 from autotune._families import builtin_family_names, get_family
 
@@ -47,6 +48,8 @@ class CalibrationJob:
         self._report: CalibrationReport | None = None
         self._error: BaseException | None = None
         self._progress: CalibrationProgress | None = None
+        #: the AUTOTUNE_* settings at the start: the job measures for those, whatever the app sets meanwhile
+        self._settings = _env.snapshot()
         self._thread = threading.Thread(target=self._run, name="autotune-calibration", daemon=True)
 
     @property
@@ -106,7 +109,8 @@ class CalibrationJob:
         try:
             if self._cancelled:
                 raise CalibrationCancelled(missing=self.kinds)
-            self._report = run_calibration(self.kinds, progress=self._on_progress, on_worker=self._attach)
+            with _env.pinned(self._settings):
+                self._report = run_calibration(self.kinds, progress=self._on_progress, on_worker=self._attach)
         except BaseException as exc:  # handed to wait(); the thread itself has nobody to tell
             self._error = exc
             if not isinstance(exc, CalibrationCancelled):

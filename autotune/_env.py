@@ -1,12 +1,16 @@
 """Every ``AUTOTUNE_*`` environment variable, declared once, typed, validated at first use (never at import).
 
 An empty value means "unset", so ``AUTOTUNE_CACHE_DIR=`` in a shell script does not point the cache at ``''``.
+A background calibration reads them as they were when it started (:func:`snapshot`, :func:`pinned`), not as
+they are when its thread gets to each one.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Generic, Literal, TypeVar, cast
@@ -32,7 +36,8 @@ class Knob(Generic[T]):
     doc: str
 
     def get(self) -> T:
-        raw = os.environ.get(self.name, "").strip()
+        values = _PINNED.get()
+        raw = (values.get(self.name, "") if values is not None else os.environ.get(self.name, "")).strip()
         if not raw:
             return self.default
         try:
@@ -114,4 +119,23 @@ KNOBS: tuple[Knob[object], ...] = cast(
     (CACHE_DIR, DEVICE, ISOLATION, CANDIDATE_TIMEOUT_S, LOCK_TIMEOUT_S, BUDGET_S, SEARCH, DEFAULTS),
 )
 
-__all__ = ["ISOLATIONS", "KNOBS", "SEARCHES", "Isolation", "Knob", "Search"]
+#: the settings a context reads instead of the environment (a background job's thread: those at its start)
+_PINNED: contextvars.ContextVar[Mapping[str, str] | None] = contextvars.ContextVar("autotune_pinned", default=None)
+
+
+def snapshot() -> dict[str, str]:
+    """Every ``AUTOTUNE_*`` setting as it is now, for :func:`pinned`."""
+    return {knob.name: os.environ.get(knob.name, "") for knob in KNOBS}
+
+
+@contextlib.contextmanager
+def pinned(values: Mapping[str, str]) -> Iterator[None]:
+    """Within this block (and this thread), read the settings from ``values`` rather than the environment."""
+    token = _PINNED.set(values)
+    try:
+        yield
+    finally:
+        _PINNED.reset(token)
+
+
+__all__ = ["ISOLATIONS", "KNOBS", "SEARCHES", "Isolation", "Knob", "Search", "pinned", "snapshot"]

@@ -54,6 +54,23 @@ def test_job_measures_in_the_background_and_a_second_start_joins_it(tiny_family:
     assert workers_of(os.getpid()) == []
 
 
+@pytest.mark.usefixtures("in_process")
+def test_a_job_measures_for_the_settings_it_started_with(tiny_family: str, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    # The app points the cache elsewhere after starting a job, before the job's thread runs: the job still
+    # stores where it was started (the job is built, then its thread started, as start_calibration does).
+    from autotune._background import CalibrationJob
+
+    started_in = Path(os.environ["AUTOTUNE_CACHE_DIR"])
+    job = CalibrationJob([tiny_family], ("test",))
+    monkeypatch.setenv("AUTOTUNE_CACHE_DIR", str(tmp_path / "elsewhere"))
+    monkeypatch.setenv("AUTOTUNE_SEARCH", "no such search")
+    job._thread.start()
+    report = job.wait(timeout=300)
+    assert Path(report.store_path).parent == started_in
+    assert not (tmp_path / "elsewhere").exists()
+
+
 def test_wait_with_a_timeout_says_the_job_goes_on(tiny_family: str) -> None:
     job = autotune.start_calibration([tiny_family])
     with pytest.raises(autotune.CalibrationPending, match="still running"):
