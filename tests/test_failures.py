@@ -102,12 +102,28 @@ def test_an_out_of_memory_set_up_is_retried_alone_and_the_others_are_built_again
 
 
 @pytest.mark.usefixtures("in_process")
+def test_a_candidate_set_aside_that_no_longer_fits_keeps_its_measurements_and_says_why(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Every build's first step needs room for a workspace: fp16 fits only with bf16 set aside, and bf16, built
+    # again to be timed next to fp32 and fp16, no longer fits. It keeps its verification, with the failure.
+    monkeypatch.setenv("AUTOTUNE_SEARCH", "precision")
+    autotune.register_family("workspace_every_build", "families_for_tests:build_workspace_hungry_every_build")
+    measured = autotune.calibrate(["workspace_every_build"]).measurements["workspace_every_build"]
+    by_label = {r.candidate.label: r for r in measured.candidates}
+    bf16 = by_label["cpu bf16-mixed"]
+    assert bf16.failure is not None and bf16.failure.kind == "oom" and bf16.numerics is not None
+    assert "built again to be timed, next to cpu fp32, cpu fp16-mixed" in bf16.failure.detail
+    assert by_label["cpu fp32"].usable and by_label["cpu fp16-mixed"].usable
+
+
+@pytest.mark.usefixtures("in_process")
 def test_a_candidate_out_of_memory_twice_says_so() -> None:
     autotune.register_family("oom", "families_for_tests:build_raise_oom")
     with pytest.raises(CalibrationError) as info:
         autotune.best_config("oom")
     label, why = info.value.failures[0]
-    assert label == "cpu fp32" and why.startswith("oom: ") and "(twice: again alone, after freeing memory)" in why
+    assert label == "cpu fp32" and why.startswith("oom: ") and "(2 attempts: again after freeing memory)" in why
 
 
 def test_an_emulated_dtype_is_stopped_inside_its_first_step(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -186,8 +186,9 @@ def test_a_restarted_worker_resumes_after_the_last_stage_it_finished() -> None:
     resumed, _ = simulate(truth, 1, events=again, failed=[crashed], resume=checkpoint)
     set_up = [e.candidate for e in again if isinstance(e, Begin) and e.phase == "setup"]
     assert [e.stage for e in again if isinstance(e, Planned)] == [3]
-    assert set_up[0] == BASELINE
+    assert set_up[0] == BASELINE and len(set_up) == len(set(set_up))
     assert set(set_up) == {BASELINE, *checkpoint.alive, *stage_3[1:]}
+    assert resumed.control_ms[:len(checkpoint.control_ms)] == checkpoint.control_ms
     by_candidate = {r.candidate: r for r in resumed.candidates}
     assert stage_3[0] not in by_candidate
     earlier = [r for r in checkpoint.results if r.timing is not None and r.timing.dropped is not None]
@@ -197,3 +198,41 @@ def test_a_restarted_worker_resumes_after_the_last_stage_it_finished() -> None:
         assert timing is not None and (timing.dropped, timing.round_ms) == (before.dropped, before.round_ms)
     assert any("resumed after stage 2" in note for note in resumed.search_notes)
     assert decide(resumed, digest="sim").device == "cuda:0"
+
+
+def test_a_resume_after_a_candidate_the_search_built_on_failed_searches_again() -> None:
+    # A candidate alive at the checkpoint failed since (a crash while it was timed): what it pruned was pruned
+    # by a measurement that no longer stands, so the restarted worker searches from the start without it.
+    from autotune._calibration.protocol import Checkpoint, Planned
+
+    truth = gpu_machine(20.0, 10.0)
+    events: list[object] = []
+    simulate(truth, 0, events=events)
+    checkpoint = next(e for e in events if isinstance(e, Checkpoint) and e.stage == 2)
+    lost = next(c for c in checkpoint.alive if c.device == "cuda:0")
+    crashed = CandidateResult(candidate=lost, failure=Failure(kind="crashed", detail="SIGABRT"))
+    again: list[object] = []
+    resumed, _ = simulate(truth, 1, events=again, failed=[crashed], resume=checkpoint)
+    assert next(e.stage for e in again if isinstance(e, Planned)) == 1
+    assert resumed.search_notes[0].startswith(f"searched again from the start in a restarted worker: {lost.label}")
+    assert lost not in {r.candidate for r in resumed.candidates}
+
+
+def test_after_a_device_error_the_session_times_nothing_and_gives_no_answer() -> None:
+    # The worker must not go on in a context a device error may have broken: it exits, the host restarts it.
+    from autotune._calibration.protocol import Begin, CalibrationSettings, Checkpoint, Done, Failed
+    from autotune._calibration.session import Session
+    from autotune._calibration.truth import CONTROL_MS, FakeClock, TruthLab, _FakeStep, _Weather
+
+    truth = Truth(name="sim", candidates={
+        _c("cpu", "fp32"): CandidateTruth(10.0), _c("cuda:0", "fp32"): CandidateTruth(5.0),
+        _c("cuda:0", "bf16-mixed"): CandidateTruth(2.0, failure=Failure(kind="error", detail="CUDA error"))})
+    clock = FakeClock()
+    weather = _Weather(truth, clock, __import__("random").Random(0))
+    events: list[object] = []
+    session = Session(TruthLab(truth, weather, CalibrationSettings()), CalibrationSettings(), events.append,
+                      clock=clock, control=_FakeStep(CONTROL_MS / 1000, "cpu", weather), settle=lambda s: None,
+                      discard_on_device_error=True)
+    session.run(list(truth.candidates), staged=True, backend_notes={})
+    failed_at = next(i for i, e in enumerate(events) if isinstance(e, Failed))
+    assert not [e for e in events[failed_at:] if isinstance(e, (Begin, Checkpoint, Done))]

@@ -153,7 +153,7 @@ def record(event: Event, attempt: Attempt, progress: Progress | None) -> None:
         attempt.in_flight = event.candidate
         if progress is not None:
             progress(event.candidate, event.fraction)
-    elif isinstance(event, (Failed, Done, MemoryProbed)):
+    elif isinstance(event, (Failed, Checkpoint, Done, MemoryProbed)):
         attempt.in_flight = None
         if isinstance(event, Done) and progress is not None:
             progress(None, 1.0)

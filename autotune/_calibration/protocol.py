@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from autotune._calibration.measure import MeasureSettings
+from autotune._calibration.plan import Facts
 from autotune._env import Search
 from autotune._fp32 import Fp32Settings
 from autotune._models import Candidate, CandidateResult, Drop, Failure, TraceReport
@@ -59,13 +60,15 @@ class FamilyRef(_Message):
 class Checkpoint(_Message):
     """Where one family's staged search stands after a pruning stage: what a restarted worker resumes from.
 
-    ``results`` holds every candidate measured so far (timings and drop evidence); ``alive`` those the next
-    stage builds on; ``behind`` the devices far behind another one, with the evidence.
+    ``results`` holds every candidate's result so far (timings, drop evidence, failures); ``alive`` the
+    candidates the next stage builds on, with what their workload says about variants (``facts``); ``behind``
+    the devices far behind another one, with the evidence.
     """
 
     event: Literal["checkpoint"] = "checkpoint"
     stage: int
     alive: list[Candidate]
+    facts: list[tuple[Candidate, Facts]]
     results: list[CandidateResult]
     behind: dict[str, Drop]
     notes: list[str]

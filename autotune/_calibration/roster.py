@@ -1,10 +1,10 @@
-"""The candidates one family's search holds: set up once, set aside when memory is short, released when dropped.
+"""The candidates one family's search holds: set up, set aside when memory is short, released when dropped.
 
 A set-up builds a candidate's model and optimizer and verifies its first steps against the fp32 CPU reference
 (the lab does that: real torch in the worker, a truth profile in the simulation). Set-up failures are emitted as
-they happen. An out-of-memory error is retried once *alone*: the other candidates held on that device, but the
-fp32 CPU baseline, are set aside and built again when they are next timed. A device error on an accelerator
-poisons the session: nothing else is measured in that process.
+they happen. An out-of-memory error is retried with the failed attempt's memory given back, then *alone*: the
+other candidates held on that device, but the fp32 CPU baseline, are set aside and built again when they are
+next timed. A device error on an accelerator poisons the session: nothing else is measured in that process.
 """
 
 from __future__ import annotations
@@ -50,7 +50,8 @@ class Roster:
         """Build and verify each candidate; returns those ready to time. Failures are emitted as they happen.
 
         ``again``: candidates measured before (set aside for another one's set-up, or alive in a resumed search):
-        their measurements stand, and an out-of-memory error is final (retried alone, it would set others aside).
+        their measurements stand (a failure now is added to them), and an out-of-memory error is final (retried
+        alone, it would set others aside in turn).
         """
         ready = []
         for index, candidate in enumerate(candidates):
@@ -81,10 +82,12 @@ class Roster:
             return True
         failure = result.failure
         assert failure is not None
-        if again and failure.kind == "oom":
-            held = ", ".join(c.label for c in self.ready if c.device == candidate.device) or "nothing"
-            failure = Failure(kind="oom", detail=f"{failure.detail} (built again to be timed, next to {held})")
-            result = result.model_copy(update={"failure": failure})
+        earlier = self.results.get(candidate) if again else None
+        if earlier is not None:
+            if failure.kind == "oom":
+                held = ", ".join(c.label for c in self.ready if c.device == candidate.device) or "nothing"
+                failure = Failure(kind="oom", detail=f"{failure.detail} (built again to be timed, next to {held})")
+            result = earlier.model_copy(update={"failure": failure})
         self.results[candidate] = result
         self.emit(Failed(result=result))
         if candidate == BASELINE:
@@ -95,28 +98,32 @@ class Roster:
         return False
 
     def _set_up(self, candidate: Candidate) -> Prepared:
-        """``lab.set_up``, tried once more *alone* after an out-of-memory error: the failed attempt's memory and
-        every other candidate held on that device (but the fp32 CPU baseline, which every decision compares with)
-        are given back first; the exception's frames hold the failed model until then. Those set aside are built
-        again when they are next timed: a set-up can peak higher than the timed steps (cuDNN's benchmark mode
-        tries algorithms with large workspaces on a layer's first call, once per process)."""
-        try:
-            return self.lab.set_up(candidate)
-        except Exception as exc:
-            if classify(exc, candidate.device).kind != "oom":
-                raise
-        held = [c for c in self.ready if c.device == candidate.device and c != BASELINE]
-        for other in held:
-            del self.ready[other]
-        self.lab.release([candidate, *held])
-        try:
-            return self.lab.set_up(candidate)
-        except Exception as exc:
-            again = classify(exc, candidate.device)
-            if again.kind != "oom":
-                raise
-            failure = Failure(kind="oom", detail=f"{again.detail} (twice: again alone, after freeing memory)")
-        raise CandidateFailed(CandidateResult(candidate=candidate, failure=failure))
+        """``lab.set_up``, retried after an out-of-memory error: first with the failed attempt's memory given back
+        (the exception's frames hold the failed model until then), then *alone*: every other candidate held on
+        that device (but the fp32 CPU baseline, which every decision compares with) set aside and freed too.
+        Those set aside are built again when they are next timed: a set-up can peak higher than the timed steps
+        (cuDNN's benchmark mode tries algorithms with large workspaces on a layer's first call, once per process).
+        """
+        held: list[Candidate] = []
+        retries: list[str] = []
+        for retry in ("", "again after freeing memory", "then alone"):
+            if retry == "then alone":
+                held = [c for c in self.ready if c.device == candidate.device and c != BASELINE]
+                if not held:
+                    break  # it was alone already
+                for other in held:
+                    del self.ready[other]
+            if retry:
+                self.lab.release([candidate, *held])
+                retries.append(retry)
+            try:
+                return self.lab.set_up(candidate)
+            except Exception as exc:
+                failure = classify(exc, candidate.device)
+                if failure.kind != "oom":
+                    raise
+        detail = f"{failure.detail} ({len(retries) + 1} attempts: {', '.join(retries)})"
+        raise CandidateFailed(CandidateResult(candidate=candidate, failure=Failure(kind="oom", detail=detail)))
 
     def release(self, dropped: set[Candidate]) -> None:
         """A dropped candidate is never timed again: free its model and optimizer before the next set-ups."""
@@ -125,7 +132,6 @@ class Roster:
         for candidate in dropped:
             self.ready.pop(candidate, None)
         self.lab.release(sorted(dropped, key=lambda c: c.label))
-
 
 
 __all__ = ["Emit", "Lab", "Roster"]

@@ -64,6 +64,12 @@ class Session:
         ``resume``: the last stage an earlier worker of this family finished; the search goes on from there.
         """
         self.excluded = {r.candidate for r in failed}
+        if resume is not None and self.excluded & set(resume.alive):
+            # Its measurements pruned others: the evidence against them no longer stands.
+            lost = ", ".join(c.label for c in resume.alive if c in self.excluded)
+            self.notes.append(f"searched again from the start in a restarted worker: {lost} failed after stage "
+                              f"{resume.stage}, where the search still built on it")
+            resume = None
         candidates = [c for c in candidates if c not in self.excluded]
         stages = self._last_stage = 3 if staged and self.settings.search != "precision" else 1
         span = 0.8 / stages  # progress: the stages share 80%, the final comparison the rest
@@ -85,6 +91,8 @@ class Session:
         if self.roster.poisoned:
             return
         self._final(alive)
+        if self.roster.poisoned:
+            return
         self.emit(Done(
             results=self._with_baseline_ratios(), control_ms=self.control_ms, search_notes=self.notes,
             # Judged over every stage's rounds together, the same series the warning quotes.
@@ -116,27 +124,26 @@ class Session:
     def _checkpoint(self, stage: int, alive: list[Candidate]) -> None:
         """Tell the host where the search stands after ``stage``: a restarted worker resumes from here."""
         if not self.roster.poisoned:
-            self.emit(Checkpoint(stage=stage, alive=alive, results=list(self.roster.results.values()),
-                                 behind=self.behind, notes=self.notes, control_ms=self.control_ms,
-                                 timing_s=self.timing_s))
+            self.emit(Checkpoint(stage=stage, alive=alive, facts=[(c, self.roster.facts[c]) for c in alive],
+                                 results=list(self.roster.results.values()), behind=self.behind,
+                                 notes=self.notes, control_ms=self.control_ms, timing_s=self.timing_s))
 
     def _resume(self, checkpoint: Checkpoint, share: tuple[float, float]) -> list[Candidate]:
-        """Take over an earlier worker's search after ``checkpoint.stage``: its measurements stand, and the
-        candidates it left alive are set up again (after the fp32 baseline, whose trajectory verifies them; the
-        baseline is freed again when it is not alive). Returns the candidates alive."""
-        kept = {r.candidate: r for r in checkpoint.results if r.candidate not in self.excluded}
-        self.roster.results.update(kept)
+        """Take over an earlier worker's search after ``checkpoint.stage``; returns the candidates alive.
+
+        Its measurements stand. Only the fp32 baseline is set up now (its trajectory verifies every later
+        set-up; freed again when it is not alive): the others are built again when they are next timed, so the
+        memory they need is taken one stage at a time, as in the worker that crashed.
+        """
+        self.roster.results.update({r.candidate: r for r in checkpoint.results if r.candidate not in self.excluded})
+        self.roster.facts.update(dict(checkpoint.facts))
         self.behind.update(checkpoint.behind)
-        self.notes += checkpoint.notes
+        self.notes += [*checkpoint.notes, f"resumed after stage {checkpoint.stage} in a restarted worker"]
         self.control_ms += checkpoint.control_ms
         self.timing_s = checkpoint.timing_s
-        alive = [c for c in checkpoint.alive if c not in self.excluded]
-        again = list(dict.fromkeys(c for c in [BASELINE, *alive] if c not in self.excluded))
-        self.notes.append(f"resumed after stage {checkpoint.stage} in a restarted worker, with "
-                          + ", ".join(c.label for c in again) + " set up again")
-        ready = self.roster.set_up(again, share, again=True)
-        self.roster.release({c for c in ready if c not in alive})
-        return [c for c in alive if c in ready]
+        ready = self.roster.set_up([BASELINE], share, again=True) if BASELINE not in self.excluded else []
+        self.roster.release({c for c in ready if c not in checkpoint.alive})
+        return list(checkpoint.alive)
 
     def _stage_settings(self, stage: int, budget_share: float = 1.0) -> MeasureSettings:
         measure = self.settings.measure
@@ -153,12 +160,16 @@ class Session:
 
     def _time(self, candidates: list[Candidate], stage: int, share: tuple[float, float], *,
               budget_share: float = 1.0) -> list[Candidate]:
-        """Interleave ``candidates``, record their timings (replacing earlier ones); those not dropped."""
-        missing = [c for c in candidates if c not in self.roster.ready]  # set aside for another one's set-up alone
-        if missing:
+        """Interleave ``candidates``, record their timings (replacing earlier ones); those not dropped.
+
+        Candidates not held (set aside for another one's set-up, or alive in a resumed search) are built again
+        first; one that fails then is not timed. A poisoned session times nothing.
+        """
+        missing = [c for c in candidates if c not in self.roster.ready]
+        if missing and not self.roster.poisoned:
             self.roster.set_up(missing, (share[0], share[0]), again=True)
         candidates = [c for c in candidates if c in self.roster.ready]
-        if not candidates:
+        if not candidates or self.roster.poisoned:
             return []
         settings = self._stage_settings(stage, budget_share)
         final = stage == FINAL_STAGE

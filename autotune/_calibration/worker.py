@@ -134,7 +134,7 @@ class Worker:
                                                                  failure=unverified(reference.failure)))
                 break
             attempt = Attempt()
-            answered = len(failed)
+            answered, resumed_from = len(failed), checkpoint
             # A restarted worker goes on from the last stage finished, without the candidates that failed.
             job = Job(family=FamilyRef(name=family.name, ref=family.ref), failed=list(failed.values()),
                       resume=checkpoint, settings=settings, fp32=_fp32.current(), threads=torch.get_num_threads(),
@@ -161,10 +161,15 @@ class Worker:
                     failed[attempt.in_flight] = CandidateResult(candidate=attempt.in_flight, failure=ended)
                     log.warning("%s %s: %s (%s); restarting the worker to search on without it",
                                 family.name, attempt.in_flight.label, ended.kind, ended.detail)
-                elif len(failed) == answered:
-                    # Died between candidates: restarting would loop forever on the same point.
+                elif len(failed) == answered and checkpoint is resumed_from:
+                    # Died between candidates, with no stage finished since: restarting would loop forever.
                     why = attempt.ended.detail if attempt.ended else "the worker stopped without a result"
                     raise CalibrationError(family.name, [("worker", why)])
+                elif len(failed) == answered:
+                    assert checkpoint is not None
+                    log.warning("%s: the worker stopped between candidates after stage %d (%s); restarting it "
+                                "from there", family.name, checkpoint.stage,
+                                attempt.ended.detail if attempt.ended else "no detail")
         measured = {r.candidate: r for r in (done.results if done is not None else [])}
         return FamilyResult(
             model_kind=family.name,
