@@ -284,44 +284,46 @@ def build_cpu_oom_once_under_bf16() -> Workload:
     return Workload(base.model, base.inputs, _cpu_oom_once_under_bf16)
 
 
-#: models of the workspace-hungry family alive in this process, and the precisions whose first step ran here
+#: models of the workspace-hungry families alive in this process; the precisions (or, for the every-build
+#: family, the models) whose first step ran here
 WORKSPACE_MODELS: weakref.WeakSet[nn.Module] = weakref.WeakSet()
 WORKSPACE_CHOSEN: set[str] = set()
-
-
-def _workspace_hungry(model: nn.Module, inputs: tuple[Tensor, ...]) -> Tensor:
-    # Like cuDNN's benchmark mode: a precision's first step in the process tries algorithms with large
-    # workspaces, which fit next to one other model but not two; the chosen one is cached for later steps.
-    precision = str(torch.get_autocast_dtype("cpu")) if torch.is_autocast_enabled("cpu") else "fp32"
-    if precision not in WORKSPACE_CHOSEN:
-        if len(WORKSPACE_MODELS) > 2:
-            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 6.00 GiB (algorithm workspace)")
-        WORKSPACE_CHOSEN.add(precision)
-    return cross_entropy(model, inputs)
-
-
-def build_workspace_hungry() -> Workload:
-    base = build_tiny()
-    WORKSPACE_MODELS.add(base.model)
-    return Workload(base.model, base.inputs, _workspace_hungry)
-
-
 WORKSPACE_STEPPED: weakref.WeakSet[nn.Module] = weakref.WeakSet()
 
 
-def _workspace_hungry_every_build(model: nn.Module, inputs: tuple[Tensor, ...]) -> Tensor:
-    # The same, but every model's first step needs the room (nothing is cached between builds).
-    if model not in WORKSPACE_STEPPED:
+def _take_workspace(first_steps: set[str] | weakref.WeakSet[nn.Module], key: str | nn.Module) -> None:
+    """Like cuDNN's benchmark mode: a first step tries algorithms with large workspaces, which fit next to one
+    other model of the family but not two (CUDA's error, raised on the CPU); later steps reuse the choice."""
+    if key not in first_steps:
         if len(WORKSPACE_MODELS) > 2:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 6.00 GiB (algorithm workspace)")
-        WORKSPACE_STEPPED.add(model)
+        first_steps.add(key)  # type: ignore[arg-type]
+
+
+def _workspace_hungry(model: nn.Module, inputs: tuple[Tensor, ...]) -> Tensor:
+    # The choice is cached per precision in the process, as cuDNN caches it per layer configuration.
+    _take_workspace(WORKSPACE_CHOSEN, str(torch.get_autocast_dtype("cpu")) if torch.is_autocast_enabled("cpu")
+                    else "fp32")
     return cross_entropy(model, inputs)
 
 
-def build_workspace_hungry_every_build() -> Workload:
+def _workspace_hungry_every_build(model: nn.Module, inputs: tuple[Tensor, ...]) -> Tensor:
+    _take_workspace(WORKSPACE_STEPPED, model)  # nothing cached between builds
+    return cross_entropy(model, inputs)
+
+
+def _workspace_family(loss_fn) -> Workload:  # type: ignore[no-untyped-def]
     base = build_tiny()
     WORKSPACE_MODELS.add(base.model)
-    return Workload(base.model, base.inputs, _workspace_hungry_every_build)
+    return Workload(base.model, base.inputs, loss_fn)
+
+
+def build_workspace_hungry() -> Workload:
+    return _workspace_family(_workspace_hungry)
+
+
+def build_workspace_hungry_every_build() -> Workload:
+    return _workspace_family(_workspace_hungry_every_build)
 
 
 #: how many of the emulated-fp16 layers below ran in this process
