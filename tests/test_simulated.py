@@ -236,3 +236,64 @@ def test_after_a_device_error_the_session_times_nothing_and_gives_no_answer() ->
     session.run(list(truth.candidates), staged=True, backend_notes={})
     failed_at = next(i for i, e in enumerate(events) if isinstance(e, Failed))
     assert not [e for e in events[failed_at:] if isinstance(e, (Begin, Checkpoint, Done))]
+
+
+def test_a_resumed_worker_builds_what_the_variants_are_timed_against_first() -> None:
+    # A memory-tight GPU where a layer configuration's first build in a process peaks (cuDNN's workspace
+    # trials): the crashed worker held bf16 and set it aside for its channels_last variant. The resumed one must
+    # build bf16 before the variants too, or bf16 is the one that no longer fits (a final OOM: the worker stops).
+    import random
+
+    import torch
+
+    from autotune._calibration.plan import BASELINE
+    from autotune._calibration.protocol import CalibrationSettings, Checkpoint, Done, Failed, Planned
+    from autotune._calibration.session import Session
+    from autotune._calibration.truth import CONTROL_MS, FakeClock, TruthLab, _FakeStep, _Weather
+
+    class TightGpuLab(TruthLab):
+        capacity, model, peak = 4.6, 1.5, 2.0
+
+        def __init__(self, *args: object) -> None:
+            super().__init__(*args)  # type: ignore[arg-type]
+            self.held: set[Candidate] = set()
+            self.built: set[tuple[str, str, str]] = set()
+
+        def set_up(self, candidate: Candidate):  # type: ignore[no-untyped-def]
+            config = (candidate.device, candidate.precision, candidate.memory_format)
+            used = sum(self.model for c in self.held if c.device == candidate.device)
+            peak = 0.0 if config in self.built else self.peak
+            if candidate.device != "cpu" and used + self.model + peak > self.capacity:
+                raise torch.OutOfMemoryError("CUDA out of memory")
+            self.built.add(config)
+            self.held.add(candidate)
+            return super().set_up(candidate)
+
+        def release(self, candidates: list[Candidate]) -> None:
+            self.held.difference_update(candidates)
+
+    truth = Truth(name="sim", candidates={_c("cpu", "fp32"): CandidateTruth(200.0),
+                                          _c("cuda:0", "bf16-mixed"): CandidateTruth(10.0),
+                                          _c("cuda:0", "fp32"): CandidateTruth(30.0)},
+                  variant_factors={"channels_last": 0.9, "fused-optimizer": 0.95, "1 thread": 3.0, "4 threads": 1.5},
+                  facts=Facts(image_inputs=True, default_optimizer=True))
+
+    def run(seed: int, **restart: object) -> list[object]:
+        clock = FakeClock()
+        weather = _Weather(truth, clock, random.Random(seed))
+        events: list[object] = []
+        session = Session(TightGpuLab(truth, weather, CalibrationSettings()), CalibrationSettings(), events.append,
+                          clock=clock, control=_FakeStep(CONTROL_MS / 1000, "cpu", weather),
+                          settle=lambda s: None, discard_on_device_error=True)
+        session.run(sorted(truth.candidates, key=lambda c: c != BASELINE), staged=True, backend_notes={},
+                    **restart)  # type: ignore[arg-type]
+        return events
+
+    events = run(0)
+    checkpoint = next(e for e in events if isinstance(e, Checkpoint) and e.stage == 1)
+    fused = next(c for e in events if isinstance(e, Planned) and e.stage == 2 for c in e.candidates
+                 if c.optimizer == "fused")
+    crashed = CandidateResult(candidate=fused, failure=Failure(kind="crashed", detail="SIGABRT"))
+    again = run(1, failed=[crashed], resume=checkpoint)
+    assert not [e.result.candidate.label for e in again if isinstance(e, Failed)]
+    assert any(isinstance(e, Done) for e in again)

@@ -103,6 +103,15 @@ class Session:
         """Set up a later stage's variants and time each device's against its leader; the candidates alive after."""
         lo = (stage - 1) * span
         self.emit(Planned(candidates=new, stage=stage))
+        # What each device's variants are timed against is built first (held since the stage before, except in a
+        # resumed worker): a variant that does not fit next to it sets it aside, not the reverse.
+        bases = []
+        for device in dict.fromkeys(c.device for c in new):
+            leader = self._leader(alive, device)
+            bases += [leader, *self._rivals(alive, leader, stage)]
+        missing = [c for c in bases if c not in self.roster.ready]
+        if missing:
+            self.roster.set_up(missing, (lo, lo), again=True)
         tried = self.roster.set_up(new, (lo, lo + 0.5 * span))
         devices = list(dict.fromkeys(c.device for c in tried))
         # Each device on its own (its pairs are within the device), sharing the stage's budget: a device
