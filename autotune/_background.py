@@ -131,9 +131,9 @@ def start_calibration(
 ) -> CalibrationJob:
     """Start calibrating ``kinds`` (default: the built-ins) in the background and return at once.
 
-    Families already measured are not measured again. While a job for the same kinds (and the same ``AUTOTUNE_*``
-    settings, read now) runs, a second call joins it (its ``progress`` is added) instead of starting another.
-    ``progress`` runs on the job's thread. Meanwhile ``best_config(kind, wait=False)`` answers without blocking.
+    Families already measured are not measured again. While a job for the same kinds runs, a second call joins
+    it (its ``progress`` is added) instead of starting another. ``progress`` runs on the job's thread.
+    Meanwhile ``best_config(kind, wait=False)`` answers without blocking.
     """
     from autotune._fingerprint import fingerprint
     from autotune._store import default_root
@@ -141,8 +141,7 @@ def start_calibration(
     names = list(dict.fromkeys(kinds)) if kinds is not None else builtin_family_names()
     for name in names:
         get_family(name)  # an unknown name fails here, in the app's thread
-    # A job started with other AUTOTUNE_* settings (budget, search) measures something else: it is not joined.
-    key = (str(default_root()), fingerprint().digest, frozenset(names), tuple(sorted(_env.snapshot().items())))
+    key = (str(default_root()), fingerprint().digest, frozenset(names))
     with _jobs_guard:
         job = _jobs.get(key)
         started = job is None

@@ -71,17 +71,6 @@ def test_a_job_measures_for_the_settings_it_started_with(tiny_family: str, tmp_p
     assert not (tmp_path / "elsewhere").exists()
 
 
-@pytest.mark.usefixtures("in_process")
-def test_a_start_with_other_settings_is_another_job(tiny_family: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    first = autotune.start_calibration([tiny_family])
-    monkeypatch.setenv("AUTOTUNE_BUDGET_S", "0.2")
-    second = autotune.start_calibration([tiny_family])
-    assert second is not first
-    assert autotune.start_calibration([tiny_family]) is second or second.done()
-    first.wait(timeout=300)
-    second.wait(timeout=300)
-
-
 def test_wait_with_a_timeout_says_the_job_goes_on(tiny_family: str) -> None:
     job = autotune.start_calibration([tiny_family])
     with pytest.raises(autotune.CalibrationPending, match="still running"):
