@@ -62,6 +62,14 @@ class Roster:
                 ready.append(candidate)
         return ready
 
+    def rebuild(self, candidates: list[Candidate], fraction: float) -> list[Candidate]:
+        """Build again those of ``candidates`` not held (set aside for another one's set-up, or alive in a resumed
+        search; see ``again`` above); returns those ready, in order. A poisoned roster builds nothing."""
+        missing = [c for c in candidates if c not in self.ready]
+        if missing and not self.poisoned:
+            self.set_up(missing, (fraction, fraction), again=True)
+        return [c for c in candidates if c in self.ready]
+
     def _set_up_one(self, candidate: Candidate, fraction: float, *, again: bool) -> bool:
         """One candidate of :meth:`set_up`; True when it is ready. (Its own frame: no caller's local holds a
         model that an out-of-memory retry alone must free.)"""

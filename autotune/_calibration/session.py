@@ -80,7 +80,7 @@ class Session:
             self.roster.release(set(ready) - set(alive))
             self._checkpoint(1, alive)
         else:
-            alive = self._resume(resume, (resume.stage * span, resume.stage * span))
+            alive = self._resume(resume, resume.stage * span)
         for stage in range(resume.stage + 1 if resume is not None else 2, stages + 1):
             if self.roster.poisoned:
                 return
@@ -109,9 +109,7 @@ class Session:
         for device in dict.fromkeys(c.device for c in new):
             leader = self._leader(alive, device)
             bases += [leader, *self._rivals(alive, leader, stage)]
-        missing = [c for c in bases if c not in self.roster.ready]
-        if missing:
-            self.roster.set_up(missing, (lo, lo), again=True)
+        self.roster.rebuild(bases, lo)
         tried = self.roster.set_up(new, (lo, lo + 0.5 * span))
         devices = list(dict.fromkeys(c.device for c in tried))
         # Each device on its own (its pairs are within the device), sharing the stage's budget: a device
@@ -137,7 +135,7 @@ class Session:
                                  results=list(self.roster.results.values()), behind=self.behind,
                                  notes=self.notes, control_ms=self.control_ms, timing_s=self.timing_s))
 
-    def _resume(self, checkpoint: Checkpoint, share: tuple[float, float]) -> list[Candidate]:
+    def _resume(self, checkpoint: Checkpoint, fraction: float) -> list[Candidate]:
         """Take over an earlier worker's search after ``checkpoint.stage``; returns the candidates alive.
 
         Its measurements stand. Only the fp32 baseline is set up now (its trajectory verifies every later
@@ -150,7 +148,7 @@ class Session:
         self.notes += [*checkpoint.notes, f"resumed after stage {checkpoint.stage} in a restarted worker"]
         self.control_ms += checkpoint.control_ms
         self.timing_s = checkpoint.timing_s
-        ready = self.roster.set_up([BASELINE], share, again=True) if BASELINE not in self.excluded else []
+        ready = self.roster.rebuild([BASELINE], fraction) if BASELINE not in self.excluded else []
         self.roster.release({c for c in ready if c not in checkpoint.alive})
         return list(checkpoint.alive)
 
@@ -174,10 +172,7 @@ class Session:
         Candidates not held (set aside for another one's set-up, or alive in a resumed search) are built again
         first; one that fails then is not timed. A poisoned session times nothing.
         """
-        missing = [c for c in candidates if c not in self.roster.ready]
-        if missing and not self.roster.poisoned:
-            self.roster.set_up(missing, (share[0], share[0]), again=True)
-        candidates = [c for c in candidates if c in self.roster.ready]
+        candidates = self.roster.rebuild(candidates, share[0])
         if not candidates or self.roster.poisoned:
             return []
         settings = self._stage_settings(stage, budget_share)
