@@ -37,6 +37,18 @@ def preference(candidate: Candidate) -> tuple[int, bool, bool]:
     return _SIMPLICITY[candidate.precision], candidate.num_threads is not None, candidate.compiled
 
 
+def tie_winner(a: Candidate, b: Candidate) -> Candidate | None:
+    """Which of ``a`` and ``b`` wins when neither is faster by more than their margin: the CPU over another
+    device, then the preferred one (:func:`preference`); None where the faster estimate wins (two
+    accelerators; layout and optimizer kernels)."""
+    if a.device != b.device:
+        cpu = [c for c in (a, b) if c.device == "cpu"]
+        return cpu[0] if cpu else None
+    if preference(a) == preference(b):
+        return None
+    return a if preference(a) < preference(b) else b
+
+
 def complexity(candidate: Candidate) -> tuple[int, int]:
     """Lower is simpler: the CPU, then fp32 < tf32 < bf16 < fp16, then each non-default variant adds one."""
     variants = (int(candidate.memory_format != "contiguous") + int(candidate.optimizer != "default")
@@ -44,4 +56,4 @@ def complexity(candidate: Candidate) -> tuple[int, int]:
     return _SIMPLICITY[candidate.precision], variants
 
 
-__all__ = ["INDIFFERENCE", "MARGIN", "complexity", "margin", "preference"]
+__all__ = ["INDIFFERENCE", "MARGIN", "complexity", "margin", "preference", "tie_winner"]

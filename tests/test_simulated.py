@@ -69,6 +69,20 @@ def test_a_clear_gain_is_found() -> None:
     assert picks(gpu_machine(20.0, 20.0 / 1.10)) == [("cuda:0", "bf16-mixed")] * len(SEEDS)
 
 
+def test_a_cheap_steps_gain_gets_the_rounds_it_needs() -> None:
+    # tiny_mlp on a busy 2-core machine: 1 thread is 8-11% faster than 2, but sub-millisecond rounds vary by
+    # 5-7%, so clearing the 3% thread margin takes 40-100 rounds; they cost little, and the final comparison
+    # stopped at 30 (one in seven of these calibrations kept the slower default).
+    truth = Truth(name="sim", candidates={_c("cpu", "fp32"): CandidateTruth(0.5, setup_s=0.05),
+                                          _c("cpu", "bf16-mixed"): CandidateTruth(0.8, setup_s=0.05)},
+                  variant_factors={"1 thread": 0.89, "fused-optimizer": 0.7}, default_threads=2, noise=0.25)
+    threads = []
+    for seed in SEEDS:
+        measured, _ = simulate(truth, seed)
+        threads.append(decide(measured, digest="sim").num_threads)
+    assert threads == [1] * len(SEEDS)
+
+
 def test_a_gpu_no_faster_than_the_cpu_loses_the_tie_and_says_so() -> None:
     truth = Truth(name="sim", candidates={_c("cpu", "fp32"): CandidateTruth(10.0),
                                           _c("cuda:0", "fp32"): CandidateTruth(10.0, setup_s=3.0)})

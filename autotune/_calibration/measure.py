@@ -7,7 +7,11 @@ out of the per-round ratios instead of favouring whoever runs first. At each loo
 
 - a candidate clearly slower than its group's leader (by more than the pair's margin) is *dropped* and keeps
   that evidence: it counts as clearly slower in every later decision;
-- a pair whose interval lies within the margin is *resolved* (a tie);
+- a pair is *resolved* once more rounds cannot change the pick by more than the margin: where a tie goes to
+  the slower side (fp32 against bf16, torch's thread count against another), when the faster side is within
+  the margin of it; otherwise (speed decides, or the faster side is the preferred one) as soon as the slower
+  cannot be faster by more than the margin. Past ``settle_ties_at`` rounds, only a pair whose faster side
+  leads by more than the margin on the estimate, where a tie goes to the slower, is timed further;
 - a group whose fastest candidate is clearly slower than another group's (in the final comparison, or far
   behind after one round in any stage) is *outpaced*: it loses the device choice, is no longer timed, and
   stays its own device's answer for a user who prefers that device;
@@ -63,6 +67,9 @@ class MeasureSettings(BaseModel):
     budget_s: float = 8.0
     #: a look of the sequential test (``_stats.LOOKS``): the last round timing may run to
     max_rounds: int = _stats.LOOKS[-1]
+    #: from this many rounds on, only a pair whose pick more rounds may still change is timed (a 7% gain of one
+    #: CPU thread, not yet clear of the 3% margin, on sub-millisecond steps); near-ties are settled here
+    settle_ties_at: int = 30
     #: each candidate's share of a round lasts at least this long, so timer noise stays negligible
     round_min_s: float = 0.003
     #: the control may drift this much (see ``_stats.drift``) before the run counts as noisy
@@ -123,10 +130,12 @@ class Interleaved(Generic[K]):
 @dataclass(frozen=True)
 class Comparisons(Generic[K]):
     """Which pairs a stage must resolve: each candidate against its group's leader, and, in the final
-    comparison, the groups' leaders against one another. ``margin(a, b)`` is the pair's margin."""
+    comparison, the groups' leaders against one another. ``margin(a, b)`` is the pair's margin;
+    ``tie_winner(a, b)`` the one a tie goes to (None: the faster estimate)."""
 
     group: Callable[[K], Hashable]
     margin: Callable[[K, K], float]
+    tie_winner: Callable[[K, K], K | None] = lambda a, b: None
     across_groups: bool = False
 
 
@@ -188,7 +197,7 @@ def interleave(
         if rounds not in _stats.LOOKS and rounds < settings.max_rounds:
             continue
         timing = list(active)
-        decisive = _look(series, active, comparisons, rounds)
+        decisive = _look(series, active, comparisons, rounds, settings.settle_ties_at)
         drifting = _stats.drift(control_ms) > settings.noise_limit
         if rounds >= settings.max_rounds or (answered is not None and answered(series)):
             break
@@ -275,7 +284,8 @@ def _pairs(series: Mapping[K, Series[K]], keys: list[K], comparisons: Comparison
             yield key, overall
 
 
-def _look(series: dict[K, Series[K]], active: list[K], comparisons: Comparisons[K], rounds: int) -> set[K]:
+def _look(series: dict[K, Series[K]], active: list[K], comparisons: Comparisons[K], rounds: int,
+          settle_ties_at: int) -> set[K]:
     """One look: drop the clearly slower, mark the outpaced, settle the resolved (``active`` keeps the rest).
 
     Returns, in the final comparison, the candidates of the fastest candidate's unresolved pairs when one of
@@ -299,7 +309,9 @@ def _look(series: dict[K, Series[K]], active: list[K], comparisons: Comparisons[
                     active.remove(key)
             else:
                 _outpace(series, active, comparisons, comparisons.group(key), evidence)
-        elif high >= 1 + max(pair_margin, INDIFFERENCE) and key in active and leader in active:
+        elif key in active and leader in active and _open(
+                comparisons.tie_winner(key, leader) == key, (estimate, low, high), max(pair_margin, INDIFFERENCE),
+                late=rounds >= settle_ties_at):
             unresolved.update((key, leader))
             if overall in (key, leader) and comparisons.across_groups:
                 with_leader.update((key, leader))
@@ -308,6 +320,15 @@ def _look(series: dict[K, Series[K]], active: list[K], comparisons: Comparisons[
     # Settled: every pair resolved (or one side no longer timed); it keeps its rounds and leaves the rounds.
     active[:] = [k for k in active if k in unresolved and series[k].dropped is None and series[k].outpaced is None]
     return with_leader if decisive else set()
+
+
+def _open(tie_to_slower: bool, ratio: tuple[float, float, float], margin: float, *, late: bool) -> bool:
+    """Can more rounds still change which of a pair is picked by more than ``margin`` (see the module's
+    "resolved")? ``ratio``: the (estimate, low, high) of slower / faster; ``late``: past ``settle_ties_at``."""
+    estimate, low, high = ratio
+    if tie_to_slower:
+        return high >= 1 + margin and (not late or estimate > 1 + margin)
+    return not late and low * (1 + margin) <= 1
 
 
 __all__ = [

@@ -179,16 +179,19 @@ class Session:
         final = stage == FINAL_STAGE
 
         def on_round(round_index: int, key: Candidate | None) -> None:
-            if key is not None:
-                fraction = share[0] + (share[1] - share[0]) * min(1.0, round_index / settings.max_rounds)
+            if key is not None:  # rounds or budget, whichever runs out first
+                done = max(round_index / settings.max_rounds, (self.clock() - started) / settings.budget_s)
+                fraction = share[0] + (share[1] - share[0]) * min(1.0, done)
                 self.emit(Begin(candidate=key, phase="timing", fraction=fraction))
 
         estimates = {c: _stats.median(warm_up(self.roster.ready[c].step, self.clock, self._recent_s(c), settings)[-3:])
                      for c in candidates}
+        started = self.clock()
         timed = interleave(
             {c: self.roster.ready[c].step for c in candidates}, estimate_s=estimates, control=self.control,
             clock=self.clock, settings=settings, on_round=on_round, settle=self.settle,
-            comparisons=Comparisons(group=_device, margin=_rules.margin, across_groups=final),
+            comparisons=Comparisons(group=_device, margin=_rules.margin, tie_winner=_rules.tie_winner,
+                                    across_groups=final),
         )
         self.control_ms += timed.control_ms
         self.timing_s += timed.elapsed_s
