@@ -9,7 +9,7 @@ Rules, in order:
 4. It must beat a preferred candidate on its device (fp32 < tf32 < bf16 < fp16, torch's thread count, eager:
    ``_rules.preference``) by more than ``_rules.margin`` with the decision's confidence
    (``_stats.ratio_interval``, paired over the final rounds); otherwise it is a tie and the preferred one
-   wins. Layout and optimizer kernels (the same math) go to the faster estimate.
+   wins. Layout and optimizer kernels (the same math) go to the faster, on the final rounds they share.
 5. Another device must beat the CPU the same way, by ``_rules.MARGIN``; on a tie the CPU wins (no driver, no
    device memory held, no copies) and the reason says the GPU was no faster.
 """
@@ -48,10 +48,23 @@ def _step_ms(result: CandidateResult) -> float:
     return result.timing.median_ms
 
 
-def _score_ms(result: CandidateResult, expected_steps: int | None) -> float:
+def _score_ms(result: CandidateResult, expected_steps: int | None, step_ms: float | None = None) -> float:
+    step_ms = _step_ms(result) if step_ms is None else step_ms
     if expected_steps is None:
-        return _step_ms(result)
-    return 1000 * (result.setup_s or 0.0) + expected_steps * _step_ms(result)
+        return step_ms
+    return 1000 * (result.setup_s or 0.0) + expected_steps * step_ms
+
+
+def _ranking(results: Sequence[CandidateResult], expected_steps: int | None) -> dict[int, float]:
+    """Each result's score (by ``id``) for ranking ``results`` against one another: step medians over the final
+    rounds they all share (round ``i`` is the same round in every series of the final comparison), so one
+    settled early is not compared over its early rounds with another's later, drifted ones; a timing from an
+    earlier stage (a device outpaced there) by its own median."""
+    final = [r for r in results if r.timing is not None and r.timing.final]
+    shared = min((r.timing.n for r in final if r.timing is not None), default=0)
+    return {id(r): _score_ms(r, expected_steps, _stats.median(r.timing.round_ms[:shared])
+                             if r in final and len(final) > 1 and r.timing is not None else None)
+            for r in results}
 
 
 def step_ratio(a: CandidateResult, b: CandidateResult) -> tuple[float, float, float]:
@@ -185,9 +198,10 @@ def pick_fastest(pool: Sequence[CandidateResult], expected_steps: int | None) ->
         on_device = [r for r in pool if r.candidate.device == device]
         unbeaten = [r for r in on_device
                     if not any(clearly_faster(other, r, expected_steps) for other in on_device if other is not r)]
-        picks[device] = min(unbeaten or on_device,
-                            key=lambda r: (preference(r.candidate), _score_ms(r, expected_steps)))
-    best = min(picks.values(), key=lambda r: _score_ms(r, expected_steps))
+        scores = _ranking(unbeaten or on_device, expected_steps)
+        picks[device] = min(unbeaten or on_device, key=lambda r: (preference(r.candidate), scores[id(r)]))
+    scores = _ranking(list(picks.values()), expected_steps)
+    best = min(picks.values(), key=lambda r: scores[id(r)])
     cpu = picks.get("cpu")
     if cpu is not None and best is not cpu and not clearly_faster(best, cpu, expected_steps):
         return cpu

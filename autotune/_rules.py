@@ -39,8 +39,8 @@ def preference(candidate: Candidate) -> tuple[int, bool, bool]:
 
 def tie_winner(a: Candidate, b: Candidate) -> Candidate | None:
     """Which of ``a`` and ``b`` wins when neither is faster by more than their margin: the CPU over another
-    device, then the preferred one (:func:`preference`); None where the faster estimate wins (two
-    accelerators; layout and optimizer kernels)."""
+    device, then the preferred one (:func:`preference`); None where the faster one wins (two accelerators,
+    two thread counts other than torch's, layout and optimizer kernels)."""
     if a.device != b.device:
         cpu = [c for c in (a, b) if c.device == "cpu"]
         return cpu[0] if cpu else None

@@ -8,7 +8,7 @@ from samples import failed, family, timed
 
 from autotune import CalibrationError
 from autotune._decide import decide
-from autotune._models import Candidate, Drop, Interval
+from autotune._models import Candidate, CandidateResult, Drop, Interval
 
 DIGEST = "0123456789abcdef"
 
@@ -106,3 +106,22 @@ def test_fp16_pick_reports_the_lowered_init_scale() -> None:
     assert (config.precision, config.init_scale) == ("fp16-mixed", 1024.0)
     assert "init_scale 1024: the default 65536 skipped 3 of 8 steps" in config.reason
     assert config.grad_scaler().get_scale() == 1024.0
+
+
+def test_the_same_math_is_ranked_on_the_final_rounds_both_were_timed_in() -> None:
+    # channels_last, 3.5% slower, settled after 11 final rounds; the plain layout went on (against another
+    # pair) into 30 rounds of a machine 8% slower. Its median over all 41 rounds (10.8 ms) is not compared
+    # with channels_last's over the first 11 (10.35 ms): over the rounds both share, plain is faster.
+    def rounds(result: CandidateResult, round_ms: list[float], **candidate: str) -> CandidateResult:
+        assert result.timing is not None
+        return result.model_copy(update={
+            "candidate": result.candidate.model_copy(update=candidate),
+            "timing": result.timing.model_copy(update={"round_ms": round_ms,
+                                                       "median_ms": sorted(round_ms)[len(round_ms) // 2]})})
+
+    swing = [1.15, 0.85] * 5 + [1.0]  # too noisy, round to round, for either to be clearly faster
+    plain = rounds(timed("cpu", "fp32", 10.0), [10.0 * f for f in swing] + [10.8] * 30)
+    channels_last = rounds(timed("cpu", "fp32", 10.35), [10.35 * f for f in reversed(swing)],
+                           memory_format="channels_last")
+    config = decide(family("cnn", plain, channels_last), digest=DIGEST)
+    assert config.memory_format == "contiguous"

@@ -9,8 +9,10 @@ from collections.abc import Callable, Iterator, Mapping
 import pytest
 
 from autotune import _stats
-from autotune._calibration.check import answered
+from autotune._calibration.check import answered, faster_by_margin
+from autotune._calibration.check import comparisons as canary_pairs
 from autotune._calibration.measure import Comparisons, Interleaved, MeasureSettings, Series, interleave, warm_up
+from autotune._models import Candidate
 
 
 class FakeClock:
@@ -48,6 +50,16 @@ SETTINGS = MeasureSettings(budget_s=5.0, round_min_s=0.0)
 #: everything is one group (one device) with a 3% margin and ties to fp32, as precisions on one device are
 ONE_DEVICE: Comparisons[str] = Comparisons(group=lambda key: "cpu", margin=lambda a, b: 0.03,
                                            tie_winner=lambda a, b: "fp32" if "fp32" in (a, b) else None)
+
+
+def _cpu_then_fp32(a: str, b: str) -> str | None:
+    prefix = "cpu " if a.split()[0] != b.split()[0] else ""
+    return next((k for k in (a, b) if k.startswith(prefix) and (prefix or k.endswith(" fp32"))), None)
+
+
+#: "device precision" keys, grouped by device, the final comparison's way: a tie goes to the CPU, then fp32
+BY_DEVICE: Comparisons[str] = Comparisons(group=lambda key: key.split()[0], margin=lambda a, b: 0.03,
+                                          across_groups=True, tie_winner=_cpu_then_fp32)
 
 
 def _run(step_times: dict[str, Iterator[float]], control: Iterator[float] | None = None,
@@ -158,8 +170,7 @@ def test_a_steady_control_is_not_noisy() -> None:
 
 
 def test_across_devices_the_slower_device_is_outpaced_not_dropped() -> None:
-    by_device: Comparisons[str] = Comparisons(group=lambda key: key.split()[0], margin=lambda a, b: 0.03,
-                                              across_groups=True)
+    by_device = BY_DEVICE
     result, steps = _run({"cpu fp32": jittered(0.2), "cuda fp32": jittered(0.1, 0.05),
                           "cuda bf16": jittered(0.099, 0.05, phase=3)}, comparisons=by_device)
     cpu = result.series["cpu fp32"]
@@ -168,8 +179,7 @@ def test_across_devices_the_slower_device_is_outpaced_not_dropped() -> None:
 
 
 def test_past_the_budget_the_final_comparison_times_only_the_leaders_unresolved_pairs() -> None:
-    by_device: Comparisons[str] = Comparisons(group=lambda key: key.split()[0], margin=lambda a, b: 0.03,
-                                              across_groups=True)
+    by_device = BY_DEVICE
     result, steps = _run({"cpu a": jittered(0.1, 0.05), "cpu b": jittered(0.1, 0.05, phase=3),
                           "cuda a": jittered(0.09, 0.05, phase=1)},
                          settings=MeasureSettings(budget_s=0.3, round_min_s=0.0), comparisons=by_device)
@@ -238,3 +248,13 @@ def test_the_canarys_question_answered_at_a_look_stops_the_rounds() -> None:
     # ... and one clearly faster than the pick ends the rounds at once, at the first look
     faster = {"pick": jittered(0.1, 0.01), "runner": jittered(0.05, 0.01, phase=3)}
     assert _run(faster, answered=answered("pick"))[0].rounds == _stats.LOOKS[0]
+
+
+def test_the_canary_times_a_candidate_ahead_of_the_pick_until_it_is_clearly_beyond_the_margin() -> None:
+    # 8% ahead of the pick: the pair is not settled once the pick cannot be 3% faster (a review found the
+    # canary answering "ok" that way); it goes on until the other is clearly more than 3% faster.
+    pick, runner = Candidate(device="cpu", precision="bf16-mixed"), Candidate(device="cpu", precision="fp32")
+    steps = {pick: jittered(0.1, 0.01), runner: jittered(0.092, 0.01, phase=3)}
+    result, _ = _run(steps, comparisons=canary_pairs(pick), answered=answered(pick),  # type: ignore[arg-type]
+                     settings=MeasureSettings(budget_s=5.0, round_min_s=0.0, max_rounds=6))
+    assert faster_by_margin(result.series[runner].round_ms, result.series[pick].round_ms) is True

@@ -43,6 +43,14 @@ def answered(pick: K) -> Callable[[Mapping[K, Series[K]]], bool]:
     return rule
 
 
+def comparisons(pick: Candidate) -> Comparisons[Candidate]:
+    """The canary's pairs: every candidate in one group, and a tie goes to the pick, so a candidate ahead of it
+    is timed until it is clearly within the margin of the pick or clearly beyond it (not merely until the pick
+    cannot be faster than it: the question reversed)."""
+    return Comparisons(group=lambda c: "check", margin=_rules.margin,
+                       tie_winner=lambda a, b: pick if pick in (a, b) else None)
+
+
 def check(job: CheckJob, emit: Callable[[Begin | Failed | Checked], None], *, clock: Clock, control: Steppable,
           settle: Callable[[float], None]) -> None:
     """Set up each candidate, time them together, emit one :class:`Checked` (failures as :class:`Failed`)."""
@@ -66,10 +74,10 @@ def check(job: CheckJob, emit: Callable[[Begin | Failed | Checked], None], *, cl
         settings=settings, settle=settle,
         on_round=lambda rounds, key: emit(Begin(candidate=key, phase="timing", fraction=0.5 + 0.5 * min(
             1.0, rounds / settings.max_rounds))) if key is not None else None,
-        comparisons=Comparisons(group=lambda c: "check", margin=_rules.margin), answered=answered(job.pick),
+        comparisons=comparisons(job.pick), answered=answered(job.pick),
     )
     emit(Checked(series=[Retimed(candidate=c, round_ms=s.round_ms) for c, s in timed.series.items()],
                  noisy=timed.noisy))
 
 
-__all__ = ["answered", "check", "faster_by_margin"]
+__all__ = ["answered", "check", "comparisons", "faster_by_margin"]
