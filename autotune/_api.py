@@ -27,6 +27,7 @@ from autotune._freshness import (
     reference_failure,
     stale_reason,
 )
+from autotune._locks import acquire, held_elsewhere, measuring
 from autotune._models import Candidate, FamilyKey, FamilyResult, Record, TraceReport
 from autotune._similar import Similar, find_similar
 from autotune._store import Store, default_root
@@ -126,7 +127,7 @@ def best_config(
         with _new_worker() as worker:
             # Its interpreter start overlaps taking the lock; not while another process measures this family:
             # then this one waits for that result and may need no worker at all.
-            if not _calibrating_elsewhere(store, fp.digest, family.name):
+            if not _measuring_elsewhere(store, fp.digest, family.name):
                 worker.start()
             measured = _calibrate_one(family, key, fp, store, force=False, progress=None, index=0, total=1,
                                       worker=worker)
@@ -156,22 +157,12 @@ _NOT_YET = "not measured yet; wait=False never measures"
 
 def _why_unmeasured(kind: str, fp: Fingerprint, store: Store) -> str:
     """"calibration running ..." when this process's job or another process holds the family's lock."""
-    import filelock
-
     from autotune import _background
 
     if _background.running(kind):
         return "calibration running in this process"
-    lock = store.calibration_lock(fp.digest, kind)
-    if lock is None:
-        return _NOT_YET
-    try:
-        lock.acquire(timeout=0)
-    except filelock.Timeout:
+    if held_elsewhere(store.calibration_lock(fp.digest, kind)):
         return "calibration running in another process"
-    except OSError:
-        return _NOT_YET
-    lock.release()
     return _NOT_YET
 
 
@@ -262,7 +253,7 @@ def run_calibration(
         # First, so its interpreter start overlaps everything else; but not while another process measures the
         # first family: this one waits for that result and may need no worker at all (nor take CPU from that
         # measurement). It then starts when a family needs it.
-        if pending and not _calibrating_elsewhere(store, fp.digest, pending[0].name):
+        if pending and not _measuring_elsewhere(store, fp.digest, pending[0].name):
             worker.start()
         for index, family in enumerate(families):
             if worker.cancelled:
@@ -291,19 +282,11 @@ def run_calibration(
     )
 
 
-def _calibrating_elsewhere(store: Store, digest: str, name: str) -> bool:
-    """True while another process (or thread) holds ``name``'s calibration lock: a look, not a claim."""
-    import filelock
-
-    lock = store.calibration_lock(digest, name)
-    if lock is None:
-        return False
-    try:
-        lock.acquire(timeout=0)
-    except filelock.Timeout:
-        return True
-    lock.release()
-    return False
+def _measuring_elsewhere(store: Store, digest: str, name: str) -> bool:
+    """True while another process (or thread) calibrates ``name`` or measures anything on this machine: a worker
+    started now would take CPU from that measurement, and may not be needed at all (``name`` is then read from
+    its result). A look, not a claim."""
+    return held_elsewhere(store.calibration_lock(digest, name)) or held_elsewhere(store.measuring_lock())
 
 
 def _new_worker() -> Worker:
@@ -320,19 +303,13 @@ def _calibrate_one(
 
     Raises CalibrationError, and stores nothing, when the fp32 CPU reference fails: the next call measures again.
     """
-    import filelock
-
     lock = store.calibration_lock(fp.digest, family.name)
     asked_at = dt.datetime.now(dt.timezone.utc).isoformat()
     if lock is not None:  # None: the directory cannot hold a lock (refused, unwritable); calibrate unlocked
-        try:
-            lock.acquire(timeout=0)
-        except filelock.Timeout:
+        if held_elsewhere(lock):
             log.info("another process is calibrating %s on this machine; waiting for its result", family.name)
-            try:
-                lock.acquire(timeout=_env.LOCK_TIMEOUT_S.get())
-            except filelock.Timeout:
-                return None
+        if not acquire(lock, cancelled=lambda: worker.cancelled):
+            return None
     try:
         stored = store.load(fp.digest)
         existing = stored.families.get(family.name) if stored is not None else None
@@ -385,7 +362,9 @@ def measure_family(
 
     log.info("calibrating %s on this machine", model_kind)
     # Stamped here with what it was measured for: the settings above come from the same variables.
-    result = worker.run_family(family, settings, progress=on_progress).model_copy(update={"key": family_key(family)})
+    with measuring(_store(), cancelled=lambda: worker.cancelled):
+        measured = worker.run_family(family, settings, progress=on_progress)
+    result = measured.model_copy(update={"key": family_key(family)})
     log.info("calibrated %s in %.1f s", model_kind, result.wall_s)
     if result.noisy:
         log.warning("%s was measured while the machine was busy (control workload drifted %.0f%%); "

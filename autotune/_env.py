@@ -128,6 +128,12 @@ def snapshot() -> dict[str, str]:
     return {knob.name: os.environ.get(knob.name, "") for knob in KNOBS}
 
 
+def parsed() -> tuple[tuple[str, object], ...]:
+    """Every ``AUTOTUNE_*`` setting's value as it is now, parsed: ``8`` and ``8.0`` are one budget. Raises
+    :class:`ConfigurationError` for an invalid one."""
+    return tuple((knob.name, knob.get()) for knob in KNOBS)
+
+
 @contextlib.contextmanager
 def pinned(values: Mapping[str, str]) -> Iterator[None]:
     """Within this block (and this thread), read the settings from ``values`` rather than the environment."""
@@ -138,4 +144,4 @@ def pinned(values: Mapping[str, str]) -> Iterator[None]:
         _PINNED.reset(token)
 
 
-__all__ = ["ISOLATIONS", "KNOBS", "SEARCHES", "Isolation", "Knob", "Search", "pinned", "snapshot"]
+__all__ = ["ISOLATIONS", "KNOBS", "SEARCHES", "Isolation", "Knob", "Search", "parsed", "pinned", "snapshot"]

@@ -235,9 +235,21 @@ class Store:
 
         None when the directory cannot hold a lock (unwritable, refused): the family is calibrated unlocked.
         """
+        return self._named_lock(f"{digest}.{model_kind}.calibrating.lock",
+                                "calibrating without waiting for other processes")
+
+    def measuring_lock(self) -> filelock.BaseFileLock | None:
+        """Held while anything times training steps (a family's calibration, a canary check), whatever the
+        family and machine configuration: two measurements at once on one machine skew each other's timings.
+
+        None when the directory cannot hold a lock: measurements do not wait for one another.
+        """
+        return self._named_lock("measuring.lock", "measuring without waiting for other measurements")
+
+    def _named_lock(self, name: str, consequence: str) -> filelock.BaseFileLock | None:
         import filelock
 
-        path = self.root / f"{digest}.{model_kind}.calibrating.lock"
+        path = self.root / name
         try:
             problem = _disk.directory_problem(self.root, create=True)
             if problem is None:
@@ -245,8 +257,7 @@ class Store:
         except OSError as exc:
             problem = _disk.os_reason(exc)
         if problem is not None:
-            self._warn_once(f"lock:{path}", "cannot use the calibration lock %s (%s); calibrating without waiting "
-                            "for other processes", path, problem)
+            self._warn_once(f"lock:{path}", "cannot use the lock %s (%s); %s", path, problem, consequence)
             return None
         return filelock.FileLock(path)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import subprocess
@@ -71,6 +72,21 @@ def test_a_job_measures_for_the_settings_it_started_with(tiny_family: str, tmp_p
     assert not (tmp_path / "elsewhere").exists()
 
 
+@pytest.mark.usefixtures("in_process")
+def test_a_start_with_other_settings_is_another_job(tiny_family: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    first = autotune.start_calibration([tiny_family])
+    monkeypatch.setenv("AUTOTUNE_BUDGET_S", "0.30")  # the same budget, spelt otherwise: the same job
+    assert autotune.start_calibration([tiny_family]) is first or first.done()
+    monkeypatch.setenv("AUTOTUNE_BUDGET_S", "0.2")
+    second = autotune.start_calibration([tiny_family])
+    assert second is not first
+    measured = [job.wait(timeout=300).measurements[tiny_family] for job in (first, second)]
+    assert [result.budget_s for result in measured] == [0.3, 0.2]  # each for its own settings, in turn
+    monkeypatch.setenv("AUTOTUNE_SEARCH", "no such search")
+    with pytest.raises(autotune.ConfigurationError, match="AUTOTUNE_SEARCH"):
+        autotune.start_calibration([tiny_family])
+
+
 def test_wait_with_a_timeout_says_the_job_goes_on(tiny_family: str) -> None:
     job = autotune.start_calibration([tiny_family])
     with pytest.raises(autotune.CalibrationPending, match="still running"):
@@ -106,6 +122,36 @@ def test_cancel_at_random_moments_keeps_finished_families_and_leaves_nothing(tin
     report = autotune.start_calibration(kinds).wait(timeout=300)
     assert set(report.measurements) == set(kinds) and set(cached_families(kinds)) == set(kinds)
     assert all(report.measurements[kind].measured_at == at for kind, at in before.items())
+
+
+def test_a_calibration_waits_while_something_else_measures_and_a_cancel_ends_the_wait(tiny_family: str) -> None:
+    with _api._store().measuring_lock():  # held here, as another process's calibration or --check would
+        job = autotune.start_calibration([tiny_family])
+        time.sleep(1.0)
+        # It waits its turn, without starting a worker (an interpreter importing torch would slow the other).
+        assert not job.done() and workers_of(os.getpid()) == []
+        assert autotune.best_config(tiny_family, wait=False).source == "heuristic"
+        job.cancel()
+        with pytest.raises(autotune.CalibrationCancelled):
+            job.wait(timeout=30)  # the wait ends with the cancel, not with the lock's 600 s timeout
+    assert cached_families([tiny_family]) == {} and _lock_free(tiny_family)
+    assert tiny_family in autotune.start_calibration([tiny_family]).wait(timeout=300).measurements
+
+
+@pytest.mark.usefixtures("in_process")
+def test_jobs_for_other_families_measure_one_after_the_other(tiny_family: str) -> None:
+    autotune.register_family("tiny_twin", "families_for_tests:build_tiny")
+    measuring: list[str] = []  # the family of every progress report during measurement, in order
+
+    def seen(progress: autotune.CalibrationProgress) -> None:
+        if progress.candidate is not None:
+            measuring.append(progress.family)
+
+    jobs = [autotune.start_calibration([kind], progress=seen) for kind in (tiny_family, "tiny_twin")]
+    for job in jobs:
+        job.wait(timeout=300)
+    assert [kind for kind, _ in itertools.groupby(measuring)] in ([tiny_family, "tiny_twin"],
+                                                                 ["tiny_twin", tiny_family])
 
 
 def test_wait_false_sees_another_process_calibrating(tiny_family: str) -> None:
