@@ -27,7 +27,7 @@ from autotune._freshness import (
     reference_failure,
     stale_reason,
 )
-from autotune._locks import acquire, held_elsewhere, measuring
+from autotune._locks import acquire, held_elsewhere, measuring, measuring_lock
 from autotune._models import Candidate, FamilyKey, FamilyResult, Record, TraceReport
 from autotune._similar import Similar, find_similar
 from autotune._store import Store, default_root
@@ -286,7 +286,7 @@ def _measuring_elsewhere(store: Store, digest: str, name: str) -> bool:
     """True while another process (or thread) calibrates ``name`` or measures anything on this machine: a worker
     started now would take CPU from that measurement, and may not be needed at all (``name`` is then read from
     its result). A look, not a claim."""
-    return held_elsewhere(store.calibration_lock(digest, name)) or held_elsewhere(store.measuring_lock())
+    return held_elsewhere(store.calibration_lock(digest, name)) or held_elsewhere(measuring_lock())
 
 
 def _new_worker() -> Worker:
@@ -307,7 +307,7 @@ def _calibrate_one(
     asked_at = dt.datetime.now(dt.timezone.utc).isoformat()
     if lock is not None:  # None: the directory cannot hold a lock (refused, unwritable); calibrate unlocked
         if held_elsewhere(lock):
-            log.info("another process is calibrating %s on this machine; waiting for its result", family.name)
+            log.info("another process or job is calibrating %s on this machine; waiting for its result", family.name)
         if not acquire(lock, cancelled=lambda: worker.cancelled):
             return None
     try:
@@ -362,7 +362,7 @@ def measure_family(
 
     log.info("calibrating %s on this machine", model_kind)
     # Stamped here with what it was measured for: the settings above come from the same variables.
-    with measuring(_store(), cancelled=lambda: worker.cancelled):
+    with measuring(cancelled=lambda: worker.cancelled):
         measured = worker.run_family(family, settings, progress=on_progress)
     result = measured.model_copy(update={"key": family_key(family)})
     log.info("calibrated %s in %.1f s", model_kind, result.wall_s)

@@ -131,11 +131,12 @@ def start_calibration(
 ) -> CalibrationJob:
     """Start calibrating ``kinds`` (default: the built-ins) in the background and return at once.
 
-    Families already measured are not measured again. While a job for the same kinds and ``AUTOTUNE_*``
-    settings runs, a second call joins it (its ``progress`` is added) instead of starting another; a job with
-    other settings (budget, search) is another job, and measures after the first (one measurement at a time
-    per machine). ``progress`` runs on the job's thread. Meanwhile ``best_config(kind, wait=False)`` answers
-    without blocking. Raises :class:`~autotune.ConfigurationError` for an invalid ``AUTOTUNE_*`` setting.
+    Families already measured are not measured again. While a job for the same kinds and settings runs, a
+    second call joins it (its ``progress`` is added) instead of starting another; a job with another
+    ``AUTOTUNE_DEVICE``, budget, search or defaults file is another job, and takes turns with the first, family
+    by family (one measurement at a time per machine). ``progress`` runs on the job's thread. Meanwhile
+    ``best_config(kind, wait=False)`` answers without blocking. Raises :class:`~autotune.ConfigurationError`
+    for an invalid setting.
     """
     from autotune._fingerprint import fingerprint
     from autotune._store import default_root
@@ -143,7 +144,7 @@ def start_calibration(
     names = list(dict.fromkeys(kinds)) if kinds is not None else builtin_family_names()
     for name in names:
         get_family(name)  # an unknown name fails here, in the app's thread
-    key = (str(default_root()), fingerprint().digest, frozenset(names), _env.parsed())
+    key = (str(default_root()), fingerprint().digest, frozenset(names), _env.measured_for())
     with _jobs_guard:
         job = _jobs.get(key)
         started = job is None

@@ -96,7 +96,8 @@ CANDIDATE_TIMEOUT_S: Knob[float] = Knob(
 )
 LOCK_TIMEOUT_S: Knob[float] = Knob(
     "AUTOTUNE_LOCK_TIMEOUT_S", 600.0, _positive_float, "seconds > 0",
-    "how long a process waits for another one's calibration before answering heuristically",
+    "how long a process waits for another one's calibration before answering heuristically, and for "
+    "another measurement on this machine before measuring alongside it",
 )
 BUDGET_S: Knob[float] = Knob(
     "AUTOTUNE_BUDGET_S", 8.0, _positive_float, "seconds > 0",
@@ -124,14 +125,15 @@ _PINNED: contextvars.ContextVar[Mapping[str, str] | None] = contextvars.ContextV
 
 
 def snapshot() -> dict[str, str]:
-    """Every ``AUTOTUNE_*`` setting as it is now, for :func:`pinned`."""
-    return {knob.name: os.environ.get(knob.name, "") for knob in KNOBS}
+    """Every ``AUTOTUNE_*`` setting as it is now (in this context: pinned ones stay pinned), for :func:`pinned`."""
+    values = _PINNED.get()
+    return {knob.name: (values if values is not None else os.environ).get(knob.name, "") for knob in KNOBS}
 
 
-def parsed() -> tuple[tuple[str, object], ...]:
-    """Every ``AUTOTUNE_*`` setting's value as it is now, parsed: ``8`` and ``8.0`` are one budget. Raises
-    :class:`ConfigurationError` for an invalid one."""
-    return tuple((knob.name, knob.get()) for knob in KNOBS)
+def measured_for() -> tuple[object, ...]:
+    """The parsed values of the settings that change what a calibration measures (``8`` and ``8.0`` are one
+    budget): device, budget, search, shipped defaults. Raises :class:`ConfigurationError` for an invalid one."""
+    return tuple(knob.get() for knob in (DEVICE, BUDGET_S, SEARCH, DEFAULTS))
 
 
 @contextlib.contextmanager
@@ -144,4 +146,4 @@ def pinned(values: Mapping[str, str]) -> Iterator[None]:
         _PINNED.reset(token)
 
 
-__all__ = ["ISOLATIONS", "KNOBS", "SEARCHES", "Isolation", "Knob", "Search", "parsed", "pinned", "snapshot"]
+__all__ = ["ISOLATIONS", "KNOBS", "SEARCHES", "Isolation", "Knob", "Search", "measured_for", "pinned", "snapshot"]

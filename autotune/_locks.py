@@ -3,31 +3,61 @@
 Two processes (an app and ``python -m autotune``, two apps) or two background jobs of one app that time
 training steps at the same time measure each other: each gets the other's interference in its rounds (on a
 2-core machine, a neighbour's ``import torch`` alone slows a step by tens of percent), and the control
-workload cannot tell it from a busy machine. So anything that times steps holds the machine's measuring lock
-(:meth:`~autotune._store.Store.measuring_lock`); the others wait their turn. A wait gives up at once when the
+workload cannot tell it from a busy machine. So a calibration and the canary (``--check``) hold the machine's
+measuring lock (:func:`measuring_lock`) while they time; the others wait their turn. A wait gives up at once when the
 calibration is cancelled (a background job's ``cancel()``), and after ``AUTOTUNE_LOCK_TIMEOUT_S``.
+
+Limits: the lock is per user (two users' calibrations on one machine do not wait for each other); waits poll,
+so turns are not first come, first served; a calibration takes its turn per family, and a family waiting for
+its turn holds its own family lock meanwhile (another process wanting that family's result waits longer).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import tempfile
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
-from autotune import _env
+from autotune import _disk, _env
 from autotune._errors import CalibrationCancelled
 
 if TYPE_CHECKING:
     import filelock
 
-    from autotune._store import Store
-
 log = logging.getLogger("autotune")
 
 #: how often a wait looks whether it was cancelled
 _POLL_S = 0.1
+_warned: set[str] = set()
+
+
+def measuring_lock() -> filelock.BaseFileLock | None:
+    """The lock of this machine's measurements, one per user: in the temporary directory, which is the
+    machine's own even where the cache directory is shared (a network home), and the same whatever cache
+    directory a process uses (an app's, a benchmark's). None, with one warning, where it cannot be used."""
+    import filelock
+
+    user = os.getuid() if hasattr(os, "getuid") else os.environ.get("USERNAME", "user")
+    directory = Path(tempfile.gettempdir()) / f"autotune-{user}"
+    path = directory / "measuring.lock"
+    try:
+        problem = _disk.directory_problem(directory, create=True)
+        if problem is None:
+            _disk.refuse_link(path)
+    except OSError as exc:
+        problem = _disk.os_reason(exc)
+    if problem is not None:
+        if str(path) not in _warned:
+            _warned.add(str(path))
+            log.warning("cannot use the lock %s (%s); measuring without waiting for other measurements", path,
+                        problem)
+        return None
+    return filelock.FileLock(path)
 
 
 def held_elsewhere(lock: filelock.BaseFileLock | None) -> bool:
@@ -64,9 +94,9 @@ def acquire(lock: filelock.BaseFileLock, *, cancelled: Callable[[], bool] = lamb
 
 
 @contextlib.contextmanager
-def measuring(store: Store, *, cancelled: Callable[[], bool] = lambda: False) -> Iterator[None]:
+def measuring(*, cancelled: Callable[[], bool] = lambda: False) -> Iterator[None]:
     """Hold the machine's measuring lock while timing steps, after whatever else measures here has finished."""
-    lock = store.measuring_lock()
+    lock = measuring_lock()
     if lock is None:
         yield
         return
@@ -84,4 +114,4 @@ def measuring(store: Store, *, cancelled: Callable[[], bool] = lambda: False) ->
         lock.release()
 
 
-__all__ = ["acquire", "held_elsewhere", "measuring"]
+__all__ = ["acquire", "held_elsewhere", "measuring", "measuring_lock"]

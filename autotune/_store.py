@@ -238,14 +238,6 @@ class Store:
         return self._named_lock(f"{digest}.{model_kind}.calibrating.lock",
                                 "calibrating without waiting for other processes")
 
-    def measuring_lock(self) -> filelock.BaseFileLock | None:
-        """Held while anything times training steps (a family's calibration, a canary check), whatever the
-        family and machine configuration: two measurements at once on one machine skew each other's timings.
-
-        None when the directory cannot hold a lock: measurements do not wait for one another.
-        """
-        return self._named_lock("measuring.lock", "measuring without waiting for other measurements")
-
     def _named_lock(self, name: str, consequence: str) -> filelock.BaseFileLock | None:
         import filelock
 

@@ -19,6 +19,7 @@ from procs_for_tests import alive, workers_of
 import autotune
 from autotune import _api
 from autotune._api import cached_families
+from autotune._locks import measuring_lock
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc for worker processes")
 
@@ -125,7 +126,7 @@ def test_cancel_at_random_moments_keeps_finished_families_and_leaves_nothing(tin
 
 
 def test_a_calibration_waits_while_something_else_measures_and_a_cancel_ends_the_wait(tiny_family: str) -> None:
-    with _api._store().measuring_lock():  # held here, as another process's calibration or --check would
+    with measuring_lock():  # held here, as another process's calibration or --check would
         job = autotune.start_calibration([tiny_family])
         time.sleep(1.0)
         # It waits its turn, without starting a worker (an interpreter importing torch would slow the other).
