@@ -9,6 +9,9 @@ the same rules make on the exact truth. Printed per scenario (JSON lines):
 - ``faster_claimed_pct``: a lower precision (or a GPU) picked over the simpler answer where the truth says
   it is *not* faster by more than the margin: a wrong "clearly faster" verdict (goal <= 5%);
 - ``mean_regret_pct`` / ``p95_regret_pct``: true time of the pick over the truly fastest candidate's, - 1;
+- ``noisy_pct``: results flagged noisy (served, but measured again by the next ``calibrate()``);
+- ``wrong_not_noisy_pct``: a wrong device or precision *not* flagged noisy, so cached as final: confidently
+  wrong;
 - ``sim_s``: simulated calibration seconds (set-up + every timed step), mean.
 
     python benchmarks/decision_sim.py [--runs N] [SCENARIO ...]
@@ -69,6 +72,9 @@ def scenarios() -> dict[str, tuple[Truth, int | None]]:
         "equal_outliers_5pct_6x": (gpu_family("o6", 20.0, 20.0, outlier_rate=0.05, outlier_factor=6.0), None),
         # A background load that comes and goes slowly (AR(1), 0.95 step to step, 10%): rounds are correlated.
         "equal_slow_load": (gpu_family("l", 20.0, 20.0, load_correlation=0.95, load_noise=0.10), None),
+        # Another program on the cores: a third of the steps 4x slower, one step a round (a 20 ms step).
+        "gain_45pct_contention_30pct_4x": (gpu_family("c", 20.0, 20.0 / 1.45, outlier_rate=0.3,
+                                                      outlier_factor=4.0), None),
         "gain_2.99pct_slow_load": (gpu_family("gl", 20.0, 20.0 / 1.0299, load_correlation=0.95, load_noise=0.10),
                                    None),
         "cpu_vs_gpu_equal": (Truth(name="cg", candidates={
@@ -101,7 +107,7 @@ def scenarios() -> dict[str, tuple[Truth, int | None]]:
 def run(name: str, truth: Truth, expected_steps: int | None, runs: int) -> dict[str, object]:
     planned = list(truth.candidates)
     right = true_pick(truth, planned, expected_steps)
-    right_count = claimed = noisy = 0
+    right_count = claimed = noisy = wrong_final = 0
     regrets, seconds = [], []
     for seed in range(runs):
         measured, sim_s = simulate(truth, seed)
@@ -112,9 +118,11 @@ def run(name: str, truth: Truth, expected_steps: int | None, runs: int) -> dict[
         chosen = next(r.candidate for r in finalists(measured)  # an outpaced device's answer is one too
                       if (r.candidate.device, r.candidate.precision, r.candidate.variants)
                       == (pick.device, pick.precision, pick.variants))
-        right_count += (chosen.device, chosen.precision) == (right.device, right.precision)
+        is_right = (chosen.device, chosen.precision) == (right.device, right.precision)
+        right_count += is_right
         claimed += _more_complex(chosen, right)
         noisy += measured.noisy
+        wrong_final += not is_right and not measured.noisy  # confidently wrong: served as final
         regrets.append(true_score(truth, chosen, expected_steps) / best - 1)
         seconds.append(sim_s)
     regrets.sort()
@@ -126,6 +134,7 @@ def run(name: str, truth: Truth, expected_steps: int | None, runs: int) -> dict[
         "mean_regret_pct": round(100 * statistics.fmean(regrets), 2),
         "p95_regret_pct": round(100 * regrets[int(0.95 * (runs - 1))], 2),
         "noisy_pct": round(100 * noisy / runs, 1),
+        "wrong_not_noisy_pct": round(100 * wrong_final / runs, 1),
         "sim_s": round(statistics.fmean(seconds), 1),
     }
 

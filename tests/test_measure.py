@@ -188,6 +188,20 @@ def test_past_the_budget_the_final_comparison_times_only_the_leaders_unresolved_
     assert "cuda a" in timed_more and len(timed_more) < 3
 
 
+def test_a_gap_the_final_comparison_cannot_resolve_by_its_cap_is_not_final() -> None:
+    # bf16 on the GPU looks 2x faster than the CPU's fp32 but the rounds are wrecked (another process on the
+    # cores: one round 0.3x, the next 4x): at the cap the CPU wins the tie against the estimate. Flagged, so the
+    # next calibrate() measures again; a clean 2x gap is resolved and not flagged.
+    wrecked = itertools.cycle([1.0, 4.0, 0.3, 2.5, 0.5, 3.0, 0.4])
+    settings = MeasureSettings(budget_s=0.5, round_min_s=0.0)
+    noisy, _ = _run({"cpu fp32": (0.2 * f for f in wrecked), "cuda bf16": jittered(0.1, 0.05)},
+                    settings=settings, comparisons=BY_DEVICE)
+    assert noisy.unresolved_gap and all(s.outpaced is None for s in noisy.series.values())
+    clean, _ = _run({"cpu fp32": jittered(0.2, 0.05), "cuda bf16": jittered(0.1, 0.05)}, settings=settings,
+                    comparisons=BY_DEVICE)
+    assert not clean.unresolved_gap and clean.series["cpu fp32"].outpaced is not None
+
+
 def test_round_length_adapts_to_tiny_steps() -> None:
     clock = FakeClock()
     steps = {"tiny": FakeStep(clock, itertools.repeat(0.0005))}

@@ -83,6 +83,17 @@ def test_a_cheap_steps_gain_gets_the_rounds_it_needs() -> None:
     assert threads == [1] * len(SEEDS)
 
 
+def test_a_pick_that_wrecked_rounds_leave_to_the_tie_rule_is_not_final() -> None:
+    # bf16 45% faster, but another program takes the cores: a third of the steps 4x slower, one step a round.
+    # Some calibrations cannot resolve the gap by the final comparison's cap and the tie gives fp32: such a
+    # result is flagged noisy (served, measured again by the next calibrate()), never cached as final.
+    truth = gpu_machine(20.0, 20.0 / 1.45, outlier_rate=0.3, outlier_factor=4.0)
+    results = [simulate(truth, seed)[0] for seed in SEEDS]
+    wrong = [r for r in results if decide(r, digest="sim").precision != "bf16-mixed"]
+    assert wrong and all(r.noisy for r in wrong)
+    assert any("stayed unresolved" in note for r in wrong for note in r.search_notes)
+
+
 def test_a_gpu_no_faster_than_the_cpu_loses_the_tie_and_says_so() -> None:
     truth = Truth(name="sim", candidates={_c("cpu", "fp32"): CandidateTruth(10.0),
                                           _c("cuda:0", "fp32"): CandidateTruth(10.0, setup_s=3.0)})

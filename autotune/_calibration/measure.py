@@ -125,6 +125,9 @@ class Interleaved(Generic[K]):
     noisy: bool
     rounds: int
     elapsed_s: float
+    #: the final comparison stopped at its cap with a gap well beyond a margin of the fastest candidate's
+    #: still unresolved: the tie rule then decides against the estimate (rounds wrecked by a busy machine)
+    unresolved_gap: bool = False
 
 
 @dataclass(frozen=True)
@@ -180,6 +183,7 @@ def interleave(
     control_ms: list[float] = []
     started = clock()
     rounds = 0
+    decisive: set[K] = set()
     while active:
         for key in active if rounds % 2 == 0 else reversed(active):
             if on_round is not None:
@@ -219,7 +223,7 @@ def interleave(
     if on_round is not None:
         on_round(rounds, None)
     noisy = _stats.drift(control_ms) > settings.noise_limit
-    return Interleaved(series, control_ms, noisy, rounds, clock() - started)
+    return Interleaved(series, control_ms, noisy, rounds, clock() - started, unresolved_gap=bool(decisive))
 
 
 def _ranked(series: Mapping[K, Series[K]], keys: list[K]) -> list[K]:
@@ -289,7 +293,8 @@ def _look(series: dict[K, Series[K]], active: list[K], comparisons: Comparisons[
     """One look: drop the clearly slower, mark the outpaced, settle the resolved (``active`` keeps the rest).
 
     Returns, in the final comparison, the candidates of the fastest candidate's unresolved pairs when one of
-    them is a gap well beyond its margin (else nothing): they are worth timing past the budget.
+    them is a gap well beyond its margin that a tie would give to the slower side (else nothing): they are
+    worth timing past the budget.
     """
     contenders = [k for k, s in series.items() if s.dropped is None and s.outpaced is None]
     overall = _ranked(series, contenders)[0]
@@ -310,12 +315,13 @@ def _look(series: dict[K, Series[K]], active: list[K], comparisons: Comparisons[
             else:
                 _outpace(series, active, comparisons, comparisons.group(key), evidence)
         elif key in active and leader in active and _open(
-                comparisons.tie_winner(key, leader) == key, (estimate, low, high), max(pair_margin, INDIFFERENCE),
-                late=rounds >= settle_ties_at):
+                tie_to_slower := comparisons.tie_winner(key, leader) == key, (estimate, low, high),
+                max(pair_margin, INDIFFERENCE), late=rounds >= settle_ties_at):
             unresolved.update((key, leader))
             if overall in (key, leader) and comparisons.across_groups:
                 with_leader.update((key, leader))
-                wide = estimate > 1 + 2 * max(pair_margin, INDIFFERENCE)  # a gap, not a near-tie, is unresolved
+                # A gap, not a near-tie, that a tie would give to the slower side: more rounds may change the pick.
+                wide = tie_to_slower and estimate > 1 + 2 * max(pair_margin, INDIFFERENCE)
                 decisive = decisive or wide
     # Settled: every pair resolved (or one side no longer timed); it keeps its rounds and leaves the rounds.
     active[:] = [k for k in active if k in unresolved and series[k].dropped is None and series[k].outpaced is None]

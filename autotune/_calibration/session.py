@@ -50,6 +50,8 @@ class Session:
         self.control_ms: list[float] = []
         self.notes: list[str] = []
         self.timing_s = 0.0
+        #: the final comparison ended with a gap beyond the margin unresolved: the result is not final (noisy)
+        self.unresolved_gap = False
         self._last_stage = 1
         self.excluded: set[Candidate] = set()
         #: devices far behind another one, with the evidence: it stays with the device when a later stage
@@ -96,7 +98,7 @@ class Session:
         self.emit(Done(
             results=self._with_baseline_ratios(), control_ms=self.control_ms, search_notes=self.notes,
             # Judged over every stage's rounds together, the same series the warning quotes.
-            noisy=_stats.drift(self.control_ms) > self.settings.measure.noise_limit,
+            noisy=_stats.drift(self.control_ms) > self.settings.measure.noise_limit or self.unresolved_gap,
         ))
 
     def _refine(self, alive: list[Candidate], new: list[Candidate], stage: int, span: float) -> list[Candidate]:
@@ -195,6 +197,10 @@ class Session:
         )
         self.control_ms += timed.control_ms
         self.timing_s += timed.elapsed_s
+        if timed.unresolved_gap:  # not final: the next calibrate() measures it again
+            self.unresolved_gap = True
+            self.notes.append(f"final comparison: a gap beyond the margin stayed unresolved after {timed.rounds} "
+                              "rounds (a busy machine); the tie rule decided")
         for candidate, series in timed.series.items():
             evidence = _drop(series.outpaced)
             if evidence is not None:
