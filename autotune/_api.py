@@ -366,8 +366,8 @@ def measure_family(
         measured = worker.run_family(family, settings, progress=on_progress)
     result = measured.model_copy(update={"key": family_key(family)})
     log.info("calibrated %s in %.1f s", model_kind, result.wall_s)
-    drift = _stats.drift(result.control_ms)
     if result.noisy:
+        drift = _stats.drift(result.control_ms)
         log.warning("%s was measured while the machine was busy (%s); run `python -m autotune --recalibrate` on "
                     "a quiet machine for a firmer answer", model_kind,
                     f"control workload drifted {100 * drift:.0f}%" if drift > settings.measure.noise_limit else

@@ -201,3 +201,21 @@ def _readable(pid: str) -> bool:
     except OSError:
         return False
     return True
+
+
+def test_an_unusable_lock_directory_warns_once_and_measures_without_waiting(
+    tiny_family: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:
+    import tempfile
+
+    from autotune import _locks
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(_locks, "_warned", set())
+    (tmp_path / f"autotune-{os.getuid()}").write_text("not a directory")  # squatted by a file
+    with caplog.at_level("WARNING", logger="autotune"):
+        assert measuring_lock() is None and measuring_lock() is None
+        report = autotune.start_calibration([tiny_family]).wait(timeout=300)
+    assert tiny_family in report.measurements
+    warnings = [r.getMessage() for r in caplog.records if "cannot use the lock" in r.getMessage()]
+    assert len(warnings) == 1 and "File exists" in warnings[0]  # once, with why
