@@ -19,7 +19,7 @@ from typing import Literal
 
 import torch
 
-from autotune import _env, _fp32, _rules, _stats
+from autotune import _env, _fp32, _stats
 from autotune._calibration.check import faster_by_margin
 from autotune._decide import decide, finalists
 from autotune._locks import measuring
@@ -44,13 +44,18 @@ class CheckResult(Record):
     wall_s: float
 
 
+def _moves_apart(candidate: Candidate, pick: Candidate) -> bool:
+    return (candidate.device, candidate.precision, candidate.num_threads) != (pick.device, pick.precision,
+                                                                            pick.num_threads)
+
+
 def _against(measured: FamilyResult, pick: Candidate) -> list[Candidate]:
     from autotune._calibration.plan import BASELINE
 
     # The runner-up comes from another device, precision or thread count: what can change unseen (a driver that
     # kept its version, cooling, a background service) shifts those against one another. A layout or
     # optimizer-kernel variant of the pick's own math runs on the same hardware and moves with the pick.
-    others = sorted((r for r in finalists(measured) if r.timing is not None and _rules.margin(r.candidate, pick)),
+    others = sorted((r for r in finalists(measured) if r.timing is not None and _moves_apart(r.candidate, pick)),
                     key=lambda r: r.timing.median_ms if r.timing is not None else float("inf"))
     chosen = [BASELINE] if pick != BASELINE else []
     if others and others[0].candidate not in chosen:

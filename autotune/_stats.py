@@ -27,14 +27,15 @@ from collections.abc import Sequence
 ALPHA = 0.05
 #: the rounds at which the sequential test looks (and the only rounds at which timing may stop). The final
 #: comparison may go on to the last one when its rounds are cheap: a sub-millisecond step's per-round ratios
-#: vary by 5-7% on a busy 2-core machine, so a 6-8% gain of one CPU thread over two needs 50-100 rounds to
-#: clear a 3% margin (10 ms a round there); a slower step spends its budget long before.
-LOOKS: tuple[int, ...] = (3, 4, 5, 6, 8, 10, 12, 15, 18, 22, 26, 30, 36, 44, 54, 66, 81, 100)
+#: vary by 9-15% on a busy 2-core machine, so telling a 4% gain of one CPU thread over two needs 150-250 rounds
+#: (8 ms a round there); a slower step spends its budget long before.
+LOOKS: tuple[int, ...] = (3, 4, 5, 6, 8, 10, 12, 15, 18, 22, 26, 30, 36, 44, 54, 66, 81, 100, 122, 150, 183, 224,
+                          275)
 #: the one-sided error spent at each look: a pair is tested in at most one pruning stage and in the final
 #: comparison (whose last look is also the test the decision repeats), each with at most ``len(LOOKS)`` looks.
-#: A pruning stage stops at 10 rounds (6 looks), so a third of the budget stays unspent, on purpose: a gain
+#: A pruning stage stops at 10 rounds (6 looks), so a quarter of the budget stays unspent, on purpose: a gain
 #: just under the margin is tested in several pairs (fp32 and bf16 with each layout and optimizer), and
-#: decision_sim measured 3.2% false "clearly faster" verdicts at a true 2.99% gain with that third kept, 4.8%
+#: decision_sim measured 3.2% false "clearly faster" verdicts at a true 2.99% gain with a third kept, 4.8%
 #: with it spent on the looks past 30 (2000 runs each).
 ALPHA_PER_LOOK = ALPHA / (2 * len(LOOKS))
 

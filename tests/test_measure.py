@@ -272,3 +272,24 @@ def test_the_canary_times_a_candidate_ahead_of_the_pick_until_it_is_clearly_beyo
     result, _ = _run(steps, comparisons=canary_pairs(pick), answered=answered(pick),  # type: ignore[arg-type]
                      settings=MeasureSettings(budget_s=5.0, round_min_s=0.0, max_rounds=6))
     assert faster_by_margin(result.series[runner].round_ms, result.series[pick].round_ms) is True
+
+
+def test_the_control_runs_every_round_of_heavy_steps_and_every_few_of_cheap_ones() -> None:
+    # the control (3 ms here) would triple a round of two 0.5 ms steps; past the first look it takes a quarter
+    cheap, _ = _run({"fp32": jittered(0.0005, jitter=0.2), "bf16": jittered(0.00047, jitter=0.2, phase=3)})
+    heavy, _ = _run({"fp32": jittered(0.02, jitter=0.2), "bf16": jittered(0.0188, jitter=0.2, phase=3)})
+    assert cheap.rounds > 2 * _stats.LOOKS[0] and heavy.rounds > _stats.LOOKS[0]
+    assert _stats.LOOKS[0] < len(cheap.control_ms) < cheap.rounds / 3
+    assert len(heavy.control_ms) == heavy.rounds
+
+
+def test_cheap_rounds_time_a_near_tie_on_and_costly_ones_settle_it_past_30_rounds() -> None:
+    # bf16 2% faster: a tie would give fp32 and the gap is under the margin on the estimate, so past 30 rounds
+    # only rounds that cost little (under half the budget) go on looking for a clear answer.
+    def near_tie(step_s: float) -> Interleaved[str]:
+        return _run({"fp32": jittered(step_s, 0.3), "bf16": jittered(step_s / 1.02, 0.3, phase=3)})[0]
+
+    cheap, costly = near_tie(0.001), near_tie(0.05)
+    assert cheap.rounds > 2 * SETTINGS.settle_ties_at
+    assert costly.rounds == SETTINGS.settle_ties_at
+    assert all(s.dropped is None for s in [*cheap.series.values(), *costly.series.values()])

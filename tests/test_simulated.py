@@ -70,25 +70,25 @@ def test_a_clear_gain_is_found() -> None:
 
 
 def test_a_cheap_steps_gain_gets_the_rounds_it_needs() -> None:
-    # tiny_mlp on a busy 2-core machine: 1 thread is 8-11% faster than 2, but sub-millisecond rounds vary by
-    # 5-7%, so clearing the 3% thread margin takes 40-100 rounds; they cost little, and the final comparison
-    # stopped at 30 (one in seven of these calibrations kept the slower default).
+    # tiny_mlp on a 2-core machine: 1 thread is 7% faster than 2, but sub-millisecond rounds vary by 5-12%, so
+    # telling them apart takes 40-100 rounds; they cost little. The final comparison stopped at 30, and a 3%
+    # margin for thread counts gave such a gain away in 2 calibrations of 5 (the tie goes to torch's default).
     truth = Truth(name="sim", candidates={_c("cpu", "fp32"): CandidateTruth(0.5, setup_s=0.05),
                                           _c("cpu", "bf16-mixed"): CandidateTruth(0.8, setup_s=0.05)},
-                  variant_factors={"1 thread": 0.89, "fused-optimizer": 0.7}, default_threads=2, noise=0.25)
+                  variant_factors={"1 thread": 0.93, "fused-optimizer": 0.7}, default_threads=2, noise=0.25)
     threads = []
     for seed in SEEDS:
         measured, _ = simulate(truth, seed)
         threads.append(decide(measured, digest="sim").num_threads)
-    assert threads == [1] * len(SEEDS)
+    assert threads.count(1) >= 0.9 * len(SEEDS)
 
 
 def test_a_pick_that_wrecked_rounds_leave_to_the_tie_rule_is_not_final() -> None:
-    # bf16 45% faster, but another program takes the cores: a third of the steps 4x slower, one step a round.
+    # bf16 40% faster, but another program takes the cores: 35% of the steps 4x slower, one step a round.
     # Some calibrations cannot resolve the gap by the final comparison's cap and the tie gives fp32: such a
     # result is flagged noisy (served, measured again by the next calibrate()), never cached as final.
-    truth = gpu_machine(20.0, 20.0 / 1.45, outlier_rate=0.3, outlier_factor=4.0)
-    results = [simulate(truth, seed)[0] for seed in SEEDS]
+    truth = gpu_machine(20.0, 20.0 / 1.4, outlier_rate=0.35, outlier_factor=4.0)
+    results = [simulate(truth, seed)[0] for seed in range(40)]
     wrong = [r for r in results if decide(r, digest="sim").precision != "bf16-mixed"]
     assert wrong and all(r.noisy for r in wrong)
     assert any("stayed unresolved" in note for r in wrong for note in r.search_notes)

@@ -10,20 +10,21 @@ out of the per-round ratios instead of favouring whoever runs first. At each loo
 - a pair is *resolved* once more rounds cannot change the pick by more than the margin: where a tie goes to
   the slower side (fp32 against bf16, torch's thread count against another), when the faster side is within
   the margin of it; otherwise (speed decides, or the faster side is the preferred one) as soon as the slower
-  cannot be faster by more than the margin. Past ``settle_ties_at`` rounds, only a pair whose faster side
-  leads by more than the margin on the estimate, where a tie goes to the slower, is timed further;
+  cannot be faster by more than the margin. Past ``settle_ties_at`` rounds and half the budget, only a pair
+  whose faster side leads by more than the margin on the estimate, where a tie goes to the slower, is timed
+  further;
 - a group whose fastest candidate is clearly slower than another group's (in the final comparison, or far
   behind after one round in any stage) is *outpaced*: it loses the device choice, is no longer timed, and
   stays its own device's answer for a user who prefers that device;
 - a candidate whose every pair is resolved is *settled* and no longer timed.
 
 Timing stops when nothing is unresolved, or at the first look past the budget (the final comparison may
-overrun it to resolve the leader's own comparisons) or at ``max_rounds``. A
-control workload that no candidate can influence is timed every round; when it drifts, the budget is doubled
-(and no pair settles before twice the first look's rounds), and a result that stays noisy is flagged. Leaders
-are ranked on the rounds every contender shares: a settled candidate's median over its early rounds is never
-compared with another's over later, drifted ones. The one-round
-far-behind rules (4x) are heuristics outside the 5% error budget of ``_stats``.
+overrun it to resolve the leader's own comparisons) or at ``max_rounds``. A control workload that no
+candidate can influence is timed after every round (past the first look, in at most ``control_share`` of the
+time); when it drifts, the budget is doubled (and no pair settles before twice the first look's rounds), and a
+result that stays noisy is flagged. Leaders are ranked on the rounds every contender shares: a settled
+candidate's median over its early rounds is never compared with another's over later, drifted ones. The
+one-round far-behind rules (4x) are heuristics outside the 5% error budget of ``_stats``.
 
 The clock and the steps are injected (STYLE.md "Measurement"), so tests and ``benchmarks/decision_sim.py``
 run this exact algorithm on a fake clock against known truths.
@@ -67,9 +68,11 @@ class MeasureSettings(BaseModel):
     budget_s: float = 8.0
     #: a look of the sequential test (``_stats.LOOKS``): the last round timing may run to
     max_rounds: int = _stats.LOOKS[-1]
-    #: from this many rounds on, only a pair whose pick more rounds may still change is timed (a 7% gain of one
-    #: CPU thread, not yet clear of the 3% margin, on sub-millisecond steps); near-ties are settled here
+    #: from this many rounds on, once ``settle_ties_share`` of the budget is spent, only a pair whose pick more
+    #: rounds may still change is timed; near-ties are settled there. Cheap rounds go on: one CPU thread 4% faster
+    #: than two, on sub-millisecond steps whose per-round ratios vary by 10%, needs 150-250 rounds (2 s)
     settle_ties_at: int = 30
+    settle_ties_share: float = 0.5
     #: each candidate's share of a round lasts at least this long, so timer noise stays negligible
     round_min_s: float = 0.003
     #: the control may drift this much (see ``_stats.drift``) before the run counts as noisy
@@ -84,6 +87,9 @@ class MeasureSettings(BaseModel):
     decisive_rounds: int = 10
     #: pause before each control measurement
     settle_s: float = 0.001
+    #: past the first look, the control takes at most this share of the time: every round of heavy steps, every
+    #: third one of sub-millisecond steps, whose rounds it would otherwise almost double (1.4 ms a run here)
+    control_share: float = 0.25
     warmup_max_steps: int = 8
     warmup_stable: float = 0.15
 
@@ -181,7 +187,8 @@ def interleave(
     for _ in range(3):
         control.run()  # the interpreter specialises a loop's bytecode on its first runs: not drift
     control_ms: list[float] = []
-    started = clock()
+    started = control_end = clock()
+    control_s = 0.0
     rounds = 0
     decisive: set[K] = set()
     while active:
@@ -191,17 +198,22 @@ def interleave(
             with steps[key].selected():
                 samples = [timed(steps[key], clock) for _ in range(series[key].steps_per_round)]
             series[key].round_ms.append(1000 * _stats.median(samples))
-        # The least disturbed of a few runs (interference only adds time), after a pause that lets the
-        # candidates' OpenMP threads stop spinning: on hyper-threaded cores they would slow the control down.
-        settle(settings.settle_s)
-        control_ms.append(1000 * min(timed(control, clock) for _ in range(3)))
+        if rounds < _stats.LOOKS[0] or clock() - control_end >= control_s / settings.control_share:
+            # The least disturbed of a few runs (interference only adds time), after a pause that lets the
+            # candidates' OpenMP threads stop spinning: on hyper-threaded cores they would slow the control down.
+            control_start = clock()
+            settle(settings.settle_s)
+            control_ms.append(1000 * min(timed(control, clock) for _ in range(3)))
+            control_end = clock()
+            control_s = control_end - control_start
         rounds += 1
         if rounds == 1:
             _drop_far_behind(series, active, comparisons, settings, estimate_s)
         if rounds not in _stats.LOOKS and rounds < settings.max_rounds:
             continue
         timing = list(active)
-        decisive = _look(series, active, comparisons, rounds, settings.settle_ties_at)
+        late = rounds >= settings.settle_ties_at and clock() - started >= settings.settle_ties_share * settings.budget_s
+        decisive = _look(series, active, comparisons, rounds, late=late)
         drifting = _stats.drift(control_ms) > settings.noise_limit
         if rounds >= settings.max_rounds or (answered is not None and answered(series)):
             break
@@ -288,8 +300,8 @@ def _pairs(series: Mapping[K, Series[K]], keys: list[K], comparisons: Comparison
             yield key, overall
 
 
-def _look(series: dict[K, Series[K]], active: list[K], comparisons: Comparisons[K], rounds: int,
-          settle_ties_at: int) -> set[K]:
+def _look(series: dict[K, Series[K]], active: list[K], comparisons: Comparisons[K], rounds: int, *,
+          late: bool) -> set[K]:
     """One look: drop the clearly slower, mark the outpaced, settle the resolved (``active`` keeps the rest).
 
     Returns, in the final comparison, the candidates of the fastest candidate's unresolved pairs when one of
@@ -316,7 +328,7 @@ def _look(series: dict[K, Series[K]], active: list[K], comparisons: Comparisons[
                 _outpace(series, active, comparisons, comparisons.group(key), evidence)
         elif key in active and leader in active and _open(
                 tie_to_slower := comparisons.tie_winner(key, leader) == key, (estimate, low, high),
-                max(pair_margin, INDIFFERENCE), late=rounds >= settle_ties_at):
+                max(pair_margin, INDIFFERENCE), late=late):
             unresolved.update((key, leader))
             if overall in (key, leader) and comparisons.across_groups:
                 with_leader.update((key, leader))
@@ -330,7 +342,8 @@ def _look(series: dict[K, Series[K]], active: list[K], comparisons: Comparisons[
 
 def _open(tie_to_slower: bool, ratio: tuple[float, float, float], margin: float, *, late: bool) -> bool:
     """Can more rounds still change which of a pair is picked by more than ``margin`` (see the module's
-    "resolved")? ``ratio``: the (estimate, low, high) of slower / faster; ``late``: past ``settle_ties_at``."""
+    "resolved")? ``ratio``: the (estimate, low, high) of slower / faster; ``late``: past ``settle_ties_at``
+    rounds and ``settle_ties_share`` of the budget."""
     estimate, low, high = ratio
     if tie_to_slower:
         return high >= 1 + margin and (not late or estimate > 1 + margin)
