@@ -2,8 +2,10 @@
 
 For each family 5 independent cold calibrations (each in its own worker, as in production) pick; then the
 oracle times the whole search space (precision x layout x optimizer x threads) in-process, the contenders
-for 200 steps each in interleaved blocks of at least 10 ms (``_common.oracle``). regret = oracle time of the
-pick / oracle time of the best - 1. Also prints how often the 5 picks agreed.
+for 200 steps each in interleaved blocks of at least 10 ms (``_common.oracle``), then the picks and every
+candidate within 5% of the fastest together until their ratios to it are known to +-0.3% (at most a minute).
+regret = oracle time of the pick / oracle time of the best - 1. Also prints how often the 5 picks agreed and
+which calibrations were flagged noisy (served, measured again by the next ``calibrate()``).
 
     python benchmarks/decision_quality.py [FAMILY ...]
 """
@@ -19,18 +21,23 @@ from _common import emit, families_from_argv, oracle, picked
 from autotune._api import measure_family
 
 CALIBRATIONS = 5
+#: the oracle resolves the ratios of the picks and of every candidate this close to the fastest to +-0.3%
+RESOLVE = 0.05
 
 
 def main() -> None:
     os.environ["AUTOTUNE_CACHE_DIR"] = tempfile.mkdtemp(prefix="autotune-bench-")
     worst = 0.0
     for kind in families_from_argv():
-        picks, tried = [], []
+        picks, tried, noisy = [], [], []
         for _ in range(CALIBRATIONS):
-            pick = picked(measure_family(kind))
+            measured = measure_family(kind)
+            pick = picked(measured)
             picks.append(pick.label)
             tried.append(pick)
-        truth = oracle(kind, extra=tried)
+            noisy.append(measured.noisy)
+        errors: dict[str, float] = {}
+        truth = oracle(kind, extra=tried, resolve=RESOLVE, errors=errors)
         best = min(truth.values())
         regrets = [truth[p] / best - 1 for p in picks]
         worst = max(worst, *regrets)
@@ -39,7 +46,8 @@ def main() -> None:
             "benchmark": "decision_quality", "family": kind,
             "oracle_ms": {k: round(v, 3) for k, v in truth.items()},
             "oracle_best": min(truth, key=truth.__getitem__),
-            "picks": picks, "same_pick": f"{count}/{CALIBRATIONS}",
+            "picks": picks, "same_pick": f"{count}/{CALIBRATIONS}", "noisy": noisy,
+            "oracle_se_pct": {k: round(100 * v, 2) for k, v in errors.items()},
             "max_regret_pct": round(100 * max(regrets), 2),
             "mean_regret_pct": round(100 * sum(regrets) / len(regrets), 2),
         })
