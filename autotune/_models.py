@@ -193,7 +193,7 @@ class FamilyResult(Record):
     worker_start_s: float = Field(default=0.0, description="the first worker's start, included in wall_s")
     budget_s: float
     candidates: list[CandidateResult]
-    control_ms: list[float] = Field(default_factory=list, description="control workload, one per round")
+    control_ms: list[float] = Field(default_factory=list, description="control workload, one per controlled round")
     noisy: bool = False
     backend_notes: dict[str, str] = Field(
         default_factory=dict, description="why a backend offered no candidate, e.g. {'cuda': 'not built'}"

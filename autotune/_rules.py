@@ -24,7 +24,10 @@ def margin(a: Candidate, b: Candidate) -> float:
     nothing, so they need only be confidently faster: a real 5% gain of one CPU thread, which an error-controlled
     final comparison of sub-millisecond steps cannot clear a 3% margin by, is not given away to a tie (it was,
     in 2-3 of 5 calibrations of tiny_mlp here). A thread count's tie still goes to torch's own
-    (:func:`tie_winner`), and the control flags a machine busy enough to change which count is faster.
+    (:func:`tie_winner`). The price: a machine steadily busy while it calibrates (a sibling core taken) can make
+    fewer threads look faster than they will be later, and no test removes a bias that lasts the whole
+    calibration (one here picked 1 thread that an oracle timed 3.3% slower); ``--check`` re-times the runner-up
+    thread count and calibrates again when it is now more than 3% faster.
     """
     if a.device != b.device or a.precision != b.precision:
         return MARGIN

@@ -10,7 +10,7 @@ correlation between looks, the chance that *any* look wrongly says "A is faster 
 margin" is then at most ``ALPHA`` = 5% per compared pair. It is
 conservative (the looks are strongly correlated), which costs a few rounds on close calls and nothing on
 clear ones. A confidence sequence would allow a look every round, but its intervals are wider still at the
-10-100 rounds a calibration can afford.
+10-275 rounds a calibration can afford.
 
 The interval is Student's t on the per-round log ratios, which are paired because the rounds were
 interleaved: drift that slows a round slows every candidate in it.
@@ -33,10 +33,10 @@ LOOKS: tuple[int, ...] = (3, 4, 5, 6, 8, 10, 12, 15, 18, 22, 26, 30, 36, 44, 54,
                           275)
 #: the one-sided error spent at each look: a pair is tested in at most one pruning stage and in the final
 #: comparison (whose last look is also the test the decision repeats), each with at most ``len(LOOKS)`` looks.
-#: A pruning stage stops at 10 rounds (6 looks), so a quarter of the budget stays unspent, on purpose: a gain
-#: just under the margin is tested in several pairs (fp32 and bf16 with each layout and optimizer), and
+#: A pruning stage stops at 10 rounds (6 looks), so 17 of the 46 shares stay unspent, on purpose: a gain just
+#: under the margin is tested in several pairs (fp32 and bf16 with each layout and optimizer). With 18 looks,
 #: decision_sim measured 3.2% false "clearly faster" verdicts at a true 2.99% gain with a third kept, 4.8%
-#: with it spent on the looks past 30 (2000 runs each).
+#: with it spent on the looks past 30 (2000 runs each); with these 23, 2.0% (200 runs).
 ALPHA_PER_LOOK = ALPHA / (2 * len(LOOKS))
 
 

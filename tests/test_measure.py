@@ -293,3 +293,14 @@ def test_cheap_rounds_time_a_near_tie_on_and_costly_ones_settle_it_past_30_round
     assert cheap.rounds > 2 * SETTINGS.settle_ties_at
     assert costly.rounds == SETTINGS.settle_ties_at
     assert all(s.dropped is None for s in [*cheap.series.values(), *costly.series.values()])
+
+
+def test_a_thread_counts_gap_under_twice_a_precisions_margin_does_not_overrun_the_budget() -> None:
+    # Two thread counts (the same math: no margin; a tie goes to torch's default) 4% apart on noisy heavy
+    # steps, unresolved at the budget: the default's tie costs at most that, no reason to overrun or flag.
+    threads: Comparisons[str] = Comparisons(group=lambda key: "cpu", margin=lambda a, b: 0.0, across_groups=True,
+                                            tie_winner=lambda a, b: "default" if "default" in (a, b) else None)
+    result, _ = _run({"default": jittered(0.1, 0.1), "1 thread": jittered(0.1 / 1.04, 0.1, phase=3)},
+                     settings=MeasureSettings(budget_s=1.0, round_min_s=0.0), comparisons=threads)
+    assert all(s.dropped is None for s in result.series.values())
+    assert result.elapsed_s < 2 * 1.0 and not result.unresolved_gap

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from autotune import _stats
-from autotune._rules import INDIFFERENCE
+from autotune._rules import INDIFFERENCE, MARGIN
 
 K = TypeVar("K", bound=Hashable)
 
@@ -161,7 +161,9 @@ def look(series: dict[K, Series[K]], active: list[K], comparisons: Comparisons[K
             if overall in (key, leader) and comparisons.across_groups:
                 with_leader.update((key, leader))
                 # A gap, not a near-tie, that a tie would give to the slower side: more rounds may change the pick.
-                wide = tie_to_slower and estimate > 1 + 2 * max(pair_margin, INDIFFERENCE)
+                # Twice a precision's margin for every pair: a thread count's 3% gain left to the tie is no reason
+                # to overrun the budget (nor to flag the result noisy).
+                wide = tie_to_slower and estimate > 1 + 2 * MARGIN
                 decisive = decisive or wide
     # Settled: every pair resolved (or one side no longer timed); it keeps its rounds and leaves the rounds.
     active[:] = [k for k in active if k in unresolved and series[k].dropped is None and series[k].outpaced is None]

@@ -7,9 +7,9 @@ out of the per-round ratios instead of favouring whoever runs first. At each loo
 
 Timing stops when nothing is unresolved, or at the first look past the budget (the final comparison may
 overrun it to resolve the leader's own comparisons) or at ``max_rounds``. A control workload that no
-candidate can influence is timed after every round (past the first look, in at most ``control_share`` of the
-time); when it drifts, the budget is doubled (and no pair settles before twice the first look's rounds), and a
-result that stays noisy is flagged.
+candidate can influence is timed after each of the first look's rounds, then after a round whenever that keeps
+it within ``control_share`` of the time (every round of heavy steps); when it drifts, the budget is doubled
+(and no pair settles before twice the first look's rounds), and a result that stays noisy is flagged.
 
 The clock and the steps are injected (STYLE.md "Measurement"), so tests and ``benchmarks/decision_sim.py``
 run this exact algorithm on a fake clock against known truths.
@@ -71,7 +71,7 @@ class MeasureSettings(BaseModel):
     #: pause before each control measurement
     settle_s: float = 0.001
     #: past the first look, the control takes at most this share of the time: every round of heavy steps, every
-    #: third one of sub-millisecond steps, whose rounds it would otherwise almost double (1.4 ms a run here)
+    #: third or fourth of sub-millisecond steps, whose rounds it would otherwise almost double (1.4 ms a run here)
     control_share: float = 0.25
     warmup_max_steps: int = 8
     warmup_stable: float = 0.15
@@ -145,7 +145,8 @@ def interleave(
             with steps[key].selected():
                 samples = [timed(steps[key], clock) for _ in range(series[key].steps_per_round)]
             series[key].round_ms.append(1000 * _stats.median(samples))
-        if rounds < _stats.LOOKS[0] or clock() - control_end >= control_s / settings.control_share:
+        share = settings.control_share
+        if rounds < _stats.LOOKS[0] or clock() - control_end >= control_s * (1 - share) / share:
             # The least disturbed of a few runs (interference only adds time), after a pause that lets the
             # candidates' OpenMP threads stop spinning: on hyper-threaded cores they would slow the control down.
             control_start = clock()
@@ -160,9 +161,10 @@ def interleave(
         if rounds not in _stats.LOOKS and rounds < settings.max_rounds:
             continue
         timing = list(active)
-        late = rounds >= settings.settle_ties_at and clock() - started >= settings.settle_ties_share * settings.budget_s
-        decisive = look(series, active, comparisons, rounds, late=late)
         drifting = _stats.drift(control_ms) > settings.noise_limit
+        budget_s = settings.budget_s * (2 if drifting else 1)
+        late = rounds >= settings.settle_ties_at and clock() - started >= settings.settle_ties_share * budget_s
+        decisive = look(series, active, comparisons, rounds, late=late)
         if rounds >= settings.max_rounds or (answered is not None and answered(series)):
             break
         if drifting and rounds < 2 * _stats.LOOKS[0]:
@@ -171,7 +173,7 @@ def interleave(
         if not active:
             break
         elapsed_s = clock() - started
-        if elapsed_s >= settings.budget_s * (2 if drifting else 1):
+        if elapsed_s >= budget_s:
             # Past the budget, the final comparison still resolves the fastest candidate's comparisons whose
             # estimate lies well beyond the margin (and times nothing else): a tie declared for want of rounds
             # would hand the pick to the simpler side however large the gap. Capped in time, but never below
