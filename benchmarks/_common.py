@@ -92,9 +92,13 @@ def oracle(
                 samples[candidate].append(_block(runner, per_block[candidate]))
     truth = {c.label: 1000 * statistics.median(s) for c, s in samples.items()}
     if resolve > 0:
-        truth.update(_resolved(runners, samples, per_block, [*extra, *(
-            c for c in candidates if truth[c.label] <= (1 + resolve) * min(truth.values()))], resolve_s,
-            {} if errors is None else errors))
+        fastest = min(truth, key=truth.__getitem__)
+        resolved = _resolved(runners, samples, per_block, [*extra, *(
+            c for c in candidates if truth[c.label] <= (1 + resolve) * truth[fastest])], resolve_s,
+            {} if errors is None else errors)
+        if resolved:  # the rest on the same scale, should the machine have changed speed meanwhile
+            scale = resolved[fastest] / truth[fastest]
+            truth = {label: resolved.get(label, ms * scale) for label, ms in truth.items()}
     return truth
 
 

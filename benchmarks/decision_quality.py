@@ -13,6 +13,7 @@ which calibrations were flagged noisy (served, measured again by the next ``cali
 from __future__ import annotations
 
 import collections
+import math
 import os
 import tempfile
 
@@ -47,7 +48,7 @@ def main() -> None:
             "oracle_ms": {k: round(v, 3) for k, v in truth.items()},
             "oracle_best": min(truth, key=truth.__getitem__),
             "picks": picks, "same_pick": f"{count}/{CALIBRATIONS}", "noisy": noisy,
-            "oracle_se_pct": {k: round(100 * v, 2) for k, v in errors.items()},
+            "oracle_se_pct": {k: round(100 * v, 2) if math.isfinite(v) else None for k, v in errors.items()},
             "max_regret_pct": round(100 * max(regrets), 2),
             "mean_regret_pct": round(100 * sum(regrets) / len(regrets), 2),
         })
