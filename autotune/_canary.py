@@ -2,11 +2,11 @@
 
 The fingerprint cannot see everything that changes speed: a driver update that kept its version string,
 thermal paste drying out, a background service. For each measured family the cached pick is re-timed in the
-worker against fp32 on the CPU and the runner-up (the fastest other finalist on another device, precision or
-thread count), in interleaved rounds; when another of them is now faster than the pick by more than the
-decision margin (at the decision's confidence; see :func:`~autotune._calibration.check.faster_by_margin`), or
-the pick fails, the family is calibrated again and the change reported. The rounds stop as soon as that
-question is answered for every candidate.
+worker against fp32 on the CPU and the runner-up (the fastest other candidate of the final comparison, dropped
+or not, on another device, precision or thread count), in interleaved rounds; when another of them is now
+faster than the pick by more than the decision margin (at the decision's confidence; see
+:func:`~autotune._calibration.check.faster_by_margin`), or the pick fails, the family is calibrated again and
+the change reported. The rounds stop as soon as that question is answered for every candidate.
 """
 
 from __future__ import annotations
@@ -54,8 +54,12 @@ def _against(measured: FamilyResult, pick: Candidate) -> list[Candidate]:
 
     # The runner-up comes from another device, precision or thread count: what can change unseen (a driver that
     # kept its version, cooling, a background service) shifts those against one another. A layout or
-    # optimizer-kernel variant of the pick's own math runs on the same hardware and moves with the pick.
-    others = sorted((r for r in finalists(measured) if r.timing is not None and _moves_apart(r.candidate, pick)),
+    # optimizer-kernel variant of the pick's own math runs on the same hardware and moves with the pick. One
+    # dropped in the final comparison counts: a pick of fewer CPU threads won by dropping torch's own count,
+    # and a machine that was busy then (a sibling core taken) is what the canary is for.
+    timed = [r for r in measured.candidates if r.usable and r.timing is not None and r.timing.final]
+    compared = {r.candidate: r for r in [*finalists(measured), *timed]}
+    others = sorted((r for c, r in compared.items() if _moves_apart(c, pick)),
                     key=lambda r: r.timing.median_ms if r.timing is not None else float("inf"))
     chosen = [BASELINE] if pick != BASELINE else []
     if others and others[0].candidate not in chosen:

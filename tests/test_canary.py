@@ -13,7 +13,7 @@ from autotune._calibration.check import faster_by_margin
 from autotune._calibration.protocol import Retimed
 from autotune._canary import _against, _judge
 from autotune._cli import main
-from autotune._models import Candidate, CandidateResult, Failure
+from autotune._models import Candidate, CandidateResult, Drop, Failure, Interval
 
 PICK = Candidate(device="cpu", precision="bf16-mixed")
 FP32 = Candidate(device="cpu", precision="fp32")
@@ -74,6 +74,19 @@ def test_the_runner_up_is_another_device_precision_or_thread_count() -> None:
                       variant(timed("cpu", "bf16-mixed", 1.1), optimizer="fused", num_threads=1))
     # not plain bf16 (the pick's own math with another optimizer kernel), though it is faster than 1 thread
     assert _against(measured, pick) == [FP32, pick.model_copy(update={"num_threads": 1})]
+
+
+def test_a_pick_of_fewer_threads_is_checked_against_torchs_own_count_it_dropped() -> None:
+    pick = Candidate(device="cpu", precision="fp32", optimizer="fused", num_threads=1)
+    one_thread = timed("cpu", "fp32", 0.95).model_copy(update={"candidate": pick})
+    default = timed("cpu", "fp32", 1.0)
+    assert default.timing is not None
+    dropped = default.model_copy(update={"candidate": pick.model_copy(update={"num_threads": None}), "timing":
+                                         default.timing.model_copy(update={"dropped": Drop(
+                                             by=pick, ratio=Interval(estimate=1.05, low=1.01, high=1.09),
+                                             rounds=122)})})
+    measured = family("f", timed("cpu", "fp32", 1.5), one_thread, dropped)
+    assert _against(measured, pick) == [FP32, dropped.candidate]
 
 
 def test_a_pick_that_fails_its_set_up_is_reported_without_timing_the_others(isolated_autotune: Path) -> None:
