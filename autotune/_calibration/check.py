@@ -44,10 +44,11 @@ def answered(pick: K) -> Callable[[Mapping[K, Series[K]]], bool]:
 
 
 def comparisons(pick: Candidate) -> Comparisons[Candidate]:
-    """The canary's pairs: every candidate in one group, and a tie goes to the pick, so a candidate ahead of it
-    is timed until it is clearly within the margin of the pick or clearly beyond it (not merely until the pick
-    cannot be faster than it: the question reversed)."""
-    return Comparisons(group=lambda c: "check", margin=_rules.margin,
+    """The canary's pairs: every candidate in one group, with the one margin of :func:`faster_by_margin`, and a
+    tie goes to the pick, so a candidate ahead of it is timed until it is clearly within the margin of the pick
+    or clearly beyond it (not merely until the pick cannot be faster than it: the question reversed; nor until
+    the pick is clearly slower at all, as a calibration's pairs of the same math, a thread count, are settled)."""
+    return Comparisons(group=lambda c: "check", margin=lambda a, b: _rules.MARGIN,
                        tie_winner=lambda a, b: pick if pick in (a, b) else None)
 
 
