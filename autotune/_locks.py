@@ -36,28 +36,33 @@ _POLL_S = 0.1
 _warned: set[str] = set()
 
 
-def measuring_lock() -> filelock.BaseFileLock | None:
-    """The lock of this machine's measurements, one per user: in the temporary directory, which is the
-    machine's own even where the cache directory is shared (a network home), and the same whatever cache
-    directory a process uses (an app's, a benchmark's). None, with one warning, where it cannot be used."""
+def lock_file(directory: Path, name: str, consequence: str) -> filelock.BaseFileLock | None:
+    """A file lock ``name`` in ``directory`` (created if missing; a planted link refused). None, with one
+    warning that says why and ``consequence``, where the directory cannot hold it (unwritable, refused)."""
     import filelock
 
-    user = os.getuid() if hasattr(os, "getuid") else os.environ.get("USERNAME", "user")
-    directory = Path(tempfile.gettempdir()) / f"autotune-{user}"
-    path = directory / "measuring.lock"
+    path = directory / name
     try:
         problem = _disk.directory_problem(directory, create=True)
         if problem is None:
-            _disk.refuse_link(path)
+            _disk.refuse_link(path)  # filelock opens the path with O_CREAT: a planted link would create its target
     except OSError as exc:
         problem = _disk.os_reason(exc)
     if problem is not None:
         if str(path) not in _warned:
             _warned.add(str(path))
-            log.warning("cannot use the lock %s (%s); measuring without waiting for other measurements", path,
-                        problem)
+            log.warning("cannot use the lock %s (%s); %s", path, problem, consequence)
         return None
     return filelock.FileLock(path)
+
+
+def measuring_lock() -> filelock.BaseFileLock | None:
+    """The lock of this machine's measurements, one per user: in the temporary directory, which is the
+    machine's own even where the cache directory is shared (a network home), and the same whatever cache
+    directory a process uses (an app's, a benchmark's). None, with one warning, where it cannot be used."""
+    user = os.getuid() if hasattr(os, "getuid") else os.environ.get("USERNAME", "user")
+    return lock_file(Path(tempfile.gettempdir()) / f"autotune-{user}", "measuring.lock",
+                     "measuring without waiting for other measurements")
 
 
 def held_elsewhere(lock: filelock.BaseFileLock | None) -> bool:
@@ -114,4 +119,4 @@ def measuring(*, cancelled: Callable[[], bool] = lambda: False) -> Iterator[None
         lock.release()
 
 
-__all__ = ["acquire", "held_elsewhere", "measuring", "measuring_lock"]
+__all__ = ["acquire", "held_elsewhere", "lock_file", "measuring", "measuring_lock"]

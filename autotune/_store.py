@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from autotune import _disk
 from autotune._disk import KEEP_FILES, KEEP_QUARANTINED, KEEP_USED_DAYS, write_atomic
 from autotune._fingerprint import Fingerprint
+from autotune._locks import lock_file
 from autotune._models import FamilyResult
 from autotune._records import SCHEMA_VERSION, Newer, Parsed, StoreFile, Unreadable, parse, render
 
@@ -235,23 +236,8 @@ class Store:
 
         None when the directory cannot hold a lock (unwritable, refused): the family is calibrated unlocked.
         """
-        return self._named_lock(f"{digest}.{model_kind}.calibrating.lock",
-                                "calibrating without waiting for other processes")
-
-    def _named_lock(self, name: str, consequence: str) -> filelock.BaseFileLock | None:
-        import filelock
-
-        path = self.root / name
-        try:
-            problem = _disk.directory_problem(self.root, create=True)
-            if problem is None:
-                _disk.refuse_link(path)
-        except OSError as exc:
-            problem = _disk.os_reason(exc)
-        if problem is not None:
-            self._warn_once(f"lock:{path}", "cannot use the lock %s (%s); %s", path, problem, consequence)
-            return None
-        return filelock.FileLock(path)
+        return lock_file(self.root, f"{digest}.{model_kind}.calibrating.lock",
+                         "calibrating without waiting for other processes")
 
     def _lock(self, path: Path) -> filelock.BaseFileLock:
         import filelock
