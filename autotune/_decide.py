@@ -60,10 +60,10 @@ def _ranking(results: Sequence[CandidateResult], expected_steps: int | None) -> 
     rounds they all share (round ``i`` is the same round in every series of the final comparison), so one
     settled early is not compared over its early rounds with another's later, drifted ones; a timing from an
     earlier stage (a device outpaced there) by its own median."""
-    final = [r for r in results if r.timing is not None and r.timing.final]
-    shared = min((r.timing.n for r in final if r.timing is not None), default=0)
+    final = [r.timing for r in results if r.timing is not None and r.timing.final]
+    shared = min((timing.n for timing in final), default=0)
     return {id(r): _score_ms(r, expected_steps, _stats.median(r.timing.round_ms[:shared])
-                             if r in final and len(final) > 1 and r.timing is not None else None)
+                             if len(final) > 1 and r.timing is not None and r.timing.final else None)
             for r in results}
 
 

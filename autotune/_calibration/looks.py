@@ -129,7 +129,7 @@ def _pairs(series: Mapping[K, Series[K]], keys: list[K], comparisons: Comparison
 
 
 def look(series: dict[K, Series[K]], active: list[K], comparisons: Comparisons[K], rounds: int, *,
-          late: bool) -> set[K]:
+         late: bool) -> set[K]:
     """One look: drop the clearly slower, mark the outpaced, settle the resolved (``active`` keeps the rest).
 
     Returns, in the final comparison, the candidates of the fastest candidate's unresolved pairs when one of
