@@ -37,6 +37,9 @@ _PRECISION_WORDS: dict[Precision, str] = {
     "bf16-mixed": "with bf16 mixed precision",
     "fp16-mixed": "with fp16 mixed precision",
 }
+#: each variant setting at its default: the pick without one of its variants
+_VARIANT_DEFAULTS: dict[str, object] = {"memory_format": "contiguous", "optimizer": "default", "num_threads": None,
+                                        "compiled": False}
 
 
 def _is_cpu(result: CandidateResult) -> bool:
@@ -235,7 +238,14 @@ def _explain(
              for other in _best_per(same, lambda r: r.candidate.precision, exclude=pick.candidate.precision)]
     plain = next((r for r in same if r.candidate == pick.candidate.base and r is not pick), None)
     if plain is not None:
-        parts.append(_against_plain(pick, plain))
+        parts.append(_against_simpler(pick, plain, pick.candidate.variant_words.strip()))
+    if len(pick.candidate.variants) > 1:  # each variant on its own: the pick without it
+        for field, default in _VARIANT_DEFAULTS.items():
+            without = pick.candidate.model_copy(update={field: default})
+            simpler = next((r for r in same if r.candidate == without and r is not pick), None)
+            if simpler is not None:
+                word = next(w for w in pick.candidate.variants if w not in without.variants)
+                parts.append(_against_simpler(pick, simpler, word))
     if pick.numerics is not None and pick.numerics.default_scale_skipped:
         parts.append(
             f"GradScaler starts at init_scale {pick.numerics.init_scale:g}: the default 65536 skipped "
@@ -296,13 +306,14 @@ def _against_precision(pick: CandidateResult, other: CandidateResult) -> str:
     return f"{label} not faster by more than the {within} ({numbers}: {estimate:.2f}x); on a tie the simpler wins"
 
 
-def _against_plain(pick: CandidateResult, plain: CandidateResult) -> str:
-    words = pick.candidate.variant_words.strip()
-    if plain.timing is not None and plain.timing.dropped is not None:
-        return f"{words}: plain {pick.candidate.precision} {plain.timing.dropped.describe()}"
-    estimate, low, high = step_ratio(plain, pick)
-    return (f"{words} {estimate:.2f}x faster than plain {pick.candidate.precision} ({_numbers(pick, plain)}, "
-            f"interval {low:.2f}-{high:.2f}x)")
+def _against_simpler(pick: CandidateResult, simpler: CandidateResult, words: str) -> str:
+    """Why the pick's variant ``words`` beat ``simpler``, the pick without them: its drop evidence, or numbers."""
+    name = (f"{simpler.candidate.precision}{simpler.candidate.variant_words}" if simpler.candidate.variants
+            else f"plain {simpler.candidate.precision}")
+    if simpler.timing is not None and simpler.timing.dropped is not None:
+        return f"{words}: {name} {simpler.timing.dropped.describe()}"
+    estimate, low, high = step_ratio(simpler, pick)
+    return f"{words} {estimate:.2f}x faster than {name} ({_numbers(pick, simpler)}, interval {low:.2f}-{high:.2f}x)"
 
 
 def _unmeasured_forced(measured: FamilyResult, device: str, digest: str) -> Config:

@@ -125,3 +125,20 @@ def test_the_same_math_is_ranked_on_the_final_rounds_both_were_timed_in() -> Non
                            memory_format="channels_last")
     config = decide(family("cnn", plain, channels_last), digest=DIGEST)
     assert config.memory_format == "contiguous"
+
+
+def test_each_variant_of_a_pick_says_why_on_its_own() -> None:
+    # fused AdamW and 1 thread: the reason says why each, not only why both beat plain fp32 (it said nothing
+    # of the thread count, which won by dropping torch's own)
+    def variant(result: CandidateResult, **settings: object) -> CandidateResult:
+        return result.model_copy(update={"candidate": result.candidate.model_copy(update=settings)})
+
+    pick = variant(timed("cpu", "fp32", 0.7), optimizer="fused", num_threads=1)
+    fused = variant(timed("cpu", "fp32", 0.75), optimizer="fused")
+    assert fused.timing is not None
+    fused = fused.model_copy(update={"timing": fused.timing.model_copy(update={"dropped": Drop(
+        by=pick.candidate, ratio=Interval(estimate=1.07, low=1.02, high=1.12), rounds=150)})})
+    config = decide(family("tiny", timed("cpu", "fp32", 1.0), fused, pick), digest=DIGEST)
+    assert config.num_threads == 1
+    assert ("1 thread: fp32 fused-optimizer clearly slower than cpu fp32 fused-optimizer 1 thread (1.07x, interval "
+            "1.02-1.12) after 150 rounds" in config.reason)
