@@ -23,7 +23,7 @@ from typing import Literal
 from autotune import _stats
 from autotune._config import Config
 from autotune._errors import CalibrationError
-from autotune._models import CandidateResult, FamilyResult, Precision
+from autotune._models import Candidate, CandidateResult, FamilyResult, Precision
 from autotune._rules import complexity, margin, preference
 
 log = logging.getLogger("autotune")
@@ -37,9 +37,6 @@ _PRECISION_WORDS: dict[Precision, str] = {
     "bf16-mixed": "with bf16 mixed precision",
     "fp16-mixed": "with fp16 mixed precision",
 }
-#: each variant setting at its default: the pick without one of its variants
-_VARIANT_DEFAULTS: dict[str, object] = {"memory_format": "contiguous", "optimizer": "default", "num_threads": None,
-                                        "compiled": False}
 
 
 def _is_cpu(result: CandidateResult) -> bool:
@@ -240,9 +237,12 @@ def _explain(
     if plain is not None:
         parts.append(_against_simpler(pick, plain, pick.candidate.variant_words.strip()))
     if len(pick.candidate.variants) > 1:  # each variant on its own: the pick without it
-        for field, default in _VARIANT_DEFAULTS.items():
-            without = pick.candidate.model_copy(update={field: default})
-            simpler = next((r for r in same if r.candidate == without and r is not pick), None)
+        base = pick.candidate.base
+        for field in Candidate.model_fields:
+            if getattr(pick.candidate, field) == getattr(base, field):
+                continue
+            without = pick.candidate.model_copy(update={field: getattr(base, field)})
+            simpler = next((r for r in same if r.candidate == without), None)
             if simpler is not None:
                 word = next(w for w in pick.candidate.variants if w not in without.variants)
                 parts.append(_against_simpler(pick, simpler, word))
