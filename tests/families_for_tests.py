@@ -349,6 +349,28 @@ def build_emulated_fp16() -> Workload:
     return Workload(model, (torch.randn(16, 8), torch.randint(0, 4, (16,))), cross_entropy)
 
 
+#: the batch sizes the one-kernel emulated fp16 layer below ran at, in this process
+FP16_KERNEL_BATCHES: list[int] = []
+
+
+class _OneSlowKernelUnderFp16(nn.Module):
+    """One kernel that cannot be interrupted, whose cost grows with the batch: 3 ms a sample, 60 ms under fp16
+    autocast (emulated), like the backward of an fp16 convolution on a CPU without fp16 kernels."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        fp16 = torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.float16
+        if fp16:
+            FP16_KERNEL_BATCHES.append(x.shape[0])
+        time.sleep((0.06 if fp16 else 0.003) * x.shape[0])
+        return x
+
+
+def build_one_slow_fp16_kernel(batch_size: int = 32) -> Workload:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), _OneSlowKernelUnderFp16(), nn.Linear(8, 4))
+    return Workload(model, (torch.randn(batch_size, 8), torch.randint(0, 4, (batch_size,))), cross_entropy)
+
+
 # -- batch sizes and memory (issue #15) ------------------------------------------------------------------------
 
 

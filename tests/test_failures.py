@@ -12,11 +12,13 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from procs_for_tests import workers_of
 
 import autotune
 from autotune import CalibrationError
 from autotune._api import cached_families
+from autotune._calibration.probe import probe_batch
 from autotune._store import Store
 
 TESTS = Path(__file__).parent
@@ -129,7 +131,7 @@ def test_a_candidate_out_of_memory_twice_says_so() -> None:
 def test_an_emulated_dtype_is_stopped_inside_its_first_step(monkeypatch: pytest.MonkeyPatch) -> None:
     # Six layers that take 0.4 s each under fp16 autocast (2.4 s a step): the limit (0.5 s) is checked at
     # every module, so fp16 stops after its second slow layer instead of finishing the step. In-process, so
-    # this test can count the layers that ran.
+    # this test can count the layers that ran. (Its build takes no batch_size: no probe before the step.)
     import families_for_tests
 
     monkeypatch.setenv("AUTOTUNE_ISOLATION", "inprocess")
@@ -141,6 +143,35 @@ def test_an_emulated_dtype_is_stopped_inside_its_first_step(monkeypatch: pytest.
     assert fp16.failure is not None and fp16.failure.kind == "too_slow"
     assert "into step 1" in fp16.failure.detail and "stopped inside the step" in fp16.failure.detail
     assert families_for_tests.FP16_LAYERS_RUN["count"] < 6
+
+
+def test_an_emulated_kernel_is_stopped_by_a_probe_before_its_first_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    # One kernel (uninterruptible: the deadline cannot stop inside it) of 60 ms a sample under fp16, 3 ms
+    # otherwise: fp16's full step would take 1.9 s. A pass on 4 of the 32 samples is 20x fp32's, twice: fp16
+    # is stopped without ever running the full batch; bf16, as fast as fp32, passes its probe.
+    import families_for_tests
+
+    monkeypatch.setenv("AUTOTUNE_ISOLATION", "inprocess")
+    monkeypatch.setenv("AUTOTUNE_SEARCH", "precision")
+    monkeypatch.setenv("AUTOTUNE_BUDGET_S", "1")
+    autotune.register_family("one_slow_kernel", "families_for_tests:build_one_slow_fp16_kernel")
+    families_for_tests.FP16_KERNEL_BATCHES.clear()
+    measured = autotune.calibrate(["one_slow_kernel"]).measurements["one_slow_kernel"]
+    by_precision = {r.candidate.precision: r for r in measured.candidates}
+    fp16 = by_precision["fp16-mixed"]
+    assert fp16.failure is not None and fp16.failure.kind == "too_slow", fp16.failure
+    assert "pass on 4 of 32 samples" in fp16.failure.detail and "before a full step" in fp16.failure.detail
+    assert families_for_tests.FP16_KERNEL_BATCHES == [4, 4]
+    assert by_precision["bf16-mixed"].usable
+
+
+@pytest.mark.parametrize(("shapes", "batch"), [
+    ([(32, 3, 64, 64), (32,)], 4), ([(16, 128), (16,)], 2), ([(64, 8)], 8),
+    ([(2, 8), (2,)], None),  # too small to slice
+    ([(32, 8), (16,)], None), ([(32, 8), ()], None), ([], None),  # no single batch dimension
+])
+def test_probe_batch(shapes: list[tuple[int, ...]], batch: int | None) -> None:
+    assert probe_batch(tuple(torch.zeros(shape) for shape in shapes)) == batch
 
 
 def test_python_exception_is_classified_in_process_too(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -2,9 +2,9 @@
 
 The verification window (the first ``verify_steps`` steps from the same seed and batch as the reference)
 doubles as the warm-up, and stops a pathologically slow candidate early (fp16 autocast on a CPU: over a
-second a step, 20-48x slower): inside the step, at the next module of the forward pass or gradient of the
-backward pass past the step's limit, so an emulated dtype costs the limit, not a whole step. fp16 is retried
-at lower GradScaler scales while steps are skipped.
+second a step, 20-48x slower): before its first step when a probe on a slice of the batch is already that
+slow, else inside the step past the step's limit (:mod:`~autotune._calibration.probe`). fp16 is retried at
+lower GradScaler scales while steps are skipped.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -20,6 +19,7 @@ import torch
 from autotune import _fp32, _stats
 from autotune._calibration.measure import Steppable
 from autotune._calibration.plan import BASELINE, Facts
+from autotune._calibration.probe import Overtime, Probe, deadline
 from autotune._calibration.protocol import CalibrationSettings
 from autotune._calibration.step import TrainStep, start_device
 from autotune._calibration.verify import INIT_SCALES, Trajectory, compare
@@ -50,35 +50,6 @@ class CandidateFailed(Exception):
 def failed(candidate: Candidate, kind: str, detail: str, **measured: float | None) -> CandidateFailed:
     return CandidateFailed(CandidateResult.model_validate(
         {"candidate": candidate, "failure": Failure.model_validate({"kind": kind, "detail": detail}), **measured}))
-
-
-class _Overtime(Exception):
-    """A verification step ran past its limit: raised from inside the step (a module or gradient hook)."""
-
-
-@contextlib.contextmanager
-def _deadline(limit_s: float) -> Iterator[None]:
-    """Raise :class:`_Overtime` at the first module call (forward) or module-output gradient (backward) once
-    ``limit_s`` has passed. Native kernels cannot be interrupted; the checks run between them. On an
-    asynchronous device the host runs ahead of the kernels, so there it mostly catches slow host-side work."""
-    started = time.perf_counter()
-
-    def check(*_: object) -> None:
-        if time.perf_counter() - started > limit_s:
-            raise _Overtime()
-
-    def on_output(module: torch.nn.Module, args: object, output: object) -> None:
-        check()
-        if isinstance(output, torch.Tensor) and output.requires_grad:
-            output.register_hook(check)
-
-    handles = [torch.nn.modules.module.register_module_forward_pre_hook(check),
-               torch.nn.modules.module.register_module_forward_hook(on_output)]
-    try:
-        yield
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 def unverified(reference_failure: Failure) -> Failure:
@@ -125,18 +96,22 @@ class TorchLab:
         self.default_threads = torch.get_num_threads()
         #: the host's fp32 settings (the worker starts with them): what mixed-precision candidates run with
         self.fp32_host = _fp32.current()
+        self.probe = Probe(family, seed=settings.seed, fp32_host=self.fp32_host,
+                           factor=settings.slow_first_step_factor)
 
     def set_up(self, candidate: Candidate) -> Prepared:
         """Build, verify (retrying lower GradScaler scales for fp16); raises CandidateFailed."""
         backend = backend_for(candidate.device)
         if candidate.device not in self.device_start_s:
             self.device_start_s[candidate.device] = start_device(backend, candidate.device)
+        self._probe(candidate, backend)
         default_skipped: int | None = None
         scales = INIT_SCALES if candidate.precision == "fp16-mixed" else (None,)
         for init_scale in scales:
             backend.reset_peak_memory(candidate.device)
             step = TrainStep(self.family, candidate, backend, seed=self.settings.seed, fp32_host=self.fp32_host,
                              init_scale=init_scale)
+            self.probe.size(step.inputs)
             with step.selected():
                 trajectory = self._check(step)
             if trajectory.skipped_steps and all(map(_finite, trajectory.losses)) and init_scale != scales[-1]:
@@ -152,6 +127,17 @@ class TorchLab:
         self.best_step_s = min(self.best_step_s, _stats.median(steady))
         facts = Facts(image_inputs=step.image_inputs, default_optimizer=step.default_optimizer)
         return Prepared(step, result, steady, facts)
+
+    def _probe(self, candidate: Candidate, backend: Backend) -> None:
+        """Stop a new precision on the CPU whose probe is already far too slow, before its first full step
+        (only where that step's limit is above the floor: a full step could cost seconds)."""
+        fastest = self.best_first.get(candidate.device)
+        if (candidate.device != "cpu" or candidate != candidate.base or fastest is None
+                or self.settings.slow_first_step_factor * fastest[0] <= self.settings.slow_step_floor_s):
+            return
+        why = self.probe.too_slow(candidate, backend, fastest[1])
+        if why is not None:
+            raise failed(candidate, "too_slow", why)
 
     def release(self, candidates: list[Candidate]) -> None:
         """The session dropped its steps: collect them and hand the devices' cached blocks back."""
@@ -209,7 +195,7 @@ class TorchLab:
             limit_s = self._limit_s(index, candidate)
             started = time.perf_counter()
             try:
-                with _deadline(limit_s) if limit_s is not None else contextlib.nullcontext():
+                with deadline(limit_s) if limit_s is not None else contextlib.nullcontext():
                     if self.settings.verify:
                         loss, grad_norm, skipped = step.run_checked()
                         trajectory.losses.append(loss)
@@ -217,7 +203,7 @@ class TorchLab:
                         trajectory.skipped.append(skipped)
                     else:
                         step.run()
-            except _Overtime:
+            except Overtime:
                 elapsed = time.perf_counter() - started
                 first = trajectory.step_s[0] if trajectory.step_s else elapsed
                 raise failed(candidate, "too_slow", (

@@ -104,6 +104,12 @@ class TrainStep:
         self.scaler.scale(loss).backward()
         return loss
 
+    def forward_backward(self) -> None:
+        """Forward, loss and backward, synchronised, without the optimizer step: a probe's pass (inside
+        ``selected()``)."""
+        self._forward_backward()
+        self.backend.synchronize(self.candidate.device)
+
     @contextlib.contextmanager
     def selected(self) -> Iterator[None]:
         """This candidate's process-wide settings for a block of steps, applied outside the timed region:

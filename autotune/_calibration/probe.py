@@ -1,0 +1,140 @@
+"""Stopping a pathologically slow candidate early: the step's deadline, and a probe before its first step.
+
+The verification window's **deadline** checks the clock at every module call (forward) and module-output
+gradient (backward) and raises from inside the step once the limit has passed, so an emulated dtype costs the
+limit, not a whole step. But native kernels cannot be interrupted, and one can take seconds: fp16 autocast on a
+CPU without fp16 convolution kernels spends about 5 s in the cnn's third convolution's backward here (its
+first step cost 4 s of a calibration: over a tenth of the four built-ins' calibration).
+
+So before the first full step of a new precision on the CPU, when a full step could cost more than the floor
+of the limit, the lab **probes** it: a forward + backward pass on an eighth of the batch (two samples at least,
+as train-mode batch norm needs two), against the same pass of the device's fastest first candidate (its better
+of two). A probe over the first-step factor twice in a row (a dtype's first pass pays its kernels' one-time
+set-up) stops the candidate as ``too_slow`` before its full step: the cnn's fp16 costs two passes on 4
+samples instead of a step on 32. Anything else (a family without ``batch_size=``, inputs without one batch
+dimension, a pass that raises) leaves the decision to the full step and its deadline, as before.
+
+Only on the CPU: an asynchronous device's host runs ahead of its kernels, its first calls pay kernel loading
+and autotuning, and its slow precisions (emulated bf16 before Ampere: 2-4x) stay under the factor anyway.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+
+import torch
+from torch import Tensor
+
+from autotune import _fp32
+from autotune._calibration.step import TrainStep
+from autotune._families import Family
+from autotune._models import Candidate
+from autotune.backends import Backend
+
+#: a probe's batch is this share of the family's (at least ``MIN_BATCH``)
+SHARE = 8
+MIN_BATCH = 2
+
+
+class Overtime(Exception):
+    """A step ran past its limit: raised from inside it (a module or gradient hook)."""
+
+
+@contextlib.contextmanager
+def deadline(limit_s: float) -> Iterator[None]:
+    """Raise :class:`Overtime` at the first module call (forward) or module-output gradient (backward) once
+    ``limit_s`` has passed. Native kernels cannot be interrupted; the checks run between them. On an
+    asynchronous device the host runs ahead of the kernels, so there it mostly catches slow host-side work."""
+    started = time.perf_counter()
+
+    def check(*_: object) -> None:
+        if time.perf_counter() - started > limit_s:
+            raise Overtime()
+
+    def on_output(module: torch.nn.Module, args: object, output: object) -> None:
+        check()
+        if isinstance(output, torch.Tensor) and output.requires_grad:
+            output.register_hook(check)
+
+    handles = [torch.nn.modules.module.register_module_forward_pre_hook(check),
+               torch.nn.modules.module.register_module_forward_hook(on_output)]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def probe_batch(inputs: tuple[Tensor, ...]) -> int | None:
+    """The batch a probe uses for a family whose full batch is ``inputs``; None: no probe (no single batch
+    dimension, or a batch too small to slice)."""
+    if not inputs or any(t.dim() == 0 for t in inputs) or len({t.shape[0] for t in inputs}) != 1:
+        return None
+    size = inputs[0].shape[0]
+    batch = max(MIN_BATCH, size // SHARE)
+    return batch if batch < size else None
+
+
+class Probe:
+    """One family's probes: its probe batch, and each device's reference pass."""
+
+    def __init__(self, family: Family, *, seed: int, fp32_host: _fp32.Fp32Settings, factor: float) -> None:
+        self.family = family
+        self.seed = seed
+        self.fp32_host = fp32_host
+        self.factor = factor
+        #: None until the first step is built, or for good once the family cannot be probed
+        self.batch: int | None = None
+        self.full_batch = 0
+        self._sized = False
+        #: device -> (the reference pass's seconds, its candidate)
+        self.reference: dict[str, tuple[float, Candidate]] = {}
+        #: probed once: a candidate built again (a later stage, a lower GradScaler scale) is not probed again
+        self.probed: set[Candidate] = set()
+
+    def size(self, inputs: tuple[Tensor, ...]) -> None:
+        """Learn the probe batch from the family's first built step (its full batch)."""
+        if not self._sized:
+            self._sized = True
+            self.batch = probe_batch(inputs) if self.family.accepts_batch_size() else None
+            self.full_batch = inputs[0].shape[0] if self.batch is not None else 0
+
+    def too_slow(self, candidate: Candidate, backend: Backend, fastest_first: Candidate) -> str | None:
+        """Why ``candidate`` is stopped before its first full step; None: no probe, or it is not that slow."""
+        if self.batch is None or candidate in self.probed:
+            return None
+        self.probed.add(candidate)
+        try:
+            if candidate.device not in self.reference:
+                passes = [self._pass(fastest_first, backend, None) for _ in range(2)]
+                self.reference[candidate.device] = (min(passes), fastest_first)
+            reference_s, reference = self.reference[candidate.device]
+            limit_s = self.factor * reference_s
+            passes = []
+            for _ in range(2):
+                passes.append(self._pass(candidate, backend, limit_s))
+                if passes[-1] <= limit_s:
+                    return None
+        except Exception:  # only a shortcut: the full step runs next, and classifies what it raises
+            self.batch = None
+            return None
+        return (f"a forward and backward pass on {self.batch} of {self.full_batch} samples took over "
+                f"{1000 * min(passes):.0f} ms twice, {min(passes) / reference_s:.0f}x {reference.label}'s "
+                f"({1000 * reference_s:.1f} ms; the limit: {self.factor:.0f}x); stopped before a full step")
+
+    def _pass(self, candidate: Candidate, backend: Backend, limit_s: float | None) -> float:
+        """Seconds of one forward + backward pass at the probe batch (until it was stopped, past ``limit_s``)."""
+        step = TrainStep(self.family, candidate, backend, seed=self.seed, fp32_host=self.fp32_host,
+                         batch_size=self.batch)
+        with step.selected(), deadline(limit_s) if limit_s is not None else contextlib.nullcontext():
+            started = time.perf_counter()
+            try:
+                step.forward_backward()
+            except Overtime:
+                pass
+            return time.perf_counter() - started
+
+
+__all__ = ["MIN_BATCH", "SHARE", "Overtime", "Probe", "deadline", "probe_batch"]
