@@ -207,7 +207,8 @@ def register_family(
 
     ``build()`` returns one batch's :class:`Workload` at the batch size the app trains with. Give it a
     ``batch_size`` keyword with that default (``def build_detector(batch_size: int = 8)``) and
-    :func:`autotune.max_batch_size` can measure how large a batch fits; calibration always calls ``build()``.
+    :func:`autotune.max_batch_size` can measure how large a batch fits, and calibration can probe a slow
+    precision on an eighth of the batch before its first full step; everything it times runs ``build()``.
 
     Stored measurements are keyed by ``build``'s reference and ``version``: registering another build, or
     the same build with another ``version`` (the app changed the model), measures the family again.

@@ -151,7 +151,9 @@ class CandidateResult(Record):
 
     candidate: Candidate
     failure: Failure | None = None
-    setup_s: float | None = Field(default=None, description="device init + model to device + first step")
+    setup_s: float | None = Field(default=None, description=(
+        "device init + model to device + first step (+ a probe's first pass, which paid the precision's "
+        "one-time costs)"))
     first_step_ms: float | None = None
     timing: Timing | None = None
     numerics: Numerics | None = None

@@ -371,6 +371,11 @@ def build_one_slow_fp16_kernel(batch_size: int = 32) -> Workload:
     return Workload(model, (torch.randn(batch_size, 8), torch.randint(0, 4, (batch_size,))), cross_entropy)
 
 
+def build_one_slow_fp16_kernel_any_batch(**_: object) -> Workload:
+    """The same, from a build that takes ``batch_size=`` (in ``**kwargs``) but always returns 32 samples."""
+    return build_one_slow_fp16_kernel()
+
+
 # -- batch sizes and memory (issue #15) ------------------------------------------------------------------------
 
 

@@ -165,9 +165,26 @@ def test_an_emulated_kernel_is_stopped_by_a_probe_before_its_first_step(monkeypa
     assert by_precision["bf16-mixed"].usable
 
 
+def test_a_build_that_ignores_the_probe_batch_is_not_probed(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Its build takes batch_size= but returns 32 samples anyway: a "probe" would be full steps. The reference
+    # pass sees that and probing stops; fp16's full step decides, as without a probe.
+    import families_for_tests
+
+    monkeypatch.setenv("AUTOTUNE_ISOLATION", "inprocess")
+    monkeypatch.setenv("AUTOTUNE_SEARCH", "precision")
+    monkeypatch.setenv("AUTOTUNE_BUDGET_S", "1")
+    autotune.register_family("any_batch", "families_for_tests:build_one_slow_fp16_kernel_any_batch")
+    families_for_tests.FP16_KERNEL_BATCHES.clear()
+    measured = autotune.calibrate(["any_batch"]).measurements["any_batch"]
+    fp16 = next(r for r in measured.candidates if r.candidate.precision == "fp16-mixed")
+    assert fp16.failure is not None and fp16.failure.kind == "too_slow", fp16.failure
+    assert "before a full step" not in fp16.failure.detail
+    assert families_for_tests.FP16_KERNEL_BATCHES == [32]
+
+
 @pytest.mark.parametrize(("shapes", "batch"), [
     ([(32, 3, 64, 64), (32,)], 4), ([(16, 128), (16,)], 2), ([(64, 8)], 8),
-    ([(2, 8), (2,)], None),  # too small to slice
+    ([(16, 8)], 2), ([(15, 8), (15,)], None), ([(2, 8), (2,)], None),  # two passes would cost about a step
     ([(32, 8), (16,)], None), ([(32, 8), ()], None), ([], None),  # no single batch dimension
 ])
 def test_probe_batch(shapes: list[tuple[int, ...]], batch: int | None) -> None:

@@ -55,7 +55,7 @@ def comparisons(pick: Candidate) -> Comparisons[Candidate]:
 def check(job: CheckJob, emit: Callable[[Begin | Failed | Checked], None], *, clock: Clock, control: Steppable,
           settle: Callable[[float], None]) -> None:
     """Set up each candidate, time them together, emit one :class:`Checked` (failures as :class:`Failed`)."""
-    lab = TorchLab(Family(job.family.name, job.family.ref), job.settings)
+    lab = TorchLab(Family(job.family.name, job.family.ref), job.settings, probe=False)
     ready: dict[Candidate, Prepared] = {}
     for index, candidate in enumerate(job.candidates):
         emit(Begin(candidate=candidate, phase="setup", fraction=0.5 * index / len(job.candidates)))

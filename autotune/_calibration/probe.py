@@ -69,12 +69,15 @@ def deadline(limit_s: float) -> Iterator[None]:
 
 def probe_batch(inputs: tuple[Tensor, ...]) -> int | None:
     """The batch a probe uses for a family whose full batch is ``inputs``; None: no probe (no single batch
-    dimension, or a batch too small to slice)."""
+    dimension, or under ``SHARE * MIN_BATCH`` samples, where two passes would cost about a step)."""
     if not inputs or any(t.dim() == 0 for t in inputs) or len({t.shape[0] for t in inputs}) != 1:
         return None
     size = inputs[0].shape[0]
-    batch = max(MIN_BATCH, size // SHARE)
-    return batch if batch < size else None
+    return size // SHARE if size >= SHARE * MIN_BATCH else None
+
+
+class TooSlow(Exception):
+    """The probe's verdict: the candidate is far too slow to take a full step (the message says why)."""
 
 
 class Probe:
@@ -101,33 +104,50 @@ class Probe:
             self.batch = probe_batch(inputs) if self.family.accepts_batch_size() else None
             self.full_batch = inputs[0].shape[0] if self.batch is not None else 0
 
-    def too_slow(self, candidate: Candidate, backend: Backend, fastest_first: Candidate) -> str | None:
-        """Why ``candidate`` is stopped before its first full step; None: no probe, or it is not that slow."""
+    def check(self, candidate: Candidate, backend: Backend, reference: Candidate, step_limit_s: float) -> float:
+        """Probe ``candidate`` against ``reference`` (the device's fastest first step, whose limit for a full
+        first step is ``step_limit_s``). Raises :class:`TooSlow`; else returns the seconds of its first pass,
+        which paid its precision's one-time costs and so counts as set-up (0.0 when not probed)."""
         if self.batch is None or candidate in self.probed:
-            return None
+            return 0.0
         self.probed.add(candidate)
+        if candidate.device not in self.reference:
+            try:
+                step = self._build(reference, backend)
+                self.reference[candidate.device] = (min(self._pass(step, None) for _ in range(2)), reference)
+            except Exception:  # the family cannot be probed: full steps decide, as without a probe
+                self.batch = None
+                return 0.0
+        reference_s, reference = self.reference[candidate.device]
+        limit_s = self.factor * reference_s
+
+        def over(pass_s: float) -> bool:  # and, scaled to the full batch, over the full step's own limit
+            return pass_s > limit_s and pass_s * self.full_batch / (self.batch or 1) > step_limit_s
+
         try:
-            if candidate.device not in self.reference:
-                passes = [self._pass(fastest_first, backend, None) for _ in range(2)]
-                self.reference[candidate.device] = (min(passes), fastest_first)
-            reference_s, reference = self.reference[candidate.device]
-            limit_s = self.factor * reference_s
-            passes = []
-            for _ in range(2):
-                passes.append(self._pass(candidate, backend, limit_s))
-                if passes[-1] <= limit_s:
-                    return None
+            step = self._build(candidate, backend)
+            passes = [self._pass(step, limit_s)]
+            if over(passes[0]):
+                passes.append(self._pass(step, limit_s))  # the first pass paid the dtype's one-time set-up
         except Exception:  # only a shortcut: the full step runs next, and classifies what it raises
-            self.batch = None
-            return None
-        return (f"a forward and backward pass on {self.batch} of {self.full_batch} samples took over "
+            return 0.0
+        if len(passes) == 2 and over(passes[1]):
+            raise TooSlow(
+                f"a forward and backward pass on {self.batch} of {self.full_batch} samples took over "
                 f"{1000 * min(passes):.0f} ms twice, {min(passes) / reference_s:.0f}x {reference.label}'s "
                 f"({1000 * reference_s:.1f} ms; the limit: {self.factor:.0f}x); stopped before a full step")
+        return passes[0]
 
-    def _pass(self, candidate: Candidate, backend: Backend, limit_s: float | None) -> float:
-        """Seconds of one forward + backward pass at the probe batch (until it was stopped, past ``limit_s``)."""
+    def _build(self, candidate: Candidate, backend: Backend) -> TrainStep:
         step = TrainStep(self.family, candidate, backend, seed=self.seed, fp32_host=self.fp32_host,
                          batch_size=self.batch)
+        if step.inputs[0].shape[0] != self.batch:
+            raise ValueError(f"{self.family.name}'s build ignored batch_size={self.batch}")
+        return step
+
+    @staticmethod
+    def _pass(step: TrainStep, limit_s: float | None) -> float:
+        """Seconds of one forward + backward pass (until it was stopped, past ``limit_s``)."""
         with step.selected(), deadline(limit_s) if limit_s is not None else contextlib.nullcontext():
             started = time.perf_counter()
             try:
@@ -137,4 +157,4 @@ class Probe:
             return time.perf_counter() - started
 
 
-__all__ = ["MIN_BATCH", "SHARE", "Overtime", "Probe", "deadline", "probe_batch"]
+__all__ = ["MIN_BATCH", "SHARE", "Overtime", "Probe", "TooSlow", "deadline", "probe_batch"]

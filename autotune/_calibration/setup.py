@@ -19,7 +19,7 @@ import torch
 from autotune import _fp32, _stats
 from autotune._calibration.measure import Steppable
 from autotune._calibration.plan import BASELINE, Facts
-from autotune._calibration.probe import Overtime, Probe, deadline
+from autotune._calibration.probe import Overtime, Probe, TooSlow, deadline
 from autotune._calibration.protocol import CalibrationSettings
 from autotune._calibration.step import TrainStep, start_device
 from autotune._calibration.verify import INIT_SCALES, Trajectory, compare
@@ -84,7 +84,9 @@ def warm_process() -> None:
 class TorchLab:
     """Sets up one family's candidates with real torch; remembers the reference and the best times so far."""
 
-    def __init__(self, family: Family, settings: CalibrationSettings) -> None:
+    def __init__(self, family: Family, settings: CalibrationSettings, *, probe: bool = True) -> None:
+        """``probe``: probe each new precision on the CPU before its first full step (not for the canary,
+        whose candidates passed when calibrated)."""
         self.family = family
         self.settings = settings
         self.reference: Trajectory | None = None
@@ -97,21 +99,22 @@ class TorchLab:
         #: the host's fp32 settings (the worker starts with them): what mixed-precision candidates run with
         self.fp32_host = _fp32.current()
         self.probe = Probe(family, seed=settings.seed, fp32_host=self.fp32_host,
-                           factor=settings.slow_first_step_factor)
+                           factor=settings.slow_first_step_factor) if probe else None
 
     def set_up(self, candidate: Candidate) -> Prepared:
         """Build, verify (retrying lower GradScaler scales for fp16); raises CandidateFailed."""
         backend = backend_for(candidate.device)
         if candidate.device not in self.device_start_s:
             self.device_start_s[candidate.device] = start_device(backend, candidate.device)
-        self._probe(candidate, backend)
+        probe_s = self._probe(candidate, backend)
         default_skipped: int | None = None
         scales = INIT_SCALES if candidate.precision == "fp16-mixed" else (None,)
         for init_scale in scales:
             backend.reset_peak_memory(candidate.device)
             step = TrainStep(self.family, candidate, backend, seed=self.settings.seed, fp32_host=self.fp32_host,
                              init_scale=init_scale)
-            self.probe.size(step.inputs)
+            if self.probe is not None:
+                self.probe.size(step.inputs)
             with step.selected():
                 trajectory = self._check(step)
             if trajectory.skipped_steps and all(map(_finite, trajectory.losses)) and init_scale != scales[-1]:
@@ -120,7 +123,7 @@ class TorchLab:
             break
         if trajectory.step_s[0] < self.best_first.get(candidate.device, (float("inf"),))[0]:
             self.best_first[candidate.device] = (trajectory.step_s[0], candidate)
-        result = self._result(step, backend, trajectory, default_skipped)
+        result = self._result(step, backend, trajectory, default_skipped, probe_s)
         if result.failure is not None:
             raise CandidateFailed(result)
         steady = trajectory.step_s[1:] or trajectory.step_s
@@ -128,16 +131,19 @@ class TorchLab:
         facts = Facts(image_inputs=step.image_inputs, default_optimizer=step.default_optimizer)
         return Prepared(step, result, steady, facts)
 
-    def _probe(self, candidate: Candidate, backend: Backend) -> None:
+    def _probe(self, candidate: Candidate, backend: Backend) -> float:
         """Stop a new precision on the CPU whose probe is already far too slow, before its first full step
-        (only where that step's limit is above the floor: a full step could cost seconds)."""
+        (only where that step's limit is above the floor: a full step could cost seconds). Returns the set-up
+        seconds the probe took from it (its first pass)."""
         fastest = self.best_first.get(candidate.device)
-        if (candidate.device != "cpu" or candidate != candidate.base or fastest is None
+        if (self.probe is None or candidate.device != "cpu" or candidate != candidate.base or fastest is None
+                or fastest[1].compiled
                 or self.settings.slow_first_step_factor * fastest[0] <= self.settings.slow_step_floor_s):
-            return
-        why = self.probe.too_slow(candidate, backend, fastest[1])
-        if why is not None:
-            raise failed(candidate, "too_slow", why)
+            return 0.0
+        try:
+            return self.probe.check(candidate, backend, fastest[1], self.settings.slow_first_step_factor * fastest[0])
+        except TooSlow as exc:
+            raise failed(candidate, "too_slow", str(exc)) from None
 
     def release(self, candidates: list[Candidate]) -> None:
         """The session dropped its steps: collect them and hand the devices' cached blocks back."""
@@ -146,7 +152,7 @@ class TorchLab:
             backend_for(device).release_cached_memory(device)
 
     def _result(self, step: TrainStep, backend: Backend, trajectory: Trajectory,
-                default_skipped: int | None) -> CandidateResult:
+                default_skipped: int | None, probe_s: float) -> CandidateResult:
         candidate = step.candidate
         numerics, problem = None, None
         if self.settings.verify:
@@ -158,7 +164,7 @@ class TorchLab:
         return CandidateResult(
             candidate=candidate,
             failure=None if problem is None else Failure(kind="numerics", detail=problem),
-            setup_s=self.device_start_s[candidate.device] + step.build_s + trajectory.step_s[0],
+            setup_s=self.device_start_s[candidate.device] + probe_s + step.build_s + trajectory.step_s[0],
             first_step_ms=1000 * trajectory.step_s[0],
             numerics=numerics,
             num_threads=candidate.num_threads or self.default_threads,
