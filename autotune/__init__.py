@@ -15,17 +15,9 @@ with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
     import torch  # noqa: F401
 
-from autotune._api import (
-    CalibrationProgress,
-    CalibrationReport,
-    best_config,
-    calibrate,
-    clear_cache,
-    export_results,
-    import_results,
-    trace,
-)
+from autotune._api import best_config, clear_cache, export_results, import_results, trace
 from autotune._background import CalibrationJob, start_calibration
+from autotune._calibrate import CalibrationProgress, CalibrationReport, calibrate
 from autotune._config import Config
 from autotune._errors import (
     AutotuneError,

@@ -21,7 +21,7 @@ from autotune._errors import CalibrationCancelled, CalibrationPending
 from autotune._families import builtin_family_names, get_family
 
 if TYPE_CHECKING:
-    from autotune._api import CalibrationProgress, CalibrationReport
+    from autotune._calibrate import CalibrationProgress, CalibrationReport
     from autotune._calibration.worker import Worker
 
 log = logging.getLogger("autotune")
@@ -104,7 +104,7 @@ class CalibrationJob:
                 log.exception("a calibration progress callback raised; ignoring it")
 
     def _run(self) -> None:
-        from autotune._api import run_calibration
+        from autotune._calibrate import run_calibration
 
         try:
             if self._cancelled:

@@ -69,7 +69,7 @@ def _against(measured: FamilyResult, pick: Candidate) -> list[Candidate]:
 
 def check(measured: dict[str, FamilyResult], digest: str) -> list[CheckResult]:
     """Re-time each family's pick in one worker; returns a verdict per family (nothing is recalibrated here)."""
-    from autotune._api import _new_worker
+    from autotune._calibrate import new_worker
     from autotune._calibration.measure import MeasureSettings
     from autotune._calibration.protocol import CalibrationSettings, CheckJob, FamilyRef
     from autotune._families import get_family
@@ -83,7 +83,7 @@ def check(measured: dict[str, FamilyResult], digest: str) -> list[CheckResult]:
         budget_s=BUDGET_SHARE * _env.BUDGET_S.get(), max_rounds=MAX_ROUNDS, far_behind=never,
         far_behind_device=never))
     results = []
-    with _new_worker() as worker, measuring():
+    with new_worker() as worker, measuring():
         for kind, record in measured.items():
             started = time.perf_counter()
             pick = decide(record, digest=digest).candidate

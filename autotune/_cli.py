@@ -10,12 +10,13 @@ import argparse
 import json
 import logging
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from autotune._cli_show import calibrate_with_progress, console, explain, max_batch, mib, trace
+
 if TYPE_CHECKING:
-    from autotune._api import CalibrationProgress
-    from autotune._models import CandidateResult, FamilyResult
+    from autotune._models import FamilyResult
 
 EPILOG = """\
 examples:
@@ -113,11 +114,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"imported {len(summary.imported)} record(s) from {args.import_file}{kept}", file=sys.stderr)
             return 0
         if args.explain:
-            return _explain(_register(args.explain), recalibrate=args.recalibrate, as_json=args.json)
+            return explain(_register(args.explain), recalibrate=args.recalibrate, as_json=args.json)
         if args.trace:
-            return _trace(_register(args.trace), args)
+            return trace(_register(args.trace), args)
         if args.max_batch:
-            return _max_batch(_register(args.max_batch), args)
+            return max_batch(_register(args.max_batch), args)
         return _decisions(args)
     except autotune.AutotuneError as exc:
         print(f"autotune: error: {exc}", file=sys.stderr)
@@ -128,37 +129,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("autotune: interrupted; nothing was stored for the family in progress", file=sys.stderr)
         return 1
-
-
-def _calibrate_with_progress(kinds: list[str], *, force: bool) -> None:
-    import autotune
-
-    if not sys.stderr.isatty():
-        autotune.calibrate(kinds, force=force, progress=_plain_progress())
-        return
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
-                  TimeElapsedColumn(), transient=True) as bar:
-        task = bar.add_task("calibrating", total=1.0)
-
-        def update(p: autotune.CalibrationProgress) -> None:
-            bar.update(task, completed=p.fraction, description=f"calibrating {p.family} {p.candidate or ''}")
-
-        autotune.calibrate(kinds, force=force, progress=update)
-
-
-def _plain_progress() -> Callable[[CalibrationProgress], None]:
-    """One line per family and candidate on stderr, for logs and pipes."""
-    seen: set[tuple[str, str | None]] = set()
-
-    def report(p: CalibrationProgress) -> None:
-        key = (p.family, p.candidate)
-        if key not in seen and p.candidate is not None:
-            seen.add(key)
-            print(f"autotune: [{100 * p.fraction:3.0f}%] {p.family}: {p.candidate}", file=sys.stderr)
-
-    return report
 
 
 def _register(value: str) -> str:
@@ -185,7 +155,7 @@ def _decisions(args: argparse.Namespace) -> int:
     if args.recalibrate or missing:
         measure = kinds if args.recalibrate else [k for k in kinds if k in missing]
         before = {kind: similar for kind in measure if (similar := similar_record(kind)) is not None}
-        _calibrate_with_progress(measure, force=args.recalibrate)
+        calibrate_with_progress(measure, force=args.recalibrate)
         for kind, similar in before.items():  # what changed since the same hardware was measured
             was = _pick_words(similar.result)
             now = _pick_words(cached_families([kind]).get(kind))
@@ -211,11 +181,10 @@ def _decisions(args: argparse.Namespace) -> int:
         print(json.dumps({"fingerprint": fp.model_dump(mode="json"),
                           "configs": {k: c.model_dump(mode="json") for k, c in configs.items()}}, indent=1))
         return 0
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console(width=None if sys.stdout.isatty() else 120)  # pipes and logs: no 80-column squeeze
-    console.print(f"[bold]Machine[/bold] {fp.summary()}  [dim](fingerprint {fp.digest})[/dim]")
+    out = console()
+    out.print(f"[bold]Machine[/bold] {fp.summary()}  [dim](fingerprint {fp.digest})[/dim]")
     table = Table()
     for column in ("kind", "device", "precision", "also", "ms/step", "vs fp32 CPU", "peak MiB", "source"):
         table.add_column(column, overflow="fold")
@@ -224,130 +193,13 @@ def _decisions(args: argparse.Namespace) -> int:
         step = f"{config.step_ms:.3g}" if config.step_ms else "-"
         marker = " [yellow](noisy)[/yellow]" if config.noisy else ""
         table.add_row(kind, config.device, config.precision + marker, ", ".join(config.variants) or "-", step,
-                      speed, _mib(config.peak_memory_mb), config.source)
-    console.print(table)
+                      speed, mib(config.peak_memory_mb), config.source)
+    out.print(table)
     for kind, config in configs.items():
-        console.print(f"[bold]{kind}[/bold]: {config.reason}", highlight=False)
+        out.print(f"[bold]{kind}[/bold]: {config.reason}", highlight=False)
     for kind in unusable:
-        console.print(f"[bold]{kind}[/bold]: measured here, but no candidate could train it "
+        out.print(f"[bold]{kind}[/bold]: measured here, but no candidate could train it "
                       f"(python -m autotune --explain {kind})", highlight=False)
-    return 0
-
-
-def _explain(kind: str, *, recalibrate: bool, as_json: bool) -> int:
-    from autotune._api import cached_configs, cached_families
-    from autotune._families import family_names
-
-    # A kind registered here is measured again when stale; one only another process registered is shown
-    # as the cache holds it.
-    fresh = cached_families([kind], fresh_only=kind in family_names())
-    if recalibrate or kind not in fresh:
-        _calibrate_with_progress([kind], force=recalibrate)
-    measured = cached_families([kind])[kind]
-    if as_json:
-        print(measured.model_dump_json(indent=1))
-        return 0
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console(width=None if sys.stdout.isatty() else 120)  # pipes and logs: no 80-column squeeze
-    console.print(f"[bold]{kind}[/bold] measured {measured.measured_at} in {measured.wall_s:.1f} s"
-                  + ("  [yellow]noisy[/yellow]" if measured.noisy else ""))
-    table = Table()
-    columns = ("candidate", "ms/step", "rounds", "time vs fp32 CPU", "set-up s", "peak MiB", "loss err", "update cos",
-               "outcome")
-    for column in columns:
-        table.add_column(column, overflow="fold")
-    for r in measured.candidates:
-        t, n = r.timing, r.numerics
-        table.add_row(
-            r.candidate.label,
-            f"{t.median_ms:.3g}" if t else (f"{r.first_step_ms:.3g} (1st)" if r.first_step_ms else "-"),
-            f"{t.n} x {t.steps_per_round}" if t else "-",
-            t.vs_baseline.describe() if t and t.vs_baseline else "-",
-            f"{r.setup_s:.2f}" if r.setup_s is not None else "-",
-            _mib(r.peak_bytes / 2**20 if r.peak_bytes is not None else None,
-                 r.peak_reserved_bytes / 2**20 if r.peak_reserved_bytes is not None else None),
-            f"{n.loss_error:.1e}" if n else "-",
-            f"{n.update_cosine:.3f}" if n else "-",
-            _outcome(r),
-        )
-    console.print(table)
-    for r in measured.candidates:
-        if r.failure is not None:
-            console.print(f"{r.candidate.label} {r.failure.kind}: {_retry_words(measured, r)}", highlight=False)
-    for note in measured.search_notes:
-        console.print(f"[dim]{note}[/dim]", highlight=False)
-    for backend, why in measured.backend_notes.items():
-        console.print(f"[dim]{backend}: {why}[/dim]")
-    console.print(f"decision: {cached_configs([kind])[kind].reason}")
-    return 0
-
-
-def _trace(kind: str, args: argparse.Namespace) -> int:
-    import autotune
-    from autotune._api import cached_families
-
-    if args.recalibrate or kind not in cached_families([kind]):
-        _calibrate_with_progress([kind], force=args.recalibrate)
-    report = autotune.trace(kind, out_dir=args.out or ".", candidate=args.candidate)
-    if args.json:
-        print(report.model_dump_json(indent=1))
-        return 0
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console(width=None if sys.stdout.isatty() else 120)  # pipes and logs: no 80-column squeeze
-    on_device = report.device_activity is not None
-    console.print(f"[bold]{kind}[/bold] on {report.candidate.label}: {report.steps} steps traced after "
-                  f"{report.warmup_steps} warm-up steps, {report.step_ms:.3g} ms/step under the profiler",
-                  highlight=False)
-    table = Table(title=f"top operators by self {'device' if on_device else 'CPU'} time per step")
-    for column in ("operator", "calls", "self CPU ms", *(["self device ms"] if on_device else []), "share"):
-        table.add_column(column, overflow="fold")
-    for op in report.operators:
-        own = op.self_device_ms if op.self_device_ms is not None else op.self_cpu_ms
-        share = f"{100 * own / report.self_total_ms:.0f}%" if report.self_total_ms > 0 else "-"
-        device = [f"{op.self_device_ms:.3g}"] if op.self_device_ms is not None else []
-        table.add_row(op.name, f"{op.calls_per_step:g}", f"{op.self_cpu_ms:.3g}", *device, share)
-    console.print(table)
-    if not on_device and report.candidate.device != "cpu":
-        console.print(f"[dim]torch.profiler records no {report.candidate.device} kernels: CPU side only[/dim]")
-    console.print(f"trace: {report.path}", highlight=False, soft_wrap=True)
-    console.print("[dim]open it in https://ui.perfetto.dev or chrome://tracing[/dim]")
-    return 0
-
-
-def _max_batch(kind: str, args: argparse.Namespace) -> int:
-    import autotune
-
-    report = autotune.max_batch_report(kind, margin=args.margin, memory_limit_mb=args.memory_limit_mb,
-                                       force=args.recalibrate)
-    if args.json:
-        print(report.model_dump_json(indent=1))
-        return 0
-    from rich.console import Console
-    from rich.table import Table
-
-    def mib(value: float) -> str:
-        return f"{value / 2**20:.1f} MiB"
-
-    console = Console(width=None if sys.stdout.isatty() else 120)  # pipes and logs: no 80-column squeeze
-    capped = " (the search's upper bound)" if report.capped else ""
-    console.print(f"[bold]{kind}[/bold] on {report.candidate.label}: batch [bold]{report.batch_size}[/bold] fits"
-                  f"{capped}, peak {mib(report.peak_bytes)} of a {mib(report.target_bytes)} target "
-                  f"({report.limit_from} {mib(report.limit_bytes)} less {report.margin:.0%})", highlight=False)
-    if report.line is not None:
-        console.print(f"memory ~ {report.line.describe()}", highlight=False)
-    table = Table()
-    for column in ("batch", "peak MiB", "outcome"):
-        table.add_column(column, overflow="fold")
-    for probe in report.probes:
-        peak = f"{probe.peak_bytes / 2**20:.1f}" if probe.peak_bytes is not None else "-"
-        table.add_row(str(probe.batch_size), peak, probe.outcome + (f": {probe.detail}" if probe.detail else ""))
-    console.print(table)
-    console.print(f"[dim]measured {report.measured_at} in {report.wall_s:.1f} s; peaks are what training adds to "
-                  "the process (--recalibrate measures again)[/dim]", highlight=False)
     return 0
 
 
@@ -380,38 +232,6 @@ def _pick_words(measured: FamilyResult | None) -> str:
         return decide(measured, digest="").candidate.label
     except autotune.CalibrationError:
         return "no usable candidate"
-
-
-def _mib(peak_mb: float | None, reserved_mb: float | None = None) -> str:
-    """e.g. ``'61.5'``, ``'812 (1024 reserved)'``, or ``'-'`` where no peak was measured."""
-    if peak_mb is None:
-        return "-"
-    return f"{peak_mb:.3g}" + (f" ({reserved_mb:.4g} reserved)" if reserved_mb is not None else "")
-
-
-def _outcome(result: CandidateResult) -> str:
-    if result.failure is not None:
-        return f"{result.failure.kind}: {result.failure.detail}"
-    if result.timing is None:
-        return "ok"
-    stage = "final" if result.timing.final else f"stage {result.timing.stage}"
-    if result.timing.dropped is not None:
-        return f"{stage}: {result.timing.dropped.describe()}"
-    return f"{stage}: finalist" if result.timing.final else f"{stage}: ok"
-
-
-def _retry_words(measured: FamilyResult, result: CandidateResult) -> str:
-    """When this failure is measured again, e.g. 'retried after 2026-12-01 14:03 UTC'."""
-    import datetime as dt
-
-    from autotune._freshness import retry_at
-
-    at = retry_at(measured, result)
-    if at is None:
-        return "kept until the machine, the family or the search changes, or --recalibrate"
-    if at <= dt.datetime.now(dt.timezone.utc):
-        return "retried by the next calibration"
-    return f"retried after {at.astimezone(dt.timezone.utc):%Y-%m-%d %H:%M} UTC, or at once with --recalibrate"
 
 
 def _doctor(args: argparse.Namespace) -> int:

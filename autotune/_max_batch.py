@@ -218,7 +218,8 @@ def max_batch_report(
     import torch
 
     from autotune import _fp32
-    from autotune._api import _new_worker, best_config
+    from autotune._api import best_config
+    from autotune._calibrate import new_worker
     from autotune._calibration.protocol import FamilyRef, MemoryProbeJob
     from autotune._families import get_family
     from autotune._fingerprint import fingerprint
@@ -254,7 +255,7 @@ def max_batch_report(
         return worker.run_memory_probe(job)
 
     log.info("measuring the largest batch of %s on %s", model_kind, candidate.label)
-    with _new_worker() as worker:
+    with new_worker() as worker:
         report = find_max_batch(probe, model_kind=model_kind, candidate=candidate, margin=margin,
                                 memory_limit_bytes=limit_bytes)
     log.info("%s on %s: batch %d fits (peak %s of %s)", model_kind, candidate.label, report.batch_size,

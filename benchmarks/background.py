@@ -24,7 +24,7 @@ from pathlib import Path
 from _common import emit
 
 import autotune
-from autotune import _api
+from autotune import _api, _cached
 from autotune._cli import main as cli
 from autotune._fingerprint import Fingerprint
 
@@ -55,7 +55,7 @@ def _locks_held(kinds: list[str]) -> int:
 
     held = 0
     for kind in kinds:
-        lock = _api._store().calibration_lock(autotune.fingerprint().digest, kind)
+        lock = _cached.store().calibration_lock(autotune.fingerprint().digest, kind)
         try:
             lock.acquire(timeout=0)
         except filelock.Timeout:
@@ -172,7 +172,7 @@ def similar(root: Path) -> None:
     older = Fingerprint.model_validate({**here.model_dump(exclude={"digest"}), "torch": "2.12.0"})
     record = _api.cached_families(["tiny_mlp"])["tiny_mlp"]
     _cache(root, "similar")
-    _api._store().save(older, record)
+    _cached.store().save(older, record)
     config = autotune.best_config("tiny_mlp", wait=False)
     err = io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):

@@ -19,7 +19,7 @@ import tempfile
 
 from _common import emit, families_from_argv, oracle, picked
 
-from autotune._api import measure_family
+from autotune._calibrate import measure_family
 
 CALIBRATIONS = 5
 #: the oracle resolves the ratios of the picks and of every candidate this close to the fastest to +-0.3%

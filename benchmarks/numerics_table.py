@@ -17,7 +17,7 @@ from pathlib import Path
 from _common import BUILTINS, emit, picked
 
 import autotune
-from autotune._api import measure_family
+from autotune._calibrate import measure_family
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 TEST_FAMILIES = {

@@ -21,7 +21,7 @@ import time
 from _common import BUILTINS, emit
 
 CALIBRATE = (
-    "import sys, autotune; from autotune._api import measure_family;"
+    "import sys, autotune; from autotune._calibrate import measure_family;"
     "[measure_family(k, verify=sys.argv[1] == '1') for k in sys.argv[2:]]"
 )
 

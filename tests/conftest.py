@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import autotune
-from autotune import _api, _background, _families, _fp32
+from autotune import _background, _cached, _families, _fp32
 
 
 @pytest.fixture(autouse=True)
@@ -21,8 +21,8 @@ def isolated_autotune(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterat
     monkeypatch.setenv("AUTOTUNE_CACHE_DIR", str(cache))
     monkeypatch.setenv("AUTOTUNE_BUDGET_S", "0.3")
     registry = dict(_families._registry)
-    _api._decisions.clear()
-    _api._stores.clear()
+    _cached.decisions.clear()
+    _cached.stores.clear()
     threads = torch.get_num_threads()
     with _fp32.preserved():  # an in-process candidate, a framework or a test may switch them: put them back
         yield cache
@@ -35,8 +35,8 @@ def isolated_autotune(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterat
     torch.set_num_threads(threads)
     _families._registry.clear()
     _families._registry.update(registry)
-    _api._decisions.clear()
-    _api._stores.clear()
+    _cached.decisions.clear()
+    _cached.stores.clear()
 
 
 @pytest.fixture

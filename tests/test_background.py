@@ -17,7 +17,7 @@ import pytest
 from procs_for_tests import alive, workers_of
 
 import autotune
-from autotune import _api
+from autotune import _cached
 from autotune._api import cached_families
 from autotune._locks import measuring_lock
 
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="re
 
 
 def _lock_free(kind: str) -> bool:
-    lock = _api._store().calibration_lock(autotune.fingerprint().digest, kind)
+    lock = _cached.store().calibration_lock(autotune.fingerprint().digest, kind)
     try:
         lock.acquire(timeout=0)
     except filelock.Timeout:
@@ -156,7 +156,7 @@ def test_jobs_for_other_families_measure_one_after_the_other(tiny_family: str) -
 
 
 def test_wait_false_sees_another_process_calibrating(tiny_family: str) -> None:
-    lock = _api._store().calibration_lock(autotune.fingerprint().digest, tiny_family)
+    lock = _cached.store().calibration_lock(autotune.fingerprint().digest, tiny_family)
     code = textwrap.dedent("""
         import time, autotune
         autotune.register_family("tiny", "families_for_tests:build_tiny")

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 import autotune
-from autotune._api import CalibrationProgress, cached_families
+from autotune._api import cached_families
+from autotune._calibrate import CalibrationProgress
 from autotune._store import Store
 
 

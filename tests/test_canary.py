@@ -8,7 +8,7 @@ import pytest
 from samples import family, timed
 
 import autotune
-from autotune import _api
+from autotune import _api, _cached
 from autotune._calibration.check import faster_by_margin
 from autotune._calibration.protocol import Retimed
 from autotune._canary import _against, _judge
@@ -55,7 +55,7 @@ def test_a_pick_that_now_crashes_is_recalibrated_and_exit_3(isolated_autotune: P
     autotune.register_family("abort_bf16", "families_for_tests:build_abort_under_bf16")
     # Recorded when bf16 still worked (say, before a driver update that kept the fingerprint).
     stale = family("abort_bf16", timed("cpu", "fp32", 2.0), timed("cpu", "bf16-mixed", 1.0))
-    _api._store().save(autotune.fingerprint(), stale)
+    _cached.store().save(autotune.fingerprint(), stale)
     assert main(["--check", "--family", "abort_bf16"]) == 3
     out = capsys.readouterr().out
     assert "the pick failed: crashed" in out and "the pick is now cpu" in out

@@ -12,7 +12,7 @@ import pytest
 from samples import family, timed
 
 import autotune
-from autotune import _api, _exchange
+from autotune import _cached, _exchange
 from autotune._cli import main
 from autotune._fingerprint import Fingerprint
 from autotune._models import FamilyResult
@@ -58,7 +58,7 @@ def test_import_keeps_what_was_measured_here(tmp_path: Path, isolated_autotune: 
     out = tmp_path / "results.json"
     _export_from(tmp_path / "elsewhere", out, autotune.fingerprint())
     mine = family("tiny_mlp", timed("cpu", "fp32", 1.0), timed("cpu", "bf16-mixed", 3.0))
-    _api._store().save(autotune.fingerprint(), mine)
+    _cached.store().save(autotune.fingerprint(), mine)
     summary = autotune.import_results(out)
     assert summary.imported == [] and len(summary.kept) == 1
     assert autotune.best_config("tiny_mlp", wait=False).precision == "fp32"
@@ -73,7 +73,7 @@ def test_a_bad_import_file_is_one_clear_error_and_the_cache_is_untouched(
         bad: str, tmp_path: Path, isolated_autotune: Path, capsys: pytest.CaptureFixture[str]) -> None:
     good = tmp_path / "good.json"
     _export_from(tmp_path / "elsewhere", good, _other_torch())
-    _api._store().save(autotune.fingerprint(), _measured())
+    _cached.store().save(autotune.fingerprint(), _measured())
     before = _cache_bytes(isolated_autotune)
     path = tmp_path / "bad.json"
     raw = good.read_bytes()
@@ -114,7 +114,7 @@ def test_defaults_layer_serves_under_local_results(tmp_path: Path, isolated_auto
     assert autotune.calibrate(["tiny_mlp"]).measurements["tiny_mlp"].origin == "shipped in shipped.json"
     assert list(isolated_autotune.glob("*.json")) == []  # read-only: nothing written to the user's cache
     local = family("tiny_mlp", timed("cpu", "fp32", 1.0), timed("cpu", "bf16-mixed", 3.0))
-    _api._store().save(autotune.fingerprint(), local)
+    _cached.store().save(autotune.fingerprint(), local)
     assert autotune.best_config("tiny_mlp", wait=False).precision == "fp32"  # local measurements win
     autotune.use_defaults(None)
     with pytest.raises(autotune.ImportFileError):
@@ -122,19 +122,19 @@ def test_defaults_layer_serves_under_local_results(tmp_path: Path, isolated_auto
 
 
 def test_same_hardware_other_torch_is_the_fallback_and_names_the_difference(isolated_autotune: Path) -> None:
-    _api._store().save(_other_torch("2.12.0"), _measured())
+    _cached.store().save(_other_torch("2.12.0"), _measured())
     config = autotune.best_config("tiny_mlp", wait=False)
     assert config.source == "heuristic" and config.precision == "bf16-mixed"
     assert f"measured with torch 2.12.0; this is {autotune.fingerprint().torch}" in config.reason
     other_cpu = Fingerprint.model_validate({**_other_torch().model_dump(exclude={"digest"}), "cpu_brand": "Other"})
     autotune.clear_cache()
-    _api._store().save(other_cpu, _measured())
+    _cached.store().save(other_cpu, _measured())
     assert autotune.best_config("tiny_mlp", wait=False).precision == "fp32"  # other hardware: no similar answer
 
 
 def test_cli_prints_what_changed_since_the_same_hardware_was_measured(
         isolated_autotune: Path, tiny_family: str, capsys: pytest.CaptureFixture[str]) -> None:
-    _api._store().save(_other_torch("2.12.0"), family(tiny_family, timed("cpu", "fp16-mixed", 1.0),
+    _cached.store().save(_other_torch("2.12.0"), family(tiny_family, timed("cpu", "fp16-mixed", 1.0),
                                                       timed("cpu", "fp32", 2.0)))
     assert main(["--family", tiny_family]) == 0
     err = capsys.readouterr().err
@@ -143,7 +143,7 @@ def test_cli_prints_what_changed_since_the_same_hardware_was_measured(
 
 
 def test_export_cli_and_import_in_another_process(tmp_path: Path, isolated_autotune: Path) -> None:
-    _api._store().save(autotune.fingerprint(), _measured())
+    _cached.store().save(autotune.fingerprint(), _measured())
     out = tmp_path / "out.json"
     assert main(["--export", str(out), "--family", "tiny_mlp"]) == 0
     env = {**os.environ, "AUTOTUNE_CACHE_DIR": str(tmp_path / "empty")}

@@ -159,7 +159,7 @@ def test_the_worker_measures_with_the_hosts_settings(tiny_family: str, monkeypat
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the worker's: two threads stall each other on a busy 2-core host
     autotune.register_family("fp32_settings", "families_for_tests:build_checks_fp32_settings")
     torch.backends.cudnn.fp32_precision = "tf32"  # CUDA's parent setting: matmuls, convolutions and RNNs inherit it
-    measured = autotune._api.measure_family("fp32_settings")
+    measured = autotune._calibrate.measure_family("fp32_settings")
     assert {r.candidate.precision for r in measured.candidates} >= {"fp32", "bf16-mixed"}
     errors = [r.failure for r in measured.candidates if r.failure is not None and r.failure.kind == "error"]
     assert not errors

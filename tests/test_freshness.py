@@ -11,7 +11,8 @@ from samples import failed, family, timed
 
 import autotune
 from autotune import _cli
-from autotune._api import _store, cached_families
+from autotune._api import cached_families
+from autotune._cached import store
 from autotune._families import get_family
 from autotune._freshness import (
     RETRY_AFTER,
@@ -82,7 +83,7 @@ def _stored(kind: str, *, hours_ago: float, failure_kind: str) -> FamilyResult:
     at = dt.datetime.now(dt.timezone.utc) - dt.timedelta(hours=hours_ago)
     result = family(kind, timed("cpu", "fp32", 1.0), failed("cpu", "bf16-mixed", failure_kind, "it happened"))
     result = result.model_copy(update={"measured_at": at.isoformat(), "key": family_key(get_family(kind))})
-    _store().save(autotune.fingerprint(), result)
+    store().save(autotune.fingerprint(), result)
     return result
 
 
@@ -155,7 +156,7 @@ def test_a_family_this_version_cannot_read_is_measured_again_and_the_other_keeps
     import json
 
     before = _two_families()
-    path = _store().path(autotune.fingerprint().digest)
+    path = store().path(autotune.fingerprint().digest)
     document = json.loads(path.read_text())
     document["families"]["tiny"]["candidates"][0]["candidate"]["precision"] = "fp8-mixed"  # a newer version's
     path.write_text(json.dumps(document))

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import autotune
-from autotune._api import measure_family
+from autotune._calibrate import measure_family
 from autotune._models import FamilyResult
 
 # These tests are about numerics, not isolation (test_failures covers the worker): skip its start-up.

@@ -9,7 +9,7 @@ import torch
 
 import autotune
 from autotune import Config
-from autotune._api import measure_family
+from autotune._calibrate import measure_family
 from autotune._models import FamilyResult
 
 pytestmark = pytest.mark.usefixtures("in_process")  # the search, not the isolation, is under test

@@ -1,0 +1,235 @@
+"""A calibration, host side: each family under its lock in one shared worker, stored as it finishes.
+
+``calibrate`` (an app's first launch), ``run_calibration`` (the same, handing its worker to a background job),
+``measure_family`` (one family now, no cache: benchmarks and tests).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from autotune import _cached, _env, _stats
+from autotune._config import Config
+from autotune._decide import decide
+from autotune._errors import CalibrationCancelled, CalibrationError
+from autotune._families import Family, builtin_family_names, get_family
+from autotune._fingerprint import Fingerprint, fingerprint
+from autotune._freshness import family_key, key_change, now_utc, reference_failure, stale_reason
+from autotune._locks import acquire, held_elsewhere, measuring, measuring_lock
+from autotune._models import Candidate, FamilyKey, FamilyResult, Record
+from autotune._store import Store
+
+if TYPE_CHECKING:
+    from autotune._calibration.worker import Worker
+
+log = logging.getLogger("autotune")
+
+
+@dataclass(frozen=True)
+class CalibrationProgress:
+    """Handed to ``calibrate(progress=...)``: e.g. ``family='cnn', candidate='cpu bf16-mixed', fraction=0.4``.
+
+    ``fraction`` is the share of the whole calibration done, from 0 to 1, never decreasing.
+    """
+
+    family: str
+    candidate: str | None
+    fraction: float
+
+
+class CalibrationReport(Record):
+    """What ``calibrate`` measured: the fingerprint, each family's measurements and auto-preference Config."""
+
+    fingerprint: Fingerprint
+    measurements: dict[str, FamilyResult]
+    configs: dict[str, Config]
+    wall_s: float
+    store_path: str
+
+
+def calibrate(
+    model_kinds: Sequence[str] | None = None,
+    *,
+    force: bool = False,
+    progress: Callable[[CalibrationProgress], None] | None = None,
+) -> CalibrationReport:
+    """Measure each family (default: the built-ins) on this machine, for an app's first launch.
+
+    Families already measured on this machine for the same key (build, ``version=``, search, budget) are reused
+    unless ``force=True``, or unless they were measured while the machine was busy (``noisy``): those are
+    measured again (``best_config`` serves them meanwhile). A candidate that timed out, crashed or ran out of
+    memory more than a day ago is tried again. ``progress`` receives a :class:`CalibrationProgress` as each
+    candidate starts, for a progress bar. A failure of the fp32 CPU reference raises CalibrationError (after
+    the other families) and is not stored. To calibrate without blocking, see :func:`autotune.start_calibration`.
+    """
+    return run_calibration(model_kinds, force=force, progress=progress)
+
+
+def run_calibration(
+    model_kinds: Sequence[str] | None = None,
+    *,
+    force: bool = False,
+    progress: Callable[[CalibrationProgress], None] | None = None,
+    on_worker: Callable[[Worker], None] | None = None,
+) -> CalibrationReport:
+    """``calibrate``, handing its worker to ``on_worker`` first (a background job cancels through it): a
+    cancelled worker stops the family in progress and the ones after it with :class:`CalibrationCancelled`."""
+    kinds = list(model_kinds) if model_kinds is not None else builtin_family_names()
+    families = [get_family(kind) for kind in kinds]  # unknown names fail before anything is measured
+    forced = _env.DEVICE.get()
+    _env.SEARCH.get()  # an invalid search setting fails before anything is measured
+    started = time.perf_counter()
+    fp = fingerprint()
+    store = _cached.store()
+    measurements: dict[str, FamilyResult] = {}
+    failed: list[CalibrationError] = []
+    now = now_utc()
+    cached: dict[str, FamilyResult] = {}
+    for family in families:
+        # Read once (a miss re-reads under its family's lock); the defaults layer counts as measured here.
+        result = None if force else _cached.known(fp, store, family.name)
+        if result is None:
+            continue
+        # A noisy result serves best_config, but is measured again here; so is one measured for another key
+        # or holding a transient failure due for a retry.
+        why = "it was measured on a busy machine" if result.noisy else stale_reason(result, family_key(family), now)
+        if why is None:
+            cached[family.name] = result
+        else:
+            log.info("measuring %s again: %s", family.name, why)
+    with new_worker() as worker:  # one worker for every family; killed on any exception
+        if on_worker is not None:
+            on_worker(worker)
+        pending = [family for family in families if family.name not in cached]
+        # First, so its interpreter start overlaps everything else; but not while another process measures the
+        # first family: this one waits for that result and may need no worker at all (nor take CPU from that
+        # measurement). It then starts when a family needs it.
+        if pending and not measuring_elsewhere(store, fp.digest, pending[0].name):
+            worker.start()
+        for index, family in enumerate(families):
+            if worker.cancelled:
+                raise CalibrationCancelled(finished=list(measurements), missing=kinds[index:])
+            result = cached.get(family.name)
+            if result is None:
+                try:
+                    result = calibrate_one(family, family_key(family), fp, store, force=force, progress=progress,
+                                            index=index, total=len(families), worker=worker)
+                except CalibrationCancelled as exc:  # nothing stored for this family; its lock is released
+                    raise CalibrationCancelled(exc.model_kind, finished=list(measurements),
+                                               missing=kinds[index:]) from None
+                except CalibrationError as exc:  # the fp32 CPU reference failed: nothing stored; the others go on
+                    failed.append(exc)
+            if result is not None:
+                measurements[family.name] = result
+            if progress is not None:
+                progress(CalibrationProgress(family.name, None, (index + 1) / len(families)))
+    _cached.decisions.clear()
+    if failed:
+        raise failed[0]
+    configs = {kind: decide(m, forced_device=forced, digest=fp.digest) for kind, m in measurements.items()}
+    return CalibrationReport(
+        fingerprint=fp, measurements=measurements, configs=configs,
+        wall_s=time.perf_counter() - started, store_path=str(store.path(fp.digest)),
+    )
+
+
+def measuring_elsewhere(store: Store, digest: str, name: str) -> bool:
+    """True while another process (or thread) calibrates ``name`` or measures anything on this machine: a worker
+    started now would take CPU from that measurement, and may not be needed at all (``name`` is then read from
+    its result). A look, not a claim."""
+    return held_elsewhere(store.calibration_lock(digest, name)) or held_elsewhere(measuring_lock())
+
+
+def new_worker() -> Worker:
+    from autotune._calibration.worker import Worker
+
+    return Worker(isolation=_env.ISOLATION.get(), timeout_s=_env.CANDIDATE_TIMEOUT_S.get())
+
+
+def calibrate_one(
+    family: Family, key: FamilyKey, fp: Fingerprint, store: Store, *, force: bool,
+    progress: Callable[[CalibrationProgress], None] | None, index: int, total: int, worker: Worker,
+) -> FamilyResult | None:
+    """Calibrate under the family's lock (single flight); None when waiting for another process timed out.
+
+    Raises CalibrationError, and stores nothing, when the fp32 CPU reference fails: the next call measures again.
+    """
+    lock = store.calibration_lock(fp.digest, family.name)
+    asked_at = dt.datetime.now(dt.timezone.utc).isoformat()
+    if lock is not None:  # None: the directory cannot hold a lock (refused, unwritable); calibrate unlocked
+        if held_elsewhere(lock):
+            log.info("another process or job is calibrating %s on this machine; waiting for its result", family.name)
+        if not acquire(lock, cancelled=lambda: worker.cancelled):
+            return None
+    try:
+        stored = store.load(fp.digest)
+        existing = stored.families.get(family.name) if stored is not None else None
+        # A result written while we waited is the one we asked for, forced or not; a noisy one is not final,
+        # nor one measured for another key or holding a transient failure due for a retry.
+        if existing is not None and key_change(existing, key) is None and (
+            existing.measured_at >= asked_at
+            or not (force or existing.noisy or stale_reason(existing, key, now_utc()) is not None)
+        ):
+            return existing
+        result = measure_family(family.name, progress=progress, index=index, total=total, worker=worker)
+        reference = reference_failure(result)
+        if reference is not None and reference.failure is not None:
+            log.warning("%s: the fp32 CPU reference failed (%s: %s); nothing is stored, the next call measures "
+                        "again", family.name, reference.failure.kind, reference.failure.detail)
+            raise CalibrationError(family.name, [(r.candidate.label, f"{r.failure.kind}: {r.failure.detail}")
+                                                 for r in result.candidates if r.failure is not None])
+        store.save(fp, result)
+        return result
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def measure_family(
+    model_kind: str, *, progress: Callable[[CalibrationProgress], None] | None = None, index: int = 0, total: int = 1,
+    verify: bool = True, worker: Worker | None = None,
+) -> FamilyResult:
+    """Run one family's calibration now, with no cache involved (``verify=False``: benchmarks only), in
+    ``worker`` (a calibration's shared worker) or in a worker of its own."""
+    from autotune._calibration.measure import MeasureSettings
+    from autotune._calibration.protocol import CalibrationSettings
+
+    if worker is None:
+        with new_worker() as own:
+            return measure_family(model_kind, progress=progress, index=index, total=total, verify=verify, worker=own)
+
+    family = get_family(model_kind)
+    settings = CalibrationSettings(search=_env.SEARCH.get(), verify=verify,
+                                   measure=MeasureSettings(budget_s=_env.BUDGET_S.get()))
+
+    shown = 0.0
+
+    def on_progress(candidate: Candidate | None, fraction: float) -> None:
+        nonlocal shown
+        shown = max(shown, min(fraction, 0.999))  # a restarted worker starts its count again
+        if progress is not None:
+            label = candidate.label if candidate is not None else None
+            progress(CalibrationProgress(model_kind, label, (index + shown) / total))
+
+    log.info("calibrating %s on this machine", model_kind)
+    # Stamped here with what it was measured for: the settings above come from the same variables.
+    with measuring(cancelled=lambda: worker.cancelled):
+        measured = worker.run_family(family, settings, progress=on_progress)
+    result = measured.model_copy(update={"key": family_key(family)})
+    log.info("calibrated %s in %.1f s", model_kind, result.wall_s)
+    if result.noisy:
+        drift = _stats.drift(result.control_ms)
+        log.warning("%s was measured while the machine was busy (%s); run `python -m autotune --recalibrate` on "
+                    "a quiet machine for a firmer answer", model_kind,
+                    f"control workload drifted {100 * drift:.0f}%" if drift > settings.measure.noise_limit else
+                    "the final comparison could not resolve a gap beyond the margin")
+    return result
+
+
+__all__ = ["CalibrationProgress", "CalibrationReport", "calibrate", "calibrate_one", "measure_family",
+           "measuring_elsewhere", "new_worker", "run_calibration"]
