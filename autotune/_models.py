@@ -152,8 +152,8 @@ class CandidateResult(Record):
     candidate: Candidate
     failure: Failure | None = None
     setup_s: float | None = Field(default=None, description=(
-        "device init + model to device + first step (+ a probe's first pass, which paid the precision's "
-        "one-time costs)"))
+        "device init + model to device + first step (+ what a probe's first pass took over its second: the "
+        "precision's one-time costs it paid)"))
     first_step_ms: float | None = None
     timing: Timing | None = None
     numerics: Numerics | None = None

@@ -146,8 +146,8 @@ def test_an_emulated_dtype_is_stopped_inside_its_first_step(monkeypatch: pytest.
 
 
 def test_an_emulated_kernel_is_stopped_by_a_probe_before_its_first_step(monkeypatch: pytest.MonkeyPatch) -> None:
-    # One kernel (uninterruptible: the deadline cannot stop inside it) of 60 ms a sample under fp16, 3 ms
-    # otherwise: fp16's full step would take 1.9 s. A pass on 4 of the 32 samples is 20x fp32's, twice: fp16
+    # One kernel (uninterruptible: the deadline cannot stop inside it) of 100 ms a sample under fp16, 3 ms
+    # otherwise: fp16's full step would take 3.2 s. A pass on 4 of the 32 samples is 33x fp32's, twice: fp16
     # is stopped without ever running the full batch; bf16, as fast as fp32, passes its probe.
     import families_for_tests
 

@@ -7,15 +7,19 @@ CPU without fp16 convolution kernels spends about 5 s in the cnn's third convolu
 first step cost 4 s of a calibration: over a tenth of the four built-ins' calibration).
 
 So before the first full step of a new precision on the CPU, when a full step could cost more than the floor
-of the limit, the lab **probes** it: a forward + backward pass on an eighth of the batch (two samples at least,
-as train-mode batch norm needs two), against the same pass of the device's fastest first candidate (its better
-of two). A probe over the first-step factor twice in a row (a dtype's first pass pays its kernels' one-time
-set-up) stops the candidate as ``too_slow`` before its full step: the cnn's fp16 costs two passes on 4
-samples instead of a step on 32. Anything else (a family without ``batch_size=``, inputs without one batch
-dimension, a pass that raises) leaves the decision to the full step and its deadline, as before.
+of the limit, the lab **probes** it: two forward + backward passes on an eighth of the batch (families of 16
+samples or more; two at least, as train-mode batch norm needs two), against the same pass of the device's
+fastest first candidate when the device's first probe ran (its better of two). A candidate whose passes are
+both over the first-step factor of the reference's and, scaled to the full batch, over the full step's own
+limit (the first pass pays a dtype's one-time set-up) is stopped as ``too_slow`` before its full step: the
+cnn's fp16 costs two passes on 4 samples instead of a step on 32. The first pass's excess over the second
+counts as the candidate's set-up: what the probe took from its first step.
 
-Only on the CPU: an asynchronous device's host runs ahead of its kernels, its first calls pay kernel loading
-and autotuning, and its slow precisions (emulated bf16 before Ampere: 2-4x) stay under the factor anyway.
+No probe for a family whose build takes no ``batch_size=`` or ignores it, inputs without one batch dimension,
+a compiled reference, or the canary (its candidates passed when calibrated); a probe that raises leaves that
+candidate to its full step and its deadline, as before. Only on the CPU: an asynchronous device's host runs
+ahead of its kernels, its first calls pay kernel loading and autotuning, and its slow precisions (emulated
+bf16 before Ampere: 2-4x) stay under the factor anyway.
 """
 
 from __future__ import annotations
@@ -105,9 +109,9 @@ class Probe:
             self.full_batch = inputs[0].shape[0] if self.batch is not None else 0
 
     def check(self, candidate: Candidate, backend: Backend, reference: Candidate, step_limit_s: float) -> float:
-        """Probe ``candidate`` against ``reference`` (the device's fastest first step, whose limit for a full
-        first step is ``step_limit_s``). Raises :class:`TooSlow`; else returns the seconds of its first pass,
-        which paid its precision's one-time costs and so counts as set-up (0.0 when not probed)."""
+        """Probe ``candidate`` against the device's reference pass (timed with ``reference``, the device's
+        fastest first step, at the device's first probe); ``step_limit_s``: the limit of a full first step now.
+        Raises :class:`TooSlow`; else returns the set-up its first pass took over (0.0 when not probed)."""
         if self.batch is None or candidate in self.probed:
             return 0.0
         self.probed.add(candidate)
@@ -119,24 +123,21 @@ class Probe:
                 self.batch = None
                 return 0.0
         reference_s, reference = self.reference[candidate.device]
-        limit_s = self.factor * reference_s
-
-        def over(pass_s: float) -> bool:  # and, scaled to the full batch, over the full step's own limit
-            return pass_s > limit_s and pass_s * self.full_batch / (self.batch or 1) > step_limit_s
-
+        scale = self.full_batch / (self.batch or 1)
+        # A pass the deadline stops is over both limits: the factor's, and the full step's scaled down.
+        limit_s = max(self.factor * reference_s, step_limit_s / scale)
         try:
             step = self._build(candidate, backend)
-            passes = [self._pass(step, limit_s)]
-            if over(passes[0]):
-                passes.append(self._pass(step, limit_s))  # the first pass paid the dtype's one-time set-up
+            passes = [self._pass(step, limit_s) for _ in range(2)]
         except Exception:  # only a shortcut: the full step runs next, and classifies what it raises
             return 0.0
-        if len(passes) == 2 and over(passes[1]):
+        if all(pass_s > limit_s for pass_s in passes):
             raise TooSlow(
                 f"a forward and backward pass on {self.batch} of {self.full_batch} samples took over "
                 f"{1000 * min(passes):.0f} ms twice, {min(passes) / reference_s:.0f}x {reference.label}'s "
-                f"({1000 * reference_s:.1f} ms; the limit: {self.factor:.0f}x); stopped before a full step")
-        return passes[0]
+                f"({1000 * reference_s:.1f} ms; the limit: {1000 * limit_s:.0f} ms, {self.factor:.0f}x it and "
+                f"{1000 * step_limit_s:.0f} ms for the full step); stopped before a full step")
+        return max(0.0, passes[0] - passes[1])
 
     def _build(self, candidate: Candidate, backend: Backend) -> TrainStep:
         step = TrainStep(self.family, candidate, backend, seed=self.seed, fp32_host=self.fp32_host,

@@ -134,7 +134,7 @@ class TorchLab:
     def _probe(self, candidate: Candidate, backend: Backend) -> float:
         """Stop a new precision on the CPU whose probe is already far too slow, before its first full step
         (only where that step's limit is above the floor: a full step could cost seconds). Returns the set-up
-        seconds the probe took from it (its first pass)."""
+        seconds the probe took from it (its first pass's excess over its second)."""
         fastest = self.best_first.get(candidate.device)
         if (self.probe is None or candidate.device != "cpu" or candidate != candidate.base or fastest is None
                 or fastest[1].compiled
