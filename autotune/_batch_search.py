@@ -91,9 +91,9 @@ def find_max_batch(probe: Probe, *, model_kind: str, candidate: Candidate, margi
     result = first
     while record(result).outcome != "fits":
         if batch == 1:
-            why = probes[-1].detail or f"a batch of 1 peaks at {mib(probes[-1].peak_bytes)}"
-            raise MaxBatchError(model_kind, candidate.label, f"{why}, over the target of {mib(target)} "
-                                f"({limit_from} {mib(limit)} less the {margin:.0%} margin)")
+            why = probes[-1].detail or f"a batch of 1 peaks at {mib_words(probes[-1].peak_bytes)}"
+            raise MaxBatchError(model_kind, candidate.label, f"{why}, over the target of {mib_words(target)} "
+                                f"({limit_from} {mib_words(limit)} less the {margin:.0%} margin)")
         batch //= 2
         result = probe(batch)
     good, bad = batch, None
@@ -175,8 +175,8 @@ def _predict(measured: dict[int, int], good: int, target: float) -> int:
     return int((target - line.fixed_bytes) / line.per_sample_bytes)
 
 
-def mib(value: float | None) -> str:
+def mib_words(value: float | None) -> str:
     return "an unknown amount" if value is None else f"{value / 2**20:.1f} MiB"
 
 
-__all__ = ["MAX_BATCH_SIZE", "Probe", "find_max_batch", "mib"]
+__all__ = ["MAX_BATCH_SIZE", "Probe", "find_max_batch", "mib_words"]

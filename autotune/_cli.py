@@ -1,6 +1,7 @@
-"""``python -m autotune``: the fingerprint, the decisions per model kind, calibration with progress.
+"""``python -m autotune``: the arguments, the decisions table per model kind, ``--check``, ``--doctor``; one
+family in detail (``--explain``, ``--trace``, ``--max-batch``) and the progress display are in ``_cli_show``.
 
-All output decisions live here; the logic is the library's. Errors become a message on stderr and an exit
+Output is decided in these two modules; the logic is the library's. Errors become a message on stderr and an exit
 code in one place: 0 ok, 1 failure, 2 usage, 3 ``--check`` recalibrated a family.
 """
 
@@ -199,7 +200,7 @@ def _decisions(args: argparse.Namespace) -> int:
         out.print(f"[bold]{kind}[/bold]: {config.reason}", highlight=False)
     for kind in unusable:
         out.print(f"[bold]{kind}[/bold]: measured here, but no candidate could train it "
-                      f"(python -m autotune --explain {kind})", highlight=False)
+                  f"(python -m autotune --explain {kind})", highlight=False)
     return 0
 
 

@@ -70,7 +70,7 @@ def explain(kind: str, *, recalibrate: bool, as_json: bool) -> int:
 
     out = console()
     out.print(f"[bold]{kind}[/bold] measured {measured.measured_at} in {measured.wall_s:.1f} s"
-                  + ("  [yellow]noisy[/yellow]" if measured.noisy else ""))
+              + ("  [yellow]noisy[/yellow]" if measured.noisy else ""))
     table = Table()
     columns = ("candidate", "ms/step", "rounds", "time vs fp32 CPU", "set-up s", "peak MiB", "loss err", "update cos",
                "outcome")
@@ -117,8 +117,8 @@ def trace(kind: str, args: argparse.Namespace) -> int:
     out = console()
     on_device = report.device_activity is not None
     out.print(f"[bold]{kind}[/bold] on {report.candidate.label}: {report.steps} steps traced after "
-                  f"{report.warmup_steps} warm-up steps, {report.step_ms:.3g} ms/step under the profiler",
-                  highlight=False)
+              f"{report.warmup_steps} warm-up steps, {report.step_ms:.3g} ms/step under the profiler",
+              highlight=False)
     table = Table(title=f"top operators by self {'device' if on_device else 'CPU'} time per step")
     for column in ("operator", "calls", "self CPU ms", *(["self device ms"] if on_device else []), "share"):
         table.add_column(column, overflow="fold")
@@ -151,8 +151,8 @@ def max_batch(kind: str, args: argparse.Namespace) -> int:
     out = console()
     capped = " (the search's upper bound)" if report.capped else ""
     out.print(f"[bold]{kind}[/bold] on {report.candidate.label}: batch [bold]{report.batch_size}[/bold] fits"
-                  f"{capped}, peak {mib(report.peak_bytes)} of a {mib(report.target_bytes)} target "
-                  f"({report.limit_from} {mib(report.limit_bytes)} less {report.margin:.0%})", highlight=False)
+              f"{capped}, peak {mib(report.peak_bytes)} of a {mib(report.target_bytes)} target "
+              f"({report.limit_from} {mib(report.limit_bytes)} less {report.margin:.0%})", highlight=False)
     if report.line is not None:
         out.print(f"memory ~ {report.line.describe()}", highlight=False)
     table = Table()
@@ -163,7 +163,7 @@ def max_batch(kind: str, args: argparse.Namespace) -> int:
         table.add_row(str(probe.batch_size), peak, probe.outcome + (f": {probe.detail}" if probe.detail else ""))
     out.print(table)
     out.print(f"[dim]measured {report.measured_at} in {report.wall_s:.1f} s; peaks are what training adds to "
-                  "the process (--recalibrate measures again)[/dim]", highlight=False)
+              "the process (--recalibrate measures again)[/dim]", highlight=False)
     return 0
 
 

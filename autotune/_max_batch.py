@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
-from autotune._batch_search import find_max_batch, mib
+from autotune._batch_search import find_max_batch, mib_words
 from autotune._errors import ConfigurationError
 from autotune._models import PRECISIONS, Candidate, MaxBatchReport, Precision, Record
 
@@ -101,7 +101,7 @@ def max_batch_report(
         report = find_max_batch(probe, model_kind=model_kind, candidate=candidate, margin=margin,
                                 memory_limit_bytes=limit_bytes)
     log.info("%s on %s: batch %d fits (peak %s of %s)", model_kind, candidate.label, report.batch_size,
-             mib(report.peak_bytes), mib(report.target_bytes))
+             mib_words(report.peak_bytes), mib_words(report.target_bytes))
     cache.put(key, report)
     return report
 

@@ -13,7 +13,7 @@ from autotune._rules import complexity, margin
 if TYPE_CHECKING:
     from autotune._decide import Prefer
 
-PRECISION_WORDS: dict[Precision, str] = {
+_PRECISION_WORDS: dict[Precision, str] = {
     "fp32": "in fp32",
     "tf32": "in fp32 with TF32 matmuls",
     "bf16-mixed": "with bf16 mixed precision",
@@ -49,7 +49,7 @@ def explain(
     pick: CandidateResult, pool: Sequence[CandidateResult], usable: Sequence[CandidateResult],
     failed: Sequence[CandidateResult], measured: FamilyResult, prefer: Prefer, expected_steps: int | None,
 ) -> tuple[str, str]:
-    device_sentence = f"{_device_words(pick)} {PRECISION_WORDS[pick.candidate.precision]}" + "".join(
+    device_sentence = f"{_device_words(pick)} {_PRECISION_WORDS[pick.candidate.precision]}" + "".join(
         f", {word}" for word in pick.candidate.variants)
     device_parts = [_against_device(pick, other, pool, measured.model_kind, prefer, expected_steps)
                     for other in _best_per(usable, lambda r: r.candidate.device, exclude=pick.candidate.device)]
