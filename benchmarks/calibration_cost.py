@@ -3,8 +3,9 @@
 One cold ``autotune.calibrate()`` of the families (one worker for all of them, as an app's first launch
 runs it), in a fresh cache. Printed per family: its wall time, the worker start it waited for, its cost in
 step-equivalents per candidate ((wall - worker start) / sum of the candidates' median step times, a
-candidate stopped after its first step counting with that step), and wall / ``import torch`` in a fresh
-process, timed in the same run, so the figure compares across machines.
+candidate stopped after its first step counting with that step; one stopped by its probe, before any step,
+not at all), wall / ``import torch`` in a fresh process, timed in the same run, so the figure compares across
+machines, and whether the calibration was flagged noisy (it is then measured again by the next calibrate()).
 
     python benchmarks/calibration_cost.py [FAMILY ...]
 """
@@ -54,6 +55,7 @@ def main() -> None:
             "step_equivalents_per_candidate": round(equivalents, 1),
             "wall_over_import_torch": round(measured.wall_s / torch_s, 2),
             "pick": " ".join([decide(measured, digest="-").precision, *decide(measured, digest="-").variants]),
+            "noisy": measured.noisy,
         })
     emit({"benchmark": "calibration_cost", "family": "ALL", "wall_s": round(report.wall_s, 2),
           "import_torch_s": round(torch_s, 2), "wall_over_import_torch": round(report.wall_s / torch_s, 2),
