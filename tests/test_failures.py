@@ -19,6 +19,7 @@ import autotune
 from autotune import CalibrationError
 from autotune._api import cached_families
 from autotune._calibration.probe import probe_batch
+from autotune._models import CandidateResult
 from autotune._store import Store
 
 TESTS = Path(__file__).parent
@@ -149,37 +150,36 @@ def test_an_emulated_kernel_is_stopped_by_a_probe_before_its_first_step(monkeypa
     # One kernel (uninterruptible: the deadline cannot stop inside it) of 100 ms a sample under fp16, 3 ms
     # otherwise: fp16's full step would take 3.2 s. A pass on 4 of the 32 samples is 33x fp32's, twice: fp16
     # is stopped without ever running the full batch; bf16, as fast as fp32, passes its probe.
-    import families_for_tests
-
-    monkeypatch.setenv("AUTOTUNE_ISOLATION", "inprocess")
-    monkeypatch.setenv("AUTOTUNE_SEARCH", "precision")
-    monkeypatch.setenv("AUTOTUNE_BUDGET_S", "1")
-    autotune.register_family("one_slow_kernel", "families_for_tests:build_one_slow_fp16_kernel")
-    families_for_tests.FP16_KERNEL_BATCHES.clear()
-    measured = autotune.calibrate(["one_slow_kernel"]).measurements["one_slow_kernel"]
-    by_precision = {r.candidate.precision: r for r in measured.candidates}
+    by_precision, batches = _one_slow_kernel(monkeypatch, "build_one_slow_fp16_kernel")
     fp16 = by_precision["fp16-mixed"]
     assert fp16.failure is not None and fp16.failure.kind == "too_slow", fp16.failure
     assert "pass on 4 of 32 samples" in fp16.failure.detail and "before a full step" in fp16.failure.detail
-    assert families_for_tests.FP16_KERNEL_BATCHES == [4, 4]
+    assert batches == [4, 4]
     assert by_precision["bf16-mixed"].usable
 
 
 def test_a_build_that_ignores_the_probe_batch_is_not_probed(monkeypatch: pytest.MonkeyPatch) -> None:
     # Its build takes batch_size= but returns 32 samples anyway: a "probe" would be full steps. The reference
     # pass sees that and probing stops; fp16's full step decides, as without a probe.
+    by_precision, batches = _one_slow_kernel(monkeypatch, "build_one_slow_fp16_kernel_any_batch")
+    fp16 = by_precision["fp16-mixed"]
+    assert fp16.failure is not None and fp16.failure.kind == "too_slow", fp16.failure
+    assert "before a full step" not in fp16.failure.detail
+    assert batches == [32]
+
+
+def _one_slow_kernel(monkeypatch: pytest.MonkeyPatch, build: str) -> tuple[dict[str, CandidateResult], list[int]]:
+    """Calibrate precisions of a family with one slow fp16 kernel, in-process: the results by precision, and
+    the batch sizes its fp16 kernel ran at."""
     import families_for_tests
 
     monkeypatch.setenv("AUTOTUNE_ISOLATION", "inprocess")
     monkeypatch.setenv("AUTOTUNE_SEARCH", "precision")
     monkeypatch.setenv("AUTOTUNE_BUDGET_S", "1")
-    autotune.register_family("any_batch", "families_for_tests:build_one_slow_fp16_kernel_any_batch")
+    autotune.register_family("one_slow_kernel", f"families_for_tests:{build}")
     families_for_tests.FP16_KERNEL_BATCHES.clear()
-    measured = autotune.calibrate(["any_batch"]).measurements["any_batch"]
-    fp16 = next(r for r in measured.candidates if r.candidate.precision == "fp16-mixed")
-    assert fp16.failure is not None and fp16.failure.kind == "too_slow", fp16.failure
-    assert "before a full step" not in fp16.failure.detail
-    assert families_for_tests.FP16_KERNEL_BATCHES == [32]
+    measured = autotune.calibrate(["one_slow_kernel"]).measurements["one_slow_kernel"]
+    return {r.candidate.precision: r for r in measured.candidates}, list(families_for_tests.FP16_KERNEL_BATCHES)
 
 
 @pytest.mark.parametrize(("shapes", "batch"), [
