@@ -37,7 +37,7 @@ from autotune._exchange import use_defaults
 from autotune._families import Family, Workload, get_family, register_family
 from autotune._fingerprint import Fingerprint, fingerprint
 from autotune._max_batch import max_batch_report, max_batch_size
-from autotune._models import MaxBatchReport, MemoryLine, MemoryProbe, OperatorTime, TraceReport
+from autotune._reports import MaxBatchReport, MemoryLine, MemoryProbe, OperatorTime, TraceReport
 from autotune._version import __version__
 
 __all__ = [

@@ -20,7 +20,8 @@ from autotune._families import family_names, get_family
 from autotune._fingerprint import Fingerprint, fingerprint
 from autotune._freshness import due_retries, family_key, fresh_until, key_change, now_utc, stale_reason
 from autotune._locks import held_elsewhere
-from autotune._models import FamilyResult, TraceReport
+from autotune._models import FamilyResult
+from autotune._reports import TraceReport
 from autotune._similar import Similar, find_similar
 from autotune._store import Store
 

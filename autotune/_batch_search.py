@@ -24,7 +24,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Literal
 
 from autotune._errors import MaxBatchError
-from autotune._models import Candidate, MaxBatchReport, MemoryLine, MemoryProbe
+from autotune._models import Candidate
+from autotune._reports import MaxBatchReport, MemoryLine, MemoryProbe
 
 if TYPE_CHECKING:
     from autotune._calibration.protocol import MemoryProbed

@@ -21,7 +21,8 @@ from pydantic import ValidationError
 
 from autotune._batch_search import find_max_batch, mib_words
 from autotune._errors import ConfigurationError
-from autotune._models import PRECISIONS, Candidate, MaxBatchReport, Precision, Record
+from autotune._models import PRECISIONS, Candidate, Precision, Record
+from autotune._reports import MaxBatchReport
 
 if TYPE_CHECKING:
     from autotune._calibration.protocol import MemoryProbed

@@ -32,7 +32,8 @@ from autotune import _fp32
 from autotune._calibration.protocol import FamilyRef, MemoryProbed, MemoryProbeJob
 from autotune._calibration.worker import Worker
 from autotune._families import get_family
-from autotune._models import Candidate, MaxBatchReport
+from autotune._models import Candidate
+from autotune._reports import MaxBatchReport
 
 MARGIN = 0.15
 

@@ -43,7 +43,8 @@ from autotune._calibration.protocol import (
 from autotune._calibration.setup import unverified, warm_process
 from autotune._errors import CalibrationCancelled, CalibrationError, TraceError
 from autotune._families import Family
-from autotune._models import Candidate, CandidateResult, Failure, FamilyResult, TraceReport
+from autotune._models import Candidate, CandidateResult, Failure, FamilyResult
+from autotune._reports import TraceReport
 from autotune._version import __version__
 
 log = logging.getLogger("autotune")
