@@ -58,12 +58,16 @@ class Series(Generic[K]):
 class Comparisons(Generic[K]):
     """Which pairs a stage must resolve: each candidate against its group's leader, and, in the final
     comparison, the groups' leaders against one another. ``margin(a, b)`` is the pair's margin;
-    ``tie_winner(a, b)`` the one a tie goes to (None: the faster estimate)."""
+    ``tie_winner(a, b)`` the one a tie goes to (None: the faster estimate). ``wide_gap``: in the final
+    comparison, an unresolved gap of the fastest candidate beyond this (slower / faster - 1), which a tie would
+    give to the slower side, is worth overrunning the budget for, and flags the result when left unresolved; one
+    value for every pair (twice a precision's margin: a thread count's 3% left to its tie is no such gap)."""
 
     group: Callable[[K], Hashable]
     margin: Callable[[K, K], float]
     tie_winner: Callable[[K, K], K | None] = lambda a, b: None
     across_groups: bool = False
+    wide_gap: float = 2 * MARGIN
 
 
 def ranked(series: Mapping[K, Series[K]], keys: list[K]) -> list[K]:
@@ -161,9 +165,7 @@ def look(series: dict[K, Series[K]], active: list[K], comparisons: Comparisons[K
             if overall in (key, leader) and comparisons.across_groups:
                 with_leader.update((key, leader))
                 # A gap, not a near-tie, that a tie would give to the slower side: more rounds may change the pick.
-                # Twice a precision's margin for every pair: a thread count's 3% gain left to the tie is no reason
-                # to overrun the budget (nor to flag the result noisy).
-                wide = tie_to_slower and estimate > 1 + 2 * MARGIN
+                wide = tie_to_slower and estimate > 1 + comparisons.wide_gap
                 decisive = decisive or wide
     # Settled: every pair resolved (or one side no longer timed); it keeps its rounds and leaves the rounds.
     active[:] = [k for k in active if k in unresolved and series[k].dropped is None and series[k].outpaced is None]
