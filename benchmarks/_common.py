@@ -69,7 +69,9 @@ def oracle(
     then timed on, together, in more interleaved blocks until each one's ratio to the fastest is known to +-0.3%
     (or ``resolve_s`` has passed), and their figures become the fastest's times the median of their paired
     per-block ratios: 20 blocks resolve a sub-millisecond MLP's ratios to +-4% on a shared machine, too coarse
-    to tell a 1% regret from a 4% one. ``errors`` receives each resolved ratio's standard error.
+    to tell a 1% regret from a 4% one. The unresolved figures are rescaled by the fastest's resolved / first
+    figure, so all are on one scale should the machine have changed speed meanwhile. ``errors`` receives each
+    resolved ratio's standard error.
     """
     family = get_family(kind)
     candidates = list(dict.fromkeys([*(search_space(kind) if space is None else space), *extra]))

@@ -371,6 +371,21 @@ def build_one_slow_fp16_kernel(batch_size: int = 32) -> Workload:
     return Workload(model, (torch.randn(batch_size, 8), torch.randint(0, 4, (batch_size,))), cross_entropy)
 
 
+class _UnsupportedUnderBf16(nn.Module):
+    """A kernel with no bf16 implementation, raising as torch's do."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        if torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16:
+            raise NotImplementedError("\"slow_kernel_cpu\" not implemented for 'BFloat16'")
+        return x
+
+
+def build_one_slow_fp16_kernel_no_bf16(batch_size: int = 32) -> Workload:
+    """The one-slow-kernel family with a layer bf16 cannot run (in its probe and in its steps alike)."""
+    workload = build_one_slow_fp16_kernel(batch_size)
+    return Workload(nn.Sequential(workload.model, _UnsupportedUnderBf16()), workload.inputs, workload.loss)
+
+
 def build_one_slow_fp16_kernel_any_batch(**_: object) -> Workload:
     """The same, from a build that takes ``batch_size=`` (in ``**kwargs``) but always returns 32 samples."""
     return build_one_slow_fp16_kernel()

@@ -168,6 +168,15 @@ def test_a_build_that_ignores_the_probe_batch_is_not_probed(monkeypatch: pytest.
     assert batches == [32]
 
 
+def test_a_probe_that_raises_leaves_the_classification_to_the_full_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    # bf16 raises in its probe; the probe steps aside and the full step classifies the error as before.
+    by_precision, batches = _one_slow_kernel(monkeypatch, "build_one_slow_fp16_kernel_no_bf16")
+    bf16 = by_precision["bf16-mixed"]
+    assert bf16.failure is not None and bf16.failure.kind == "unsupported", bf16.failure
+    assert "not implemented for 'BFloat16'" in bf16.failure.detail
+    assert by_precision["fp16-mixed"].failure is not None and batches == [4, 4]
+
+
 def _one_slow_kernel(monkeypatch: pytest.MonkeyPatch, build: str) -> tuple[dict[str, CandidateResult], list[int]]:
     """Calibrate precisions of a family with one slow fp16 kernel, in-process: the results by precision, and
     the batch sizes its fp16 kernel ran at."""

@@ -13,7 +13,9 @@ fastest first candidate when the device's first probe ran (its better of two). A
 both over the first-step factor of the reference's and, scaled to the full batch, over the full step's own
 limit (the first pass pays a dtype's one-time set-up) is stopped as ``too_slow`` before its full step: the
 cnn's fp16 costs two passes on 4 samples instead of a step on 32. The first pass's excess over the second
-counts as the candidate's set-up: what the probe took from its first step.
+counts as the candidate's set-up: what the probe took from its first step. The probes' own cost (a build
+and two passes each, the reference's too) is the calibration's, not a candidate's: it is in a family's wall
+time, in no candidate's ``setup_s``.
 
 No probe for a family whose build takes no ``batch_size=`` or ignores it, inputs without one batch dimension,
 a compiled reference, or the canary (its candidates passed when calibrated); a probe that raises leaves that
@@ -25,6 +27,7 @@ bf16 before Ampere: 2-4x) stay under the factor anyway.
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Iterator
 
@@ -36,6 +39,8 @@ from autotune._calibration.step import TrainStep
 from autotune._families import Family
 from autotune._models import Candidate
 from autotune.backends import Backend
+
+log = logging.getLogger("autotune")
 
 #: a probe's batch is this share of the family's (at least ``MIN_BATCH``)
 SHARE = 8
@@ -119,17 +124,19 @@ class Probe:
             try:
                 step = self._build(reference, backend)
                 self.reference[candidate.device] = (min(self._pass(step, None) for _ in range(2)), reference)
-            except Exception:  # the family cannot be probed: full steps decide, as without a probe
+            except Exception as exc:  # the family cannot be probed: full steps decide, as without a probe
+                log.debug("%s: no probes (%s: %s)", self.family.name, type(exc).__name__, exc)
                 self.batch = None
                 return 0.0
         reference_s, reference = self.reference[candidate.device]
-        scale = self.full_batch / (self.batch or 1)
+        scale = self.full_batch / self.batch
         # A pass the deadline stops is over both limits: the factor's, and the full step's scaled down.
         limit_s = max(self.factor * reference_s, step_limit_s / scale)
         try:
             step = self._build(candidate, backend)
             passes = [self._pass(step, limit_s) for _ in range(2)]
-        except Exception:  # only a shortcut: the full step runs next, and classifies what it raises
+        except Exception as exc:  # only a shortcut: the full step runs next, and classifies what it raises
+            log.debug("%s: probe of %s skipped (%s: %s)", self.family.name, candidate.label, type(exc).__name__, exc)
             return 0.0
         if all(pass_s > limit_s for pass_s in passes):
             raise TooSlow(
@@ -158,4 +165,4 @@ class Probe:
             return time.perf_counter() - started
 
 
-__all__ = ["MIN_BATCH", "SHARE", "Overtime", "Probe", "TooSlow", "deadline", "probe_batch"]
+__all__ = ["Overtime", "Probe", "TooSlow", "deadline", "probe_batch"]
