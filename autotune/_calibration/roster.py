@@ -1,4 +1,5 @@
-"""The candidates one family's search holds: set up, set aside when memory is short, released when dropped.
+"""The candidates one family's search holds: set up, set aside when memory is short, released when dropped,
+and their results (with the evidence of each drop).
 
 A set-up builds a candidate's model and optimizer and verifies its first steps against the fp32 CPU reference
 (the lab does that: real torch in the worker, a truth profile in the simulation). Set-up failures are emitted as
@@ -12,10 +13,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
+from autotune import _stats
+from autotune._calibration.looks import Dropped
 from autotune._calibration.plan import BASELINE, Facts
 from autotune._calibration.protocol import Begin, Checkpoint, Done, Failed, Planned
 from autotune._calibration.setup import CandidateFailed, Prepared, classify, unverified
-from autotune._models import Candidate, CandidateResult, Failure
+from autotune._models import Candidate, CandidateResult, Drop, Failure, Interval
 
 Emit = Callable[[Planned | Begin | Failed | Checkpoint | Done], None]
 
@@ -141,5 +144,29 @@ class Roster:
             self.ready.pop(candidate, None)
         self.lab.release(sorted(dropped, key=lambda c: c.label))
 
+    def with_baseline_ratios(self) -> list[CandidateResult]:
+        """The results, each timed candidate with its step-time ratio to fp32 on the CPU where both were timed
+        in the same rounds."""
+        baseline = self.results.get(BASELINE)
+        out = []
+        for candidate, result in self.results.items():
+            if (baseline is not None and baseline.timing is not None and result.timing is not None
+                    and candidate != BASELINE and result.timing.stage == baseline.timing.stage):
+                estimate, low, high = _stats.ratio_interval(result.timing.round_ms, baseline.timing.round_ms)
+                vs_baseline = Interval(estimate=estimate, low=low, high=high)
+                timing = result.timing.model_copy(update={"vs_baseline": vs_baseline})
+                out.append(result.model_copy(update={"timing": timing}))
+            else:
+                out.append(result)
+        return out
 
-__all__ = ["Emit", "Lab", "Roster"]
+
+def evidence(dropped: Dropped[Candidate] | None) -> Drop | None:
+    """A stage's evidence against a candidate (clearly slower, or far behind), as its result records it."""
+    if dropped is None:
+        return None
+    return Drop(by=dropped.by, ratio=Interval(estimate=dropped.estimate, low=dropped.low, high=dropped.high),
+                rounds=dropped.rounds, far_behind=dropped.far_behind)
+
+
+__all__ = ["Emit", "Lab", "Roster", "evidence"]

@@ -22,11 +22,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from autotune import _rules, _stats
-from autotune._calibration.measure import Clock, Comparisons, Dropped, MeasureSettings, Steppable, interleave, warm_up
+from autotune._calibration.measure import Clock, Comparisons, MeasureSettings, Steppable, interleave, warm_up
 from autotune._calibration.plan import BASELINE, variants
 from autotune._calibration.protocol import Begin, CalibrationSettings, Checkpoint, Done, Planned
-from autotune._calibration.roster import Emit, Lab, Roster
-from autotune._models import Candidate, CandidateResult, Drop, Interval, Timing
+from autotune._calibration.roster import Emit, Lab, Roster, evidence
+from autotune._models import Candidate, CandidateResult, Drop, Timing
 
 FINAL_STAGE = 4
 
@@ -96,7 +96,7 @@ class Session:
         if self.roster.poisoned:
             return
         self.emit(Done(
-            results=self._with_baseline_ratios(), control_ms=self.control_ms, search_notes=self.notes,
+            results=self.roster.with_baseline_ratios(), control_ms=self.control_ms, search_notes=self.notes,
             # Judged over every stage's rounds together, the same series the warning quotes.
             noisy=_stats.drift(self.control_ms) > self.settings.measure.noise_limit or self.unresolved_gap,
         ))
@@ -202,15 +202,15 @@ class Session:
             self.notes.append(f"final comparison: a gap beyond the margin stayed unresolved after {timed.rounds} "
                               "rounds (a busy machine); the tie rule decided")
         for candidate, series in timed.series.items():
-            evidence = _drop(series.outpaced)
-            if evidence is not None:
-                self.behind.setdefault(candidate.device, evidence)
+            behind = evidence(series.outpaced)
+            if behind is not None:
+                self.behind.setdefault(candidate.device, behind)
         for candidate, series in timed.series.items():
             timing = Timing(
                 round_ms=series.round_ms, steps_per_round=series.steps_per_round,
                 median_ms=_stats.median(series.round_ms), spread=_stats.spread(series.round_ms),
-                stage=stage, final=final, dropped=_drop(series.dropped),
-                outpaced=_drop(series.outpaced) or self.behind.get(candidate.device),
+                stage=stage, final=final, dropped=evidence(series.dropped),
+                outpaced=evidence(series.outpaced) or self.behind.get(candidate.device),
             )
             self.roster.results[candidate] = self.roster.results[candidate].model_copy(update={"timing": timing})
         return [c for c in candidates if timed.series[c].dropped is None]
@@ -288,28 +288,6 @@ class Session:
         and the first look's rounds for all of them."""
         step_s = _stats.median(self._rounds(leader)) / 1000
         return step_s * ((self.settings.variant_verify_steps + 3 + _stats.LOOKS[0]) * variants + _stats.LOOKS[0])
-
-    def _with_baseline_ratios(self) -> list[CandidateResult]:
-        """Each timed candidate's step-time ratio to fp32 on the CPU, where both were timed in the same rounds."""
-        baseline = self.roster.results.get(BASELINE)
-        out = []
-        for candidate, result in self.roster.results.items():
-            if (baseline is not None and baseline.timing is not None and result.timing is not None
-                    and candidate != BASELINE and result.timing.stage == baseline.timing.stage):
-                estimate, low, high = _stats.ratio_interval(result.timing.round_ms, baseline.timing.round_ms)
-                vs_baseline = Interval(estimate=estimate, low=low, high=high)
-                timing = result.timing.model_copy(update={"vs_baseline": vs_baseline})
-                out.append(result.model_copy(update={"timing": timing}))
-            else:
-                out.append(result)
-        return out
-
-
-def _drop(dropped: Dropped[Candidate] | None) -> Drop | None:
-    if dropped is None:
-        return None
-    return Drop(by=dropped.by, ratio=Interval(estimate=dropped.estimate, low=dropped.low, high=dropped.high),
-                rounds=dropped.rounds, far_behind=dropped.far_behind)
 
 
 __all__ = ["FINAL_STAGE", "Session"]
