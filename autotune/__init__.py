@@ -7,38 +7,80 @@
 
 from __future__ import annotations
 
-import warnings
+import importlib as _importlib
+import warnings as _warnings
+from typing import TYPE_CHECKING
 
-# Without numpy installed, importing torch warns "Failed to initialize NumPy"; autotune needs no numpy and
-# its users should not see that warning because of us.
-with warnings.catch_warnings():
-    warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
-    import torch  # noqa: F401
-
-from autotune._api import best_config, clear_cache, export_results, import_results, trace
-from autotune._background import CalibrationJob, start_calibration
-from autotune._calibrate import CalibrationProgress, CalibrationReport, calibrate
-from autotune._config import Config
-from autotune._errors import (
-    AutotuneError,
-    BatchSizeUnsupportedError,
-    CalibrationCancelled,
-    CalibrationError,
-    CalibrationPending,
-    ConfigurationError,
-    FamilyRegistrationError,
-    FrameworkError,
-    ImportFileError,
-    MaxBatchError,
-    TraceError,
-    UnknownFamilyError,
-)
-from autotune._exchange import use_defaults
-from autotune._families import Family, Workload, get_family, register_family
-from autotune._fingerprint import Fingerprint, fingerprint
-from autotune._max_batch import max_batch_report, max_batch_size
-from autotune._reports import MaxBatchReport, MemoryLine, MemoryProbe, OperatorTime, TraceReport
 from autotune._version import __version__
+
+
+def _quiet_numpy() -> None:
+    """Without numpy installed, importing torch warns "Failed to initialize NumPy"; autotune needs no numpy and
+    its users should not see that warning because of us: only that message, only from torch's modules. Set
+    at import and again before a public name loads torch (a ``catch_warnings`` block may have dropped it)."""
+    _warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning, module="torch")
+
+
+_quiet_numpy()
+
+# The public names load on first use (PEP 562): ``python -m autotune`` starts its calibration worker before
+# anything here imports torch, so the two imports overlap (``autotune._calibration.launch``).
+_WHERE = {
+    "best_config": "_api", "clear_cache": "_api", "export_results": "_api", "import_results": "_api", "trace": "_api",
+    "CalibrationJob": "_background", "start_calibration": "_background",
+    "CalibrationProgress": "_calibrate", "CalibrationReport": "_calibrate", "calibrate": "_calibrate",
+    "Config": "_config",
+    **dict.fromkeys([
+        "AutotuneError", "BatchSizeUnsupportedError", "CalibrationCancelled", "CalibrationError",
+        "CalibrationPending", "ConfigurationError", "FamilyRegistrationError", "FrameworkError", "ImportFileError",
+        "MaxBatchError", "TraceError", "UnknownFamilyError",
+    ], "_errors"),
+    "use_defaults": "_exchange",
+    "Family": "_families", "Workload": "_families", "get_family": "_families", "register_family": "_families",
+    "Fingerprint": "_fingerprint", "fingerprint": "_fingerprint",
+    "max_batch_report": "_max_batch", "max_batch_size": "_max_batch",
+    **dict.fromkeys(["MaxBatchReport", "MemoryLine", "MemoryProbe", "OperatorTime", "TraceReport"], "_reports"),
+}
+
+
+if TYPE_CHECKING:
+    from autotune._api import best_config, clear_cache, export_results, import_results, trace
+    from autotune._background import CalibrationJob, start_calibration
+    from autotune._calibrate import CalibrationProgress, CalibrationReport, calibrate
+    from autotune._config import Config
+    from autotune._errors import (
+        AutotuneError,
+        BatchSizeUnsupportedError,
+        CalibrationCancelled,
+        CalibrationError,
+        CalibrationPending,
+        ConfigurationError,
+        FamilyRegistrationError,
+        FrameworkError,
+        ImportFileError,
+        MaxBatchError,
+        TraceError,
+        UnknownFamilyError,
+    )
+    from autotune._exchange import use_defaults
+    from autotune._families import Family, Workload, get_family, register_family
+    from autotune._fingerprint import Fingerprint, fingerprint
+    from autotune._max_batch import max_batch_report, max_batch_size
+    from autotune._reports import MaxBatchReport, MemoryLine, MemoryProbe, OperatorTime, TraceReport
+else:  # type checkers see the imports above: a misspelt name stays an error there
+
+    def __getattr__(name: str) -> object:
+        module = _WHERE.get(name)
+        if module is None:
+            raise AttributeError(f"module 'autotune' has no attribute {name!r}")
+        _quiet_numpy()
+        value = getattr(_importlib.import_module(f"autotune.{module}"), name)
+        globals()[name] = value  # once: later lookups do not come here
+        return value
+
+    def __dir__() -> list[str]:
+        return sorted(set(globals()) | set(__all__))
+
 
 __all__ = [
     "AutotuneError",

@@ -1,7 +1,21 @@
-"""``python -m autotune``; see ``autotune._cli``."""
+"""``python -m autotune`` and the ``autotune`` script; the command line itself is ``autotune._cli``."""
 
 import sys
 
-from autotune._cli import main
 
-sys.exit(main())
+def run() -> int:
+    """The command line, with its calibration worker started first when the arguments may measure: the
+    worker's start (an interpreter, torch, its first optimizer) overlaps the host's own ``import torch``."""
+    from autotune import _cli
+    from autotune._calibration import launch
+
+    if _cli.may_measure():  # a usage error exits here, before any worker starts
+        launch.start_early()
+    try:
+        return _cli.main()
+    finally:
+        launch.discard()
+
+
+if __name__ == "__main__":
+    sys.exit(run())

@@ -81,6 +81,13 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def may_measure(argv: Sequence[str] | None = None) -> bool:
+    """Whether these arguments may measure anything (``python -m autotune`` then starts its worker before it
+    imports torch). A usage error or ``--help`` exits here, as in :func:`main`."""
+    args = _parser().parse_args(argv)
+    return not (args.clear or args.doctor or args.export or args.import_file)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.steps is not None and args.steps < 1:

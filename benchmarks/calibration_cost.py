@@ -7,7 +7,11 @@ candidate stopped after its first step counting with that step; one stopped by i
 not at all), wall / ``import torch`` in a fresh process, timed in the same run, so the figure compares across
 machines, and whether the calibration was flagged noisy (it is then measured again by the next calibrate()).
 
-    python benchmarks/calibration_cost.py [FAMILY ...]
+With ``--cli``, also the command a newcomer runs first, ``python -m autotune --recalibrate``, in a fresh process
+and a fresh cache: its wall time from the shell (the host's own ``import torch`` included, which the early
+worker start overlaps) and that wall over ``import torch``.
+
+    python benchmarks/calibration_cost.py [--cli] [FAMILY ...]
 """
 
 from __future__ import annotations
@@ -35,10 +39,26 @@ def import_torch_s(runs: int = 3) -> float:
     return statistics.median(times)
 
 
+def cli_s(kinds: list[str]) -> float:
+    """Wall time of ``python -m autotune --recalibrate --json`` for ``kinds`` in a fresh process and cache."""
+    env = {**os.environ, "AUTOTUNE_CACHE_DIR": tempfile.mkdtemp(prefix="autotune-bench-")}
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "autotune", "--recalibrate", "--json",
+                    *(word for kind in kinds for word in ("--family", kind))], check=True, capture_output=True, env=env)
+    return time.perf_counter() - started
+
+
 def main() -> None:
+    cli = "--cli" in sys.argv
+    if cli:
+        sys.argv.remove("--cli")
     os.environ["AUTOTUNE_CACHE_DIR"] = tempfile.mkdtemp(prefix="autotune-bench-")
     torch_s = import_torch_s()
     kinds = families_from_argv()
+    if cli:
+        command_s = cli_s(kinds)
+        emit({"benchmark": "calibration_cost", "family": "CLI", "families": kinds, "wall_s": round(command_s, 2),
+              "import_torch_s": round(torch_s, 2), "wall_over_import_torch": round(command_s / torch_s, 2)})
     report = autotune.calibrate(kinds)
     per_candidate = []
     for kind in kinds:

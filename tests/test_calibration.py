@@ -159,6 +159,32 @@ def test_empty_environment_values_mean_unset(tiny_family: str, monkeypatch: pyte
     assert autotune.best_config(tiny_family).source == "measured"
 
 
+def test_import_autotune_loads_torch_only_when_a_public_name_is_used() -> None:
+    """``python -m autotune`` starts its worker before the host imports torch: the package loads lazily."""
+    code = ("import sys, autotune; assert 'torch' not in sys.modules, 'torch imported'; "
+            "names = [n for n in autotune.__all__ if getattr(autotune, n) is None]; assert not names, names; "
+            "assert set(autotune.__all__) <= set(dir(autotune)); assert 'torch' in sys.modules; "
+            "from autotune import Config, best_config")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    with pytest.raises(AttributeError, match="no attribute 'best_confg'"):
+        autotune.best_confg  # noqa: B018
+
+
+def test_no_numpy_warning_from_torch_where_autotune_loads_it() -> None:
+    """Without numpy, importing torch warns "Failed to initialize NumPy": not because of autotune, whether torch
+    loads at the first public name (after the filters ``import autotune`` set were restored, as a
+    ``catch_warnings`` block around the import does) or in the worker."""
+    no_numpy = "import sys, warnings; sys.modules['numpy'] = None\n"  # numpy not installed, as torch sees it
+    host = no_numpy + "with warnings.catch_warnings():\n    import autotune\nautotune.Config"  # filters restored
+    worker = no_numpy + "import runpy; runpy.run_module('autotune._calibration.child', run_name='__main__')"
+    control = subprocess.run([sys.executable, "-c", no_numpy + "import torch"], capture_output=True, text=True)
+    assert "Failed to initialize NumPy" in control.stderr  # the test's way of hiding numpy does provoke it
+    for code in (host, worker):
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        assert proc.returncode == 0 and "NumPy" not in proc.stderr, proc.stderr
+
+
 def test_cli_json_in_a_subprocess(isolated_autotune: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "autotune", "--family", "tiny_mlp", "--json"], capture_output=True, text=True

@@ -13,14 +13,14 @@ from typing import Any
 
 import pytest
 
-from autotune._calibration import _proc_posix, _proc_windows, process
+from autotune._calibration import _proc_posix, _proc_windows, launch, process
 
 POSIX = pytest.mark.skipif(os.name != "posix", reason="process groups are POSIX")
 
 
 def test_the_platform_module_is_chosen_once_by_sys_platform() -> None:
     expected = _proc_windows if sys.platform == "win32" else _proc_posix
-    assert process.ProcessTree is expected.ProcessTree
+    assert launch.ProcessTree is expected.ProcessTree and process.ProcessTree is launch.ProcessTree
 
 
 def _gone(pid: int) -> bool:

@@ -1,7 +1,8 @@
 """The worker process seen from the host: spawn it, send it a request, read its events, kill it.
 
 How a process tree is started and killed is the platform's business, one small module each, chosen once
-here: ``_proc_posix`` (a new session, ``killpg``), ``_proc_windows`` (a job object, ``TerminateJobObject``);
+in ``launch`` (which may have started the worker before the host imported torch): ``_proc_posix`` (a new
+session, ``killpg``), ``_proc_windows`` (a job object, ``TerminateJobObject``);
 either way a timeout kills the worker and anything it started. Events arrive on a reader thread; the host
 waits with a timeout since the last event, so a hung candidate is killed and recorded as ``timeout``; a
 worker that dies is classified from its exit status and the tail of its stderr (signal, OOM, exit status).
@@ -15,7 +16,6 @@ import logging
 import queue
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -24,6 +24,7 @@ from typing import TextIO
 
 from pydantic import ValidationError
 
+from autotune._calibration.launch import ProcessTree, take
 from autotune._calibration.protocol import (
     EVENT,
     Begin,
@@ -41,11 +42,6 @@ from autotune._calibration.protocol import (
     TraceJob,
 )
 from autotune._models import Candidate, Failure
-
-if sys.platform == "win32":
-    from autotune._calibration._proc_windows import ProcessTree
-else:
-    from autotune._calibration._proc_posix import ProcessTree
 
 log = logging.getLogger("autotune")
 
@@ -68,12 +64,12 @@ class Attempt:
 class Process:
     """A running worker process: its protocol lines, its stderr tail, when it started and was ready."""
 
-    def __init__(self, tree: ProcessTree) -> None:
+    def __init__(self, tree: ProcessTree, launched: float | None = None) -> None:
         self.tree = tree
         self.proc = proc = tree.proc
         self.lines: queue.Queue[str | None] = queue.Queue()
         self.stderr_tail: collections.deque[str] = collections.deque(maxlen=20)
-        self.launched = time.perf_counter()
+        self.launched = time.perf_counter() if launched is None else launched
         self.ready_at: float | None = None
         self.threads = [
             threading.Thread(target=_pump, args=(proc.stdout, self.lines.put, lambda: self.lines.put(None)),
@@ -85,8 +81,10 @@ class Process:
 
     @classmethod
     def spawn(cls, argv: list[str]) -> Process:
-        """Start ``argv`` as a process tree of its own; raises OSError when it cannot start."""
-        return cls(ProcessTree(argv))
+        """Start ``argv`` as a process tree of its own (or take the one ``launch`` started early for it);
+        raises OSError when it cannot start."""
+        early = take(argv)
+        return cls(*early) if early is not None else cls(ProcessTree(argv))
 
     def run(self, job: Job | TraceJob | CheckJob | MemoryProbeJob, attempt: Attempt, timeout_s: float,
             progress: Progress | None, until: tuple[type[Event], ...] = (Done,)) -> bool:

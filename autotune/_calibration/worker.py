@@ -23,6 +23,7 @@ import torch
 
 from autotune import _fp32
 from autotune._calibration.child import calibrate
+from autotune._calibration.launch import worker_argv
 from autotune._calibration.plan import BASELINE
 from autotune._calibration.process import Attempt, Event, Process, Progress, record
 from autotune._calibration.protocol import (
@@ -96,7 +97,7 @@ class Worker:
         if self.isolation == "inprocess" or self._process is not None:
             return
         try:
-            process = Process.spawn([sys.executable, "-m", "autotune._calibration.child"])
+            process = Process.spawn(worker_argv())
         except OSError as exc:
             self.start_failure = Failure(kind="crashed", detail=(
                 f"cannot start a worker process ({exc}); hosts that cannot start processes can set "
