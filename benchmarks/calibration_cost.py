@@ -43,8 +43,11 @@ def cli_s(kinds: list[str]) -> float:
     """Wall time of ``python -m autotune --recalibrate --json`` for ``kinds`` in a fresh process and cache."""
     env = {**os.environ, "AUTOTUNE_CACHE_DIR": tempfile.mkdtemp(prefix="autotune-bench-")}
     started = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "autotune", "--recalibrate", "--json",
-                    *(word for kind in kinds for word in ("--family", kind))], check=True, capture_output=True, env=env)
+    done = subprocess.run([sys.executable, "-m", "autotune", "--recalibrate", "--json",
+                           *(word for kind in kinds for word in ("--family", kind))], check=False, capture_output=True,
+                          text=True, env=env)
+    if done.returncode != 0:
+        raise SystemExit(f"python -m autotune --recalibrate failed ({done.returncode}):\n{done.stderr}")
     return time.perf_counter() - started
 
 
