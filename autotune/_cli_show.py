@@ -145,14 +145,13 @@ def max_batch(kind: str, args: argparse.Namespace) -> int:
         return 0
     from rich.table import Table
 
-    def mib(value: float) -> str:
-        return f"{value / 2**20:.1f} MiB"
+    from autotune._batch_search import mib_words
 
     out = console()
     capped = " (the search's upper bound)" if report.capped else ""
     out.print(f"[bold]{kind}[/bold] on {report.candidate.label}: batch [bold]{report.batch_size}[/bold] fits"
-              f"{capped}, peak {mib(report.peak_bytes)} of a {mib(report.target_bytes)} target "
-              f"({report.limit_from} {mib(report.limit_bytes)} less {report.margin:.0%})", highlight=False)
+              f"{capped}, peak {mib_words(report.peak_bytes)} of a {mib_words(report.target_bytes)} target "
+              f"({report.limit_from} {mib_words(report.limit_bytes)} less {report.margin:.0%})", highlight=False)
     if report.line is not None:
         out.print(f"memory ~ {report.line.describe()}", highlight=False)
     table = Table()
