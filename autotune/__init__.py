@@ -35,7 +35,7 @@ _WHERE = {
         "CalibrationPending", "ConfigurationError", "FamilyRegistrationError", "FrameworkError", "ImportFileError",
         "MaxBatchError", "TraceError", "UnknownFamilyError",
     ], "_errors"),
-    "use_defaults": "_exchange",
+    "use_defaults": "_cache.exchange",
     "Family": "_families", "Workload": "_families", "get_family": "_families", "register_family": "_families",
     "Fingerprint": "_fingerprint", "fingerprint": "_fingerprint",
     "max_batch_report": "_max_batch", "max_batch_size": "_max_batch",
@@ -46,6 +46,7 @@ _WHERE = {
 if TYPE_CHECKING:
     from autotune._api import best_config, clear_cache, export_results, import_results, trace
     from autotune._background import CalibrationJob, start_calibration
+    from autotune._cache.exchange import use_defaults
     from autotune._calibrate import CalibrationProgress, CalibrationReport, calibrate
     from autotune._config import Config
     from autotune._errors import (
@@ -62,7 +63,6 @@ if TYPE_CHECKING:
         TraceError,
         UnknownFamilyError,
     )
-    from autotune._exchange import use_defaults
     from autotune._families import Family, Workload, get_family, register_family
     from autotune._fingerprint import Fingerprint, fingerprint
     from autotune._max_batch import max_batch_report, max_batch_size

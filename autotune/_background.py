@@ -138,8 +138,8 @@ def start_calibration(
     ``best_config(kind, wait=False)`` answers without blocking. Raises :class:`~autotune.ConfigurationError`
     for an invalid setting.
     """
+    from autotune._cache.store import default_root
     from autotune._fingerprint import fingerprint
-    from autotune._store import default_root
 
     names = list(dict.fromkeys(kinds)) if kinds is not None else builtin_family_names()
     for name in names:

@@ -13,16 +13,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from autotune import _cached, _env, _stats
+from autotune import _env, _stats
+from autotune._cache import lookup as _cached
+from autotune._cache.freshness import family_key, key_change, now_utc, reference_failure, stale_reason
+from autotune._cache.locks import acquire, held_elsewhere, measuring, measuring_lock
+from autotune._cache.store import Store
 from autotune._config import Config
 from autotune._decide import decide
 from autotune._errors import CalibrationCancelled, CalibrationError
 from autotune._families import Family, builtin_family_names, get_family
 from autotune._fingerprint import Fingerprint, fingerprint
-from autotune._freshness import family_key, key_change, now_utc, reference_failure, stale_reason
-from autotune._locks import acquire, held_elsewhere, measuring, measuring_lock
 from autotune._models import Candidate, FamilyKey, FamilyResult, Record
-from autotune._store import Store
 
 if TYPE_CHECKING:
     from autotune._calibration.worker import Worker

@@ -20,9 +20,9 @@ from typing import Literal
 import torch
 
 from autotune import _env, _fp32, _stats
+from autotune._cache.locks import measuring
 from autotune._calibration.check import faster_by_margin
 from autotune._decide import decide, finalists
-from autotune._locks import measuring
 from autotune._models import Candidate, CandidateResult, FamilyResult, Record
 
 log = logging.getLogger("autotune")

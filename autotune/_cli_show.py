@@ -188,7 +188,7 @@ def retry_words(measured: FamilyResult, result: CandidateResult) -> str:
     """When this failure is measured again, e.g. 'retried after 2026-12-01 14:03 UTC'."""
     import datetime as dt
 
-    from autotune._freshness import retry_at
+    from autotune._cache.freshness import retry_at
 
     at = retry_at(measured, result)
     if at is None:

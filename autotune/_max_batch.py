@@ -135,7 +135,7 @@ class _CacheFile(Record):
 
 
 def cache_dir() -> Path:
-    from autotune._store import default_root
+    from autotune._cache.store import default_root
 
     return default_root() / "max_batch"
 
@@ -164,8 +164,8 @@ class _Cache:
     def put(self, key: str, report: MaxBatchReport) -> None:
         import filelock
 
+        from autotune._cache.store import write_atomic
         from autotune._env import LOCK_TIMEOUT_S
-        from autotune._store import write_atomic
 
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)

@@ -24,7 +24,8 @@ from pathlib import Path
 from _common import emit
 
 import autotune
-from autotune import _api, _cached
+from autotune import _api
+from autotune._cache import lookup as _cached
 from autotune._cli import main as cli
 from autotune._fingerprint import Fingerprint
 

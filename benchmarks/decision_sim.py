@@ -26,12 +26,12 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from autotune._cache.store import StoreFile
 from autotune._calibration.plan import Facts
 from autotune._calibration.truth import CandidateTruth, Truth, simulate, true_pick, true_score, truth_from_record
 from autotune._decide import decide, finalists
 from autotune._models import Candidate, Failure
 from autotune._rules import complexity
-from autotune._store import StoreFile
 
 MACHINES = Path(__file__).parent.parent / "fixtures" / "machines"
 CPU_THREADS = {"1 thread": 3.0, "4 threads": 1.5}  # an 8-thread CPU: fewer threads are slower

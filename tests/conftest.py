@@ -8,7 +8,8 @@ import pytest
 import torch
 
 import autotune
-from autotune import _background, _cached, _families, _fp32
+from autotune import _background, _families, _fp32
+from autotune._cache import lookup as _cached
 
 
 @pytest.fixture(autouse=True)

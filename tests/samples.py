@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import itertools
 
+from autotune._cache.freshness import family_key
 from autotune._families import family_names, get_family
-from autotune._freshness import family_key
 from autotune._models import Candidate, CandidateResult, Failure, FamilyResult, Numerics, Timing
 
 # Seven values for six rounds: consecutive series get different noise, as real interleaved rounds do.

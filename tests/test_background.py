@@ -17,9 +17,9 @@ import pytest
 from procs_for_tests import alive, workers_of
 
 import autotune
-from autotune import _cached
 from autotune._api import cached_families
-from autotune._locks import measuring_lock
+from autotune._cache import lookup as _cached
+from autotune._cache.locks import measuring_lock
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc for worker processes")
 
@@ -208,7 +208,7 @@ def test_an_unusable_lock_directory_warns_once_and_measures_without_waiting(
 ) -> None:
     import tempfile
 
-    from autotune import _locks
+    from autotune._cache import locks as _locks
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     monkeypatch.setattr(_locks, "_warned", set())

@@ -11,8 +11,8 @@ import pytest
 
 import autotune
 from autotune._api import cached_families
+from autotune._cache.store import Store
 from autotune._calibrate import CalibrationProgress
-from autotune._store import Store
 
 
 def test_end_to_end_calibration_of_builtin_tiny_mlp(isolated_autotune: Path) -> None:

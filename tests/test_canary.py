@@ -8,7 +8,8 @@ import pytest
 from samples import family, timed
 
 import autotune
-from autotune import _api, _cached
+from autotune import _api
+from autotune._cache import lookup as _cached
 from autotune._calibration.check import faster_by_margin
 from autotune._calibration.protocol import Retimed
 from autotune._canary import _against, _judge

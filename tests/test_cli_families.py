@@ -13,8 +13,8 @@ import samples
 
 import autotune
 from autotune._api import cached_configs
+from autotune._cache.store import Store
 from autotune._cli import main
-from autotune._store import Store
 
 TESTS = str(Path(__file__).parent)
 

@@ -12,11 +12,12 @@ import pytest
 from samples import family, timed
 
 import autotune
-from autotune import _cached, _exchange
+from autotune._cache import exchange as _exchange
+from autotune._cache import lookup as _cached
+from autotune._cache.store import Store
 from autotune._cli import main
 from autotune._fingerprint import Fingerprint
 from autotune._models import FamilyResult
-from autotune._store import Store
 
 
 def _measured() -> FamilyResult:

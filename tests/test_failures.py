@@ -18,9 +18,9 @@ from procs_for_tests import workers_of
 import autotune
 from autotune import CalibrationError
 from autotune._api import cached_families
+from autotune._cache.store import Store
 from autotune._calibration.probe import probe_batch
 from autotune._models import CandidateResult
-from autotune._store import Store
 
 TESTS = Path(__file__).parent
 
@@ -261,7 +261,7 @@ def test_single_flight_six_cold_processes_one_calibration(isolated_autotune: Pat
 def _hold_calibration_lock(cache: Path) -> subprocess.Popen[str]:
     digest = autotune.fingerprint().digest
     code = (
-        "from autotune._store import Store; import pathlib;"
+        "from autotune._cache.store import Store; import pathlib;"
         f"lock = Store(pathlib.Path({str(cache)!r})).calibration_lock({digest!r}, 'tiny'); lock.acquire();"
         "print('held', flush=True); import time; time.sleep(600)"
     )

@@ -12,15 +12,15 @@ from samples import failed, family, timed
 import autotune
 from autotune import _cli
 from autotune._api import cached_families
-from autotune._cached import store
-from autotune._families import get_family
-from autotune._freshness import (
+from autotune._cache.freshness import (
     RETRY_AFTER,
     TRANSIENT,
     family_key,
     retry_at,
     stale_reason,
 )
+from autotune._cache.lookup import store
+from autotune._families import get_family
 from autotune._models import FamilyResult
 
 

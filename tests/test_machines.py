@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from autotune._cache.store import SCHEMA_VERSION, StoreFile
 from autotune._calibration.truth import simulate, truth_from_record
 from autotune._config import Config
 from autotune._decide import decide
-from autotune._store import SCHEMA_VERSION, StoreFile
 
 MACHINES = Path(__file__).parent.parent / "fixtures" / "machines"
 

@@ -10,7 +10,7 @@ import pytest
 from samples import family, timed
 
 import autotune
-from autotune._store import SCHEMA_VERSION, Store, StoreFile
+from autotune._cache.store import SCHEMA_VERSION, Store, StoreFile
 
 
 @pytest.fixture

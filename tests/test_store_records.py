@@ -21,7 +21,7 @@ import pytest
 from samples import family, timed
 
 import autotune
-from autotune._store import KEEP_FILES, KEEP_QUARANTINED, SCHEMA_VERSION, Store
+from autotune._cache.store import KEEP_FILES, KEEP_QUARANTINED, SCHEMA_VERSION, Store
 
 Mutation = Callable[[Path], None]
 

@@ -10,11 +10,11 @@ import samples
 
 import autotune
 from autotune import _fp32
+from autotune._cache.store import Store
 from autotune._calibration.protocol import FamilyRef, TraceJob
 from autotune._calibration.trace import trace_candidate
 from autotune._cli import main
 from autotune._models import Candidate
-from autotune._store import Store
 
 
 def _measured(kind: str, isolated_autotune: Path) -> None:

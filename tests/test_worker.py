@@ -234,8 +234,8 @@ def test_a_worker_started_early_that_died_is_replaced_and_one_nobody_takes_is_ki
 def test_no_worker_starts_early_in_process_or_while_another_process_measures(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    from autotune._cache.locks import measuring_lock
     from autotune._calibration import launch
-    from autotune._locks import measuring_lock
 
     monkeypatch.setenv("AUTOTUNE_ISOLATION", "inprocess")
     launch.start_early()

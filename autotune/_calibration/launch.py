@@ -18,8 +18,8 @@ import sys
 import time
 
 from autotune import _env
+from autotune._cache.locks import held_elsewhere, measuring_lock
 from autotune._errors import ConfigurationError
-from autotune._locks import held_elsewhere, measuring_lock
 
 if sys.platform == "win32":
     from autotune._calibration._proc_windows import ProcessTree

@@ -24,9 +24,9 @@ from typing import Literal
 
 from pydantic import ValidationError
 
+from autotune._cache.store import SCHEMA_VERSION, Store, StoreFile, write_atomic
 from autotune._errors import ImportFileError
 from autotune._models import FamilyResult, Record
-from autotune._store import SCHEMA_VERSION, Store, StoreFile, write_atomic
 from autotune._version import __version__
 
 log = logging.getLogger("autotune")

@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from autotune._cache.store import StoreFile
 from autotune._fingerprint import Fingerprint
 from autotune._models import FamilyResult
-from autotune._store import StoreFile
 
 #: what a machine *is*: records that differ in any of these are not similar
 _HARDWARE = ("arch", "cpu_brand", "cpu_isa", "usable_cores")

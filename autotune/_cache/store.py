@@ -26,12 +26,12 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from autotune import _disk
-from autotune._disk import KEEP_FILES, KEEP_QUARANTINED, KEEP_USED_DAYS, write_atomic
+from autotune._cache import disk as _disk
+from autotune._cache.disk import KEEP_FILES, KEEP_QUARANTINED, KEEP_USED_DAYS, write_atomic
+from autotune._cache.locks import lock_file
+from autotune._cache.records import SCHEMA_VERSION, Newer, Parsed, StoreFile, Unreadable, parse, render
 from autotune._fingerprint import Fingerprint
-from autotune._locks import lock_file
 from autotune._models import FamilyResult
-from autotune._records import SCHEMA_VERSION, Newer, Parsed, StoreFile, Unreadable, parse, render
 
 if TYPE_CHECKING:
     import filelock

@@ -23,7 +23,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from autotune import _disk, _env
+from autotune import _env
+from autotune._cache import disk as _disk
 from autotune._errors import CalibrationCancelled
 
 if TYPE_CHECKING:
