@@ -24,7 +24,7 @@ def _quiet_numpy() -> None:
 _quiet_numpy()
 
 # The public names load on first use (PEP 562): ``python -m autotune`` starts its calibration worker before
-# anything here imports torch, so the two imports overlap (``autotune._calibration.launch``).
+# anything here imports torch, so the two imports overlap (``autotune._worker.launch``).
 _WHERE = {
     "best_config": "_api", "clear_cache": "_api", "export_results": "_api", "import_results": "_api", "trace": "_api",
     "CalibrationJob": "_background", "start_calibration": "_background",

@@ -1,6 +1,6 @@
 """Calibration that never blocks the app: ``start_calibration`` runs ``calibrate`` on a background thread.
 
-The job's thread drives the calibration's one worker process (``_calibration.worker``); the app keeps
+The job's thread drives the calibration's one worker process (``_worker.worker``); the app keeps
 training meanwhile with ``best_config(kind, wait=False)``. ``cancel()`` kills the worker's process group at
 once: the family in progress is not stored (its lock is released by the normal ``finally`` path), the ones
 finished before stay stored, and the next job measures the rest. A job still running when the interpreter
@@ -22,7 +22,7 @@ from autotune._families import builtin_family_names, get_family
 
 if TYPE_CHECKING:
     from autotune._calibrate import CalibrationProgress, CalibrationReport
-    from autotune._calibration.worker import Worker
+    from autotune._worker.worker import Worker
 
 log = logging.getLogger("autotune")
 

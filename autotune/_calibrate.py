@@ -26,7 +26,7 @@ from autotune._fingerprint import Fingerprint, fingerprint
 from autotune._models import Candidate, FamilyKey, FamilyResult, Record
 
 if TYPE_CHECKING:
-    from autotune._calibration.worker import Worker
+    from autotune._worker.worker import Worker
 
 log = logging.getLogger("autotune")
 
@@ -147,7 +147,7 @@ def measuring_elsewhere(store: Store, digest: str, name: str) -> bool:
 
 
 def new_worker() -> Worker:
-    from autotune._calibration.worker import Worker
+    from autotune._worker.worker import Worker
 
     return Worker(isolation=_env.ISOLATION.get(), timeout_s=_env.CANDIDATE_TIMEOUT_S.get())
 

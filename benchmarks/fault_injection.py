@@ -45,7 +45,7 @@ def _env(cache: str) -> dict[str, str]:
 HUNG = """
 import autotune
 from autotune._calibration.protocol import CalibrationSettings
-from autotune._calibration.worker import Worker
+from autotune._worker.worker import Worker
 autotune.register_family("hang", "families_for_tests:build_hang")
 worker = Worker(isolation="subprocess", timeout_s=600)
 worker.start()

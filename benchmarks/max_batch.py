@@ -30,10 +30,10 @@ from _common import BUILTINS, emit
 import autotune
 from autotune import _fp32
 from autotune._calibration.protocol import FamilyRef, MemoryProbed, MemoryProbeJob
-from autotune._calibration.worker import Worker
 from autotune._families import get_family
 from autotune._models import Candidate
 from autotune._reports import MaxBatchReport
+from autotune._worker.worker import Worker
 
 MARGIN = 0.15
 

@@ -15,9 +15,9 @@ from families_for_tests import FAILS_ABOVE
 import autotune
 from autotune import _fp32
 from autotune._calibration.protocol import FamilyRef, MemoryProbeJob
-from autotune._calibration.worker import Worker
 from autotune._cli import main
 from autotune._models import Candidate
+from autotune._worker.worker import Worker
 
 MIB = 2**20
 CPU_FP32 = Candidate(device="cpu", precision="fp32")

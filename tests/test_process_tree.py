@@ -13,7 +13,9 @@ from typing import Any
 
 import pytest
 
-from autotune._calibration import _proc_posix, _proc_windows, launch, process
+from autotune._worker import _posix as _proc_posix
+from autotune._worker import _windows as _proc_windows
+from autotune._worker import launch, process
 
 POSIX = pytest.mark.skipif(os.name != "posix", reason="process groups are POSIX")
 

@@ -16,8 +16,8 @@ import pytest
 import autotune
 from autotune._calibration.measure import MeasureSettings
 from autotune._calibration.protocol import CalibrationSettings
-from autotune._calibration.worker import Worker
 from autotune._families import get_family
+from autotune._worker.worker import Worker
 
 TESTS = Path(__file__).parent
 SETTINGS = CalibrationSettings(search="precision", measure=MeasureSettings(budget_s=0.2))
@@ -81,7 +81,7 @@ HOST = textwrap.dedent("""
     import autotune
     from autotune._calibration.measure import MeasureSettings
     from autotune._calibration.protocol import CalibrationSettings
-    from autotune._calibration.worker import Worker
+    from autotune._worker.worker import Worker
     from autotune._families import get_family
 
     autotune.register_family("hang", "families_for_tests:build_hang")
@@ -191,7 +191,7 @@ def _worker_in_a_hung_step(host_pid: int) -> int:
 @pytest.fixture
 def early(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """``launch`` as on a machine of several cores, and nothing started early left for the next test."""
-    from autotune._calibration import launch
+    from autotune._worker import launch
 
     monkeypatch.setattr(launch, "_cores", lambda: 2)
     yield
@@ -200,7 +200,7 @@ def early(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 @pytest.mark.usefixtures("early")
 def test_the_worker_started_early_is_the_one_the_calibration_uses() -> None:
-    from autotune._calibration import launch
+    from autotune._worker import launch
 
     launch.start_early()  # as ``python -m autotune`` does before the host imports torch
     started = launch._early[0][0].proc.pid
@@ -215,7 +215,7 @@ def test_the_worker_started_early_is_the_one_the_calibration_uses() -> None:
 
 @pytest.mark.usefixtures("early")
 def test_a_worker_started_early_that_died_is_replaced_and_one_nobody_takes_is_killed() -> None:
-    from autotune._calibration import launch
+    from autotune._worker import launch
 
     launch.start_early()
     dead = launch._early[0][0]
@@ -235,7 +235,7 @@ def test_no_worker_starts_early_in_process_or_while_another_process_measures(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from autotune._cache.locks import measuring_lock
-    from autotune._calibration import launch
+    from autotune._worker import launch
 
     monkeypatch.setenv("AUTOTUNE_ISOLATION", "inprocess")
     launch.start_early()
@@ -258,9 +258,9 @@ def test_the_command_line_starts_its_worker_before_torch_and_only_when_it_may_me
 ) -> None:
     from autotune import __main__ as entry
     from autotune import _cli
-    from autotune._calibration import launch
+    from autotune._worker import launch
 
-    code = ("import sys, autotune.__main__, autotune._cli, autotune._calibration.launch; "
+    code = ("import sys, autotune.__main__, autotune._cli, autotune._worker.launch; "
             "assert 'torch' not in sys.modules, [m for m in sys.modules if m.startswith('autotune')]")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr

@@ -8,7 +8,7 @@ line; anything model code prints goes to stderr so it cannot corrupt the protoco
 It dies with its host: on Linux the kernel sends it SIGKILL when the host dies (``PR_SET_PDEATHSIG``), and on
 Linux and macOS a watchdog thread exits within a second of the host going away (``os.getppid()`` changes when
 the orphan is reparented; no ``/proc``), even while a step is running, so a hung GPU candidate never outlives
-the app. Windows does not reparent: there the host's job object kills the worker (``_proc_windows``).
+the app. Windows does not reparent: there the host's job object kills the worker (``_worker._windows``).
 """
 
 from __future__ import annotations

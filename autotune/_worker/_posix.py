@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 
-assert sys.platform != "win32", "POSIX only: process.py imports _proc_windows there"  # and mypy skips it there
+assert sys.platform != "win32", "POSIX only: process.py imports _windows there"  # and mypy skips it there
 
 
 class ProcessTree:

@@ -23,9 +23,7 @@ import torch
 
 from autotune import _fp32
 from autotune._calibration.child import calibrate
-from autotune._calibration.launch import worker_argv
 from autotune._calibration.plan import BASELINE
-from autotune._calibration.process import Attempt, Event, Process, Progress, record
 from autotune._calibration.protocol import (
     CalibrationSettings,
     Checked,
@@ -47,6 +45,8 @@ from autotune._families import Family
 from autotune._models import Candidate, CandidateResult, Failure, FamilyResult
 from autotune._reports import TraceReport
 from autotune._version import __version__
+from autotune._worker.launch import worker_argv
+from autotune._worker.process import Attempt, Event, Process, Progress, record
 
 log = logging.getLogger("autotune")
 

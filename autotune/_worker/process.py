@@ -1,8 +1,8 @@
 """The worker process seen from the host: spawn it, send it a request, read its events, kill it.
 
 How a process tree is started and killed is the platform's business, one small module each, chosen once
-in ``launch`` (which may have started the worker before the host imported torch): ``_proc_posix`` (a new
-session, ``killpg``), ``_proc_windows`` (a job object, ``TerminateJobObject``);
+in ``launch`` (which may have started the worker before the host imported torch): ``_posix`` (a new
+session, ``killpg``), ``_windows`` (a job object, ``TerminateJobObject``);
 either way a timeout kills the worker and anything it started. Events arrive on a reader thread; the host
 waits with a timeout since the last event, so a hung candidate is killed and recorded as ``timeout``; a
 worker that dies is classified from its exit status and the tail of its stderr (signal, OOM, exit status).
@@ -24,7 +24,6 @@ from typing import TextIO
 
 from pydantic import ValidationError
 
-from autotune._calibration.launch import ProcessTree, take
 from autotune._calibration.protocol import (
     EVENT,
     Begin,
@@ -42,6 +41,7 @@ from autotune._calibration.protocol import (
     TraceJob,
 )
 from autotune._models import Candidate, Failure
+from autotune._worker.launch import ProcessTree, take
 
 log = logging.getLogger("autotune")
 

@@ -3,7 +3,7 @@
 A worker start is an interpreter start, ``import torch`` and torch's first optimizer (2.5-4 s on a 2-core
 laptop). ``python -m autotune`` pays its own ``import torch`` before it knows what to measure; started here
 first (:func:`start_early`), the worker's start overlaps the host's import instead of following it, and the
-first :class:`~autotune._calibration.worker.Worker` that needs a process takes this one (:func:`take`). One
+first :class:`~autotune._worker.worker.Worker` that needs a process takes this one (:func:`take`). One
 nobody takes (every family was cached, a usage error) is killed when the command ends (:func:`discard`) or the
 host exits. This module imports nothing from torch, nor anything that does: it runs before torch is loaded.
 """
@@ -22,9 +22,9 @@ from autotune._cache.locks import held_elsewhere, measuring_lock
 from autotune._errors import ConfigurationError
 
 if sys.platform == "win32":
-    from autotune._calibration._proc_windows import ProcessTree
+    from autotune._worker._windows import ProcessTree
 else:
-    from autotune._calibration._proc_posix import ProcessTree
+    from autotune._worker._posix import ProcessTree
 
 
 def worker_argv() -> list[str]:
