@@ -28,7 +28,7 @@ from autotune._models import FamilyResult
 from autotune._reports import TraceReport
 
 if TYPE_CHECKING:
-    from autotune._canary import CheckResult
+    from autotune._check import CheckResult
 
 log = logging.getLogger("autotune")
 
@@ -226,12 +226,12 @@ def import_results(path: str | Path) -> _exchange.ImportSummary:
 def check_cached(model_kinds: Iterable[str] | None = None) -> list[CheckResult]:
     """The canary: re-time each measured family's pick (default: every registered kind measured here) against
     fp32 and the runner-up; a family whose pick is no longer within the margin is calibrated again."""
-    from autotune import _canary
+    from autotune import _check
 
     known = set(family_names())
     measured = {k: r for k, r in cached_families(model_kinds, fresh_only=True).items()
                 if k in known and r.origin is None}
-    results = _canary.check(measured, fingerprint().digest)
+    results = _check.check(measured, fingerprint().digest)
     stale = [r.model_kind for r in results if r.verdict == "recalibrated"]
     if not stale:
         return results

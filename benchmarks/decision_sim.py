@@ -1,6 +1,6 @@
 """Decision quality against known truths: the real search and decision code, many seeded runs per scenario.
 
-Each scenario is a truth profile (``autotune._calibration.truth``): how fast every candidate really is and how
+Each scenario is a truth profile (``autotune._calibration.simulate``): how fast every candidate really is and how
 the machine misbehaves while it is measured. The real session (stages, sequential timing, final paired
 comparison) measures it on a fake clock, the real ``decide`` picks, and the pick is scored against the pick
 the same rules make on the exact truth. Printed per scenario (JSON lines):
@@ -28,7 +28,7 @@ from pathlib import Path
 
 from autotune._cache.store import StoreFile
 from autotune._calibration.plan import Facts
-from autotune._calibration.truth import CandidateTruth, Truth, simulate, true_pick, true_score, truth_from_record
+from autotune._calibration.simulate import CandidateTruth, Truth, simulate, true_pick, true_score, truth_from_record
 from autotune._decide import decide, finalists
 from autotune._models import Candidate, Failure
 from autotune._rules import complexity

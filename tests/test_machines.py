@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from autotune._cache.store import SCHEMA_VERSION, StoreFile
-from autotune._calibration.truth import simulate, truth_from_record
+from autotune._calibration.simulate import simulate, truth_from_record
 from autotune._config import Config
 from autotune._decide import decide
 

@@ -7,7 +7,7 @@ import pytest
 
 import autotune
 from autotune._calibration.plan import Facts
-from autotune._calibration.truth import CandidateTruth, Truth, simulate
+from autotune._calibration.simulate import CandidateTruth, Truth, simulate
 from autotune._decide import decide
 from autotune._models import Candidate, CandidateResult, Failure
 
@@ -144,7 +144,7 @@ def test_a_real_family_whose_fp32_steps_are_10x_slower_trains_in_mixed_precision
 def test_dropped_candidates_are_released_before_the_next_stage() -> None:
     from autotune._calibration.protocol import CalibrationSettings
     from autotune._calibration.session import Session
-    from autotune._calibration.truth import CONTROL_MS, FakeClock, TruthLab, _FakeStep, _Weather
+    from autotune._calibration.simulate import CONTROL_MS, FakeClock, TruthLab, _FakeStep, _Weather
 
     released: list[Candidate] = []
 
@@ -247,7 +247,7 @@ def test_after_a_device_error_the_session_times_nothing_and_gives_no_answer() ->
     # The worker must not go on in a context a device error may have broken: it exits, the host restarts it.
     from autotune._calibration.protocol import Begin, CalibrationSettings, Checkpoint, Done, Failed
     from autotune._calibration.session import Session
-    from autotune._calibration.truth import CONTROL_MS, FakeClock, TruthLab, _FakeStep, _Weather
+    from autotune._calibration.simulate import CONTROL_MS, FakeClock, TruthLab, _FakeStep, _Weather
 
     truth = Truth(name="sim", candidates={
         _c("cpu", "fp32"): CandidateTruth(10.0), _c("cuda:0", "fp32"): CandidateTruth(5.0),
@@ -274,7 +274,7 @@ def test_a_resumed_worker_builds_what_the_variants_are_timed_against_first() -> 
     from autotune._calibration.plan import BASELINE
     from autotune._calibration.protocol import CalibrationSettings, Checkpoint, Done, Failed, Planned
     from autotune._calibration.session import Session
-    from autotune._calibration.truth import CONTROL_MS, FakeClock, TruthLab, _FakeStep, _Weather
+    from autotune._calibration.simulate import CONTROL_MS, FakeClock, TruthLab, _FakeStep, _Weather
 
     class TightGpuLab(TruthLab):
         capacity, model, peak = 4.6, 1.5, 2.0

@@ -3,7 +3,7 @@
 Far cheaper than a calibration: no search, no numerics gate (the candidates passed it when calibrated), only
 the candidates named, set up once (their unchecked first steps warm them up) and timed in a few interleaved,
 paired rounds with the calibration's own :func:`~autotune._calibration.measure.interleave`, until
-:func:`faster_by_margin` can answer for every other candidate. The verdict is the host's (``autotune._canary``).
+:func:`faster_by_margin` can answer for every other candidate. The verdict is the host's (``autotune._check``).
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from collections.abc import Callable, Mapping, Sequence
 
 from autotune import _rules, _stats
 from autotune._calibration.measure import Clock, Comparisons, K, Series, Steppable, interleave, warm_up
+from autotune._calibration.prepare import CandidateFailed, Prepared, TorchLab, classify
 from autotune._calibration.protocol import Begin, Checked, CheckJob, Failed, Retimed
-from autotune._calibration.setup import CandidateFailed, Prepared, TorchLab, classify
 from autotune._families import Family
 from autotune._models import Candidate, CandidateResult
 

@@ -25,6 +25,7 @@ import torch
 
 from autotune import _fp32
 from autotune._calibration.plan import plan
+from autotune._calibration.prepare import TorchLab, warm_process
 from autotune._calibration.protocol import (
     REQUEST,
     Begin,
@@ -42,7 +43,6 @@ from autotune._calibration.protocol import (
     TraceJob,
 )
 from autotune._calibration.session import Session
-from autotune._calibration.setup import TorchLab, warm_process
 from autotune._families import Family
 from autotune._models import CandidateResult, Failure
 

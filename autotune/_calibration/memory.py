@@ -14,8 +14,8 @@ from __future__ import annotations
 import gc
 import sys
 
+from autotune._calibration.prepare import classify
 from autotune._calibration.protocol import MemoryProbed, MemoryProbeJob
-from autotune._calibration.setup import classify
 from autotune._calibration.step import TrainStep, start_device
 from autotune._families import Family
 from autotune.backends import Backend, backend_for

@@ -16,8 +16,8 @@ from typing import Protocol
 from autotune import _stats
 from autotune._calibration.looks import Dropped
 from autotune._calibration.plan import BASELINE, Facts
+from autotune._calibration.prepare import CandidateFailed, Prepared, classify, unverified
 from autotune._calibration.protocol import Begin, Checkpoint, Done, Failed, Planned
-from autotune._calibration.setup import CandidateFailed, Prepared, classify, unverified
 from autotune._models import Candidate, CandidateResult, Drop, Failure, Interval
 
 Emit = Callable[[Planned | Begin | Failed | Checkpoint | Done], None]

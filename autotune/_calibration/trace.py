@@ -15,8 +15,8 @@ from pathlib import Path
 import torch
 from torch.autograd.profiler_util import FunctionEventAvg
 
+from autotune._calibration.prepare import classify
 from autotune._calibration.protocol import TraceJob
-from autotune._calibration.setup import classify
 from autotune._calibration.step import TrainStep
 from autotune._families import Family
 from autotune._models import Failure

@@ -24,6 +24,7 @@ import torch
 from autotune import _fp32
 from autotune._calibration.child import calibrate
 from autotune._calibration.plan import BASELINE
+from autotune._calibration.prepare import unverified, warm_process
 from autotune._calibration.protocol import (
     CalibrationSettings,
     Checked,
@@ -39,7 +40,6 @@ from autotune._calibration.protocol import (
     Traced,
     TraceJob,
 )
-from autotune._calibration.setup import unverified, warm_process
 from autotune._errors import CalibrationCancelled, CalibrationError, TraceError
 from autotune._families import Family
 from autotune._models import Candidate, CandidateResult, Failure, FamilyResult

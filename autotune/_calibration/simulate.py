@@ -19,9 +19,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from autotune._calibration.plan import Facts
+from autotune._calibration.prepare import CandidateFailed, Prepared
 from autotune._calibration.protocol import CalibrationSettings, Checkpoint, Done
 from autotune._calibration.session import Session
-from autotune._calibration.setup import CandidateFailed, Prepared
 from autotune._models import Candidate, CandidateResult, Failure, FamilyResult, Numerics
 from autotune._rules import margin, preference
 

@@ -12,7 +12,7 @@ from autotune import _api
 from autotune._cache import lookup as _cached
 from autotune._calibration.check import faster_by_margin
 from autotune._calibration.protocol import Retimed
-from autotune._canary import _against, _judge
+from autotune._check import _against, _judge
 from autotune._cli import main
 from autotune._models import Candidate, CandidateResult, Drop, Failure, Interval
 
