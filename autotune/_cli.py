@@ -388,7 +388,7 @@ def max_batch(kind: str, args: argparse.Namespace) -> int:
         return 0
     from rich.table import Table
 
-    from autotune._batch_search import mib_words
+    from autotune._max_batch import mib_words
 
     out = console()
     capped = " (the search's upper bound)" if report.capped else ""
