@@ -66,7 +66,7 @@ if TYPE_CHECKING:
     from autotune._families import Family, Workload, get_family, register_family
     from autotune._fingerprint import Fingerprint, fingerprint
     from autotune._max_batch import max_batch_report, max_batch_size
-    from autotune._reports import MaxBatchReport, MemoryLine, MemoryProbe, OperatorTime, TraceReport
+    from autotune._models import MaxBatchReport, MemoryLine, MemoryProbe, OperatorTime, TraceReport
 else:  # type checkers see the imports above: a misspelt name stays an error there
 
     def __getattr__(name: str) -> object:

@@ -16,7 +16,7 @@ from autotune._cache import exchange as _exchange
 from autotune._cache import lookup as _cached
 from autotune._cache.freshness import due_retries, family_key, fresh_until, key_change, now_utc, stale_reason
 from autotune._cache.locks import held_elsewhere
-from autotune._cache.similar import Similar, find_similar
+from autotune._cache.lookup import Similar, find_similar
 from autotune._cache.store import Store
 from autotune._calibrate import calibrate, calibrate_one, measuring_elsewhere, new_worker
 from autotune._config import Config
@@ -24,8 +24,7 @@ from autotune._decide import PREFERENCES, Prefer, decide
 from autotune._errors import CalibrationError, ConfigurationError
 from autotune._families import family_names, get_family
 from autotune._fingerprint import Fingerprint, fingerprint
-from autotune._models import FamilyResult
-from autotune._reports import TraceReport
+from autotune._models import FamilyResult, TraceReport
 
 if TYPE_CHECKING:
     from autotune._check import CheckResult

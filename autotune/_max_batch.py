@@ -22,8 +22,7 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import ValidationError
 
 from autotune._errors import ConfigurationError, MaxBatchError
-from autotune._models import PRECISIONS, Candidate, Precision, Record
-from autotune._reports import MaxBatchReport, MemoryLine, MemoryProbe
+from autotune._models import PRECISIONS, Candidate, MaxBatchReport, MemoryLine, MemoryProbe, Precision, Record
 
 if TYPE_CHECKING:
     from autotune._calibration.protocol import MemoryProbed

@@ -31,8 +31,7 @@ import autotune
 from autotune import _fp32
 from autotune._calibration.protocol import FamilyRef, MemoryProbed, MemoryProbeJob
 from autotune._families import get_family
-from autotune._models import Candidate
-from autotune._reports import MaxBatchReport
+from autotune._models import Candidate, MaxBatchReport
 from autotune._worker.worker import Worker
 
 MARGIN = 0.15

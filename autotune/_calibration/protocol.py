@@ -15,8 +15,7 @@ from autotune._calibration.measure import MeasureSettings
 from autotune._calibration.plan import Facts
 from autotune._env import Search
 from autotune._fp32 import Fp32Settings
-from autotune._models import Candidate, CandidateResult, Drop, Failure
-from autotune._reports import TraceReport
+from autotune._models import Candidate, CandidateResult, Drop, Failure, TraceReport
 
 
 class _Message(BaseModel):

@@ -8,16 +8,18 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
+from torch.overrides import TorchFunctionMode
 
 from autotune import _fp32
 from autotune._families import Family, Workload, adamw
 from autotune._models import Candidate, OptimizerImpl
 from autotune._precision import AUTOCAST_DTYPES, DEFAULT_INIT_SCALE, MEMORY_FORMATS, move
-from autotune._randomness import dropout_off
 from autotune.backends import Backend
 
 
@@ -150,4 +152,38 @@ class TrainStep:
         )
 
 
-__all__ = ["TrainStep", "make_optimizer", "start_device", "threads_context"]
+_DROPOUTS: frozenset[Callable[..., Any]] = frozenset({
+    F.dropout, F.dropout1d, F.dropout2d, F.dropout3d, F.alpha_dropout, F.feature_alpha_dropout,
+})
+#: index of ``dropout_p`` in ``F.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, ...)``
+_SDPA_DROPOUT_INDEX = 4
+
+
+class _NoDropout(TorchFunctionMode):
+    """Every dropout an identity, every attention dropout zero; everything else runs unchanged."""
+
+    def __torch_function__(
+        self, func: Callable[..., Any], types: Sequence[type], args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+    ) -> Any:
+        kwargs = dict(kwargs or {})
+        if func in _DROPOUTS:
+            return args[0] if args else kwargs["input"]  # what dropout does with training=False
+        if func is F.scaled_dot_product_attention:
+            if len(args) > _SDPA_DROPOUT_INDEX:
+                args = (*args[:_SDPA_DROPOUT_INDEX], 0.0, *args[_SDPA_DROPOUT_INDEX + 1:])
+            else:
+                kwargs["dropout_p"] = 0.0
+        elif func is F.multi_head_attention_forward:
+            kwargs["training"] = False  # its only effect there is the attention dropout
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def dropout_off() -> Iterator[None]:
+    """Run the block with dropout switched off (see the module docstring)."""
+    with _NoDropout():
+        yield
+
+
+__all__ = ["TrainStep", "dropout_off", "make_optimizer", "start_device", "threads_context"]

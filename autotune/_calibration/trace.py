@@ -19,8 +19,7 @@ from autotune._calibration.prepare import classify
 from autotune._calibration.protocol import TraceJob
 from autotune._calibration.step import TrainStep
 from autotune._families import Family
-from autotune._models import Failure
-from autotune._reports import OperatorTime, TraceReport
+from autotune._models import Failure, OperatorTime, TraceReport
 from autotune.backends import backend_for
 
 #: our own marker around each traced step, to find the steps in the timeline; not an operator

@@ -42,8 +42,7 @@ from autotune._calibration.protocol import (
 )
 from autotune._errors import CalibrationCancelled, CalibrationError, TraceError
 from autotune._families import Family
-from autotune._models import Candidate, CandidateResult, Failure, FamilyResult
-from autotune._reports import TraceReport
+from autotune._models import Candidate, CandidateResult, Failure, FamilyResult, TraceReport
 from autotune._version import __version__
 from autotune._worker.launch import worker_argv
 from autotune._worker.process import Attempt, Event, Process, Progress, record
