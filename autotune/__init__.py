@@ -39,7 +39,7 @@ _WHERE = {
     "Family": "_families", "Workload": "_families", "get_family": "_families", "register_family": "_families",
     "Fingerprint": "_fingerprint", "fingerprint": "_fingerprint",
     "max_batch_report": "_max_batch", "max_batch_size": "_max_batch",
-    **dict.fromkeys(["MaxBatchReport", "MemoryLine", "MemoryProbe", "OperatorTime", "TraceReport"], "_reports"),
+    **dict.fromkeys(["MaxBatchReport", "MemoryLine", "MemoryProbe", "OperatorTime", "TraceReport"], "_models"),
 }
 
 
