@@ -38,6 +38,9 @@ class CandidateTruth:
     failure: Failure | None = None
     init_scale: float | None = None
     default_scale_skipped: int | None = None
+    #: this candidate's own heavy tail (share of its steps hit, how much slower), on top of the machine's
+    outlier_rate: float = 0.0
+    outlier_factor: float = 3.0
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,10 @@ class Truth:
     #: share of steps hit by an outlier, and how much slower they are
     outlier_rate: float = 0.0
     outlier_factor: float = 3.0
+    #: a step right after another candidate's (caches evicted, a thread pool to wake) is this much slower
+    switch_penalty: float = 0.0
+    #: a candidate's first steps after its set-up are slower, by this much at first, decaying by half a step
+    warmup_penalty: float = 0.0
     #: every device but the CPU runs this much slower once stage 1 is over (a GPU throttling: the
     #: pure-Python control on the CPU cannot see it)
     slowdown_after_stage_1: float = 1.0
@@ -94,6 +101,8 @@ class _Weather:
         self.timed_steps = 0
         self.in_setup = False
         self._load = [0.0]  # shared with the control's weather: the machine's slow load, in log units
+        #: the step that ran last (a position effect hits the one after another candidate's)
+        self.last_step: object = None
 
     def load(self) -> float:
         """The machine-wide load factor, one AR(1) step further."""
@@ -105,6 +114,7 @@ class _Weather:
         return math.exp(self._load[0])
 
     def factor(self, device: str) -> float:
+        """The machine's factor on one step of ``device`` now (the candidate's own terms are the step's)."""
         truth, now = self.truth, self.clock.now
         value = (1 + truth.ramp_per_s * now) * math.exp(self.rng.gauss(0.0, truth.noise)) * self.load()
         if truth.burst is not None and truth.burst[0] <= now < truth.burst[1]:
@@ -117,15 +127,27 @@ class _Weather:
 
 
 class _FakeStep:
-    def __init__(self, step_s: float, device: str, weather: _Weather) -> None:
+    def __init__(self, step_s: float, device: str, weather: _Weather, own: CandidateTruth | None = None) -> None:
         self.step_s = step_s
         self.device = device
         self.weather = weather
+        self.own = own
+        self.steps = 0
 
     def run(self) -> None:
-        self.weather.clock.now += self.step_s * self.weather.factor(self.device)
-        if not self.weather.in_setup:
-            self.weather.timed_steps += 1
+        weather, truth = self.weather, self.weather.truth
+        value = self.step_s * weather.factor(self.device)
+        if self.own is not None:
+            if self.own.outlier_rate and weather.rng.random() < self.own.outlier_rate:  # no draw when no tail
+                value *= self.own.outlier_factor
+            if weather.last_step is not self:
+                value *= 1 + truth.switch_penalty
+            value *= 1 + truth.warmup_penalty * 0.5 ** self.steps
+            weather.last_step = self
+        self.steps += 1
+        weather.clock.now += value
+        if not weather.in_setup:
+            weather.timed_steps += 1
 
     def selected(self) -> contextlib.AbstractContextManager[None]:
         return contextlib.nullcontext()
@@ -151,7 +173,7 @@ class TruthLab:
         clock.now += truth.setup_s
         if truth.failure is not None:
             raise CandidateFailed(CandidateResult(candidate=candidate, failure=truth.failure, setup_s=truth.setup_s))
-        step = _FakeStep(self.truth.step_ms(candidate) / 1000, candidate.device, self.weather)
+        step = _FakeStep(self.truth.step_ms(candidate) / 1000, candidate.device, self.weather, truth)
         recent_s = []
         self.weather.in_setup = True
         verify_steps = (self.settings.verify_steps if candidate == candidate.base
@@ -205,6 +227,7 @@ class _ControlWeather(_Weather):
         self._load = weather._load
 
     def factor(self, device: str) -> float:
+        """The machine's factor on one step of ``device`` now (the candidate's own terms are the step's)."""
         truth, now = self.truth, self.clock.now
         value = (1 + truth.ramp_per_s * now) * math.exp(self.rng.gauss(0.0, 0.01)) * self.load()
         if truth.burst is not None and truth.burst[0] <= now < truth.burst[1]:
