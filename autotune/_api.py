@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from autotune import _env
 from autotune._cache import exchange as _exchange
 from autotune._cache import lookup as _cached
+from autotune._cache import max_batch as _max_batch_answers
 from autotune._cache.freshness import due_retries, family_key, fresh_until, key_change, now_utc, stale_reason
 from autotune._cache.locks import held_elsewhere
 from autotune._cache.lookup import Similar, find_similar
@@ -147,10 +148,8 @@ def fallback(kind: str, fp: Fingerprint, store: Store, why: str, *, prefer: Pref
 def clear_cache() -> list[str]:
     """Delete every stored measurement of every machine configuration (max-batch answers too); returns the
     removed paths."""
-    from autotune import _max_batch
-
     _cached.decisions.clear()
-    return [str(p) for p in _cached.store().clear()] + _max_batch.clear_cache()
+    return [str(p) for p in _cached.store().clear()] + _max_batch_answers.clear()
 
 
 def cached_configs(

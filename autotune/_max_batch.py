@@ -1,31 +1,30 @@
-"""The largest batch that fits: ``autotune.max_batch_size("cnn", memory_limit_mb=4096)`` (issue #15).
+"""The largest batch that fits: ``autotune.max_batch_size("cnn", memory_limit_mb=4096)``.
 
 The entry points run their probes in the calibration worker; the search (two probes, a fitted line,
-confirmation with real steps) is :func:`find_max_batch`.
-
-Answers are cached per machine (fingerprint), family (build reference and version), candidate, limit and
-margin, in ``<cache dir>/max_batch/<digest>.json``, written like the results files (lock, temp + fsync +
-``os.replace``); a cache that cannot be read or written costs a measurement, never an error.
+confirmation with real steps) is :func:`find_max_batch`. Answers are cached per machine, family, candidate,
+limit and margin (``autotune._cache.max_batch``).
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import json
 import logging
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
-from pydantic import ValidationError
+import torch
 
-from autotune._errors import ConfigurationError, MaxBatchError
-from autotune._models import PRECISIONS, Candidate, MaxBatchReport, MemoryLine, MemoryProbe, Precision, Record
-
-if TYPE_CHECKING:
-    from autotune._calibration.protocol import MemoryProbed
+from autotune import _fp32
+from autotune._api import best_config
+from autotune._cache.max_batch import Answers
+from autotune._calibrate import new_worker
+from autotune._calibration.protocol import FamilyRef, MemoryProbed, MemoryProbeJob
+from autotune._errors import BatchSizeUnsupportedError, ConfigurationError, MaxBatchError
+from autotune._families import get_family
+from autotune._fingerprint import fingerprint
+from autotune._models import PRECISIONS, Candidate, MaxBatchReport, MemoryLine, MemoryProbe, Precision
 
 log = logging.getLogger("autotune")
 
@@ -42,8 +41,6 @@ def _validate(margin: float, memory_limit_mb: float | None, precision: str | Non
     if precision is not None and precision not in PRECISIONS:
         raise ConfigurationError("precision", precision, " | ".join(PRECISIONS))
     if device is not None:
-        import torch
-
         try:
             torch.device(device)
         except RuntimeError as exc:
@@ -58,20 +55,9 @@ def max_batch_report(
 
     See :func:`max_batch_size`; ``force=True`` measures again instead of answering from the cache.
     """
-    import torch
-
-    from autotune import _fp32
-    from autotune._api import best_config
-    from autotune._calibrate import new_worker
-    from autotune._calibration.protocol import FamilyRef, MemoryProbeJob
-    from autotune._families import get_family
-    from autotune._fingerprint import fingerprint
-
     _validate(margin, memory_limit_mb, precision, device)
     family = get_family(model_kind)
     if not family.accepts_batch_size():
-        from autotune._errors import BatchSizeUnsupportedError
-
         raise BatchSizeUnsupportedError(family.name, family.ref)
     init_scale = None
     if device is None or precision is None:
@@ -84,7 +70,7 @@ def max_batch_report(
     else:
         candidate = Candidate(device=str(torch.device(device)), precision=precision)
     limit_bytes = int(memory_limit_mb * 2**20) if memory_limit_mb is not None else None
-    cache = _Cache(fingerprint().digest)
+    cache = Answers(fingerprint().digest)
     key = "|".join([family.name, family.ref, family.version or "", candidate.label, f"{init_scale}", f"{margin:g}",
                     f"{limit_bytes}"])
     if not force:
@@ -126,70 +112,6 @@ def max_batch_size(
                             memory_limit_mb=memory_limit_mb).batch_size
 
 
-# -- the cache ------------------------------------------------------------------------------------------------
-
-
-class _CacheFile(Record):
-    schema_version: int = 1
-    reports: dict[str, MaxBatchReport]
-
-
-def cache_dir() -> Path:
-    from autotune._cache.store import default_root
-
-    return default_root() / "max_batch"
-
-
-class _Cache:
-    """``<cache dir>/max_batch/<digest>.json``: one machine configuration's answers, keyed by the question."""
-
-    def __init__(self, digest: str) -> None:
-        self.path = cache_dir() / f"{digest}.json"
-
-    def _read(self) -> dict[str, MaxBatchReport]:
-        try:
-            data = self.path.read_bytes()
-        except OSError:
-            return {}
-        try:
-            return _CacheFile.model_validate_json(data).reports
-        except ValidationError as exc:
-            log.warning("ignoring the unreadable max-batch cache %s (%s); measuring again", self.path,
-                        exc.errors()[0].get("msg", "invalid"))
-            return {}
-
-    def get(self, key: str) -> MaxBatchReport | None:
-        return self._read().get(key)
-
-    def put(self, key: str, report: MaxBatchReport) -> None:
-        import filelock
-
-        from autotune._cache.store import write_atomic
-        from autotune._env import LOCK_TIMEOUT_S
-
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            with filelock.FileLock(f"{self.path}.lock", timeout=min(LOCK_TIMEOUT_S.get(), 30.0)):
-                reports = {**self._read(), key: report}
-                document = _CacheFile(reports=reports).model_dump(mode="json")
-                write_atomic(self.path, json.dumps(document, indent=1).encode())
-        except (OSError, filelock.Timeout) as exc:
-            log.warning("cannot store the max-batch answer in %s (%s); it is measured again next time",
-                        self.path, exc)
-
-
-def clear_cache() -> list[str]:
-    """Delete every cached max-batch answer; returns the removed paths."""
-    removed = []
-    for path in sorted(cache_dir().glob("*.json")):
-        try:
-            path.unlink()
-        except OSError:
-            continue
-        removed.append(str(path))
-    return removed
-
-
 # -- the search -----------------------------------------------------------------------------------------------
 
 #: the first probe's batch (halved while it does not fit); the second is 4x (or what the first allows)
@@ -207,7 +129,7 @@ AIM = 0.015
 #: below this difference between two peaks the line's slope is page noise
 NOISE_BYTES = 2**20
 
-Probe = Callable[[int], "MemoryProbed"]
+Probe = Callable[[int], MemoryProbed]
 
 
 def find_max_batch(probe: Probe, *, model_kind: str, candidate: Candidate, margin: float,
@@ -341,5 +263,5 @@ def mib_words(value: float | None) -> str:
 
 
 __all__ = [
-    "MAX_BATCH_SIZE", "Probe", "clear_cache", "find_max_batch", "max_batch_report", "max_batch_size", "mib_words",
+    "MAX_BATCH_SIZE", "Probe", "find_max_batch", "max_batch_report", "max_batch_size", "mib_words",
 ]

@@ -5,7 +5,10 @@ Limits are small (tens of MiB over what the worker already holds) so every searc
 
 from __future__ import annotations
 
+import logging
+import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -14,9 +17,10 @@ from families_for_tests import FAILS_ABOVE
 
 import autotune
 from autotune import _fp32
+from autotune._cache.max_batch import Answers
 from autotune._calibration.protocol import FamilyRef, MemoryProbeJob
 from autotune._cli import main
-from autotune._models import Candidate
+from autotune._models import Candidate, MaxBatchReport
 from autotune._worker.worker import Worker
 
 MIB = 2**20
@@ -82,6 +86,46 @@ def test_answers_are_cached_per_question_and_measured_again_when_forced(batched:
     assert again.measured_at != first.measured_at
     cached = list((isolated_autotune / "max_batch").glob("*.json"))
     assert len(cached) == 1 and set(autotune.clear_cache()) >= {str(cached[0])}
+
+
+def _answer(batch_size: int) -> MaxBatchReport:
+    return MaxBatchReport(model_kind="batched", candidate=CPU_FP32, batch_size=batch_size, peak_bytes=MIB,
+                          limit_bytes=2 * MIB, limit_from="memory_limit_mb", free_bytes=None, margin=0.15,
+                          target_bytes=MIB, line=None, probes=[], measured_at="2026-01-01T00:00:00+00:00", wall_s=1.0)
+
+
+def _symlink(path: Path) -> None:
+    real = path.with_name("elsewhere.data")
+    os.replace(path, real)
+    path.symlink_to(real)
+
+
+def _hundred_mb(path: Path) -> None:
+    with open(path, "r+b") as f:
+        f.truncate(100 * 2**20)  # sparse: 100 MB to the reader, no disk used
+
+
+def _garbage(path: Path) -> None:
+    path.write_bytes(bytes(range(256)))
+
+
+@pytest.mark.parametrize("damage", [_symlink, _hundred_mb, _garbage], ids=["symlink", "100-mb-file", "garbage"])
+def test_an_answers_file_that_cannot_be_read_is_measured_again(damage: Callable[[Path], None],
+                                                                caplog: pytest.LogCaptureFixture) -> None:
+    """Read like the results files: never through a link, never a file larger than any answers file."""
+    answers = Answers("abc")
+    answers.put("question", _answer(8))
+    assert answers.get("question") == _answer(8)
+    damage(answers.path)
+    elsewhere = answers.path.with_name("elsewhere.data")
+    linked_to = elsewhere.read_bytes() if elsewhere.exists() else None
+    with caplog.at_level(logging.WARNING, logger="autotune"):
+        assert answers.get("question") is None  # a miss: the caller measures
+    assert "max-batch cache" in caplog.text and "measuring again" in caplog.text
+    answers.put("question", _answer(16))  # the new answer replaces the damaged file, never what a link points to
+    assert answers.get("question") == _answer(16) and not answers.path.is_symlink()
+    if linked_to is not None:
+        assert elsewhere.read_bytes() == linked_to
 
 
 @pytest.mark.parametrize(("build", "limit_mb"), [("build_oom_above", 512), ("build_killed_above", 64)],
