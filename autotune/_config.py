@@ -16,6 +16,7 @@ from autotune import _fp32
 from autotune._errors import FrameworkError
 from autotune._models import Candidate, MemoryFormat, OptimizerImpl, Precision, Record
 from autotune._precision import AUTOCAST_DTYPES, DEFAULT_INIT_SCALE, MEMORY_FORMATS, move
+from autotune.backends import backend_for
 
 Source = Literal["measured", "forced", "heuristic"]
 Batch = TypeVar("Batch")
@@ -171,16 +172,18 @@ class Config(Record):
         CPU (Lightning warns and trains in bf16 instead) and Intel XPU (no built-in Lightning accelerator).
         """
         device = torch.device(self.device)
-        if device.type == "xpu":
+        backend = backend_for(self.device)
+        if backend.lightning_accelerator is None:
             raise FrameworkError("Lightning", f"device {self.device!r}", (
-                "Lightning has no built-in accelerator for Intel XPU; train with cfg.prepare() and cfg.autocast() "
-                "in your own loop, or through Accelerate (cfg.accelerate_kwargs())"))
+                f"Lightning has no built-in accelerator for {backend.title}; train with cfg.prepare() and "
+                "cfg.autocast() in your own loop, or through Accelerate (cfg.accelerate_kwargs())"))
         if device.type == "cpu" and self.precision == "fp16-mixed":
             raise FrameworkError("Lightning", "fp16 mixed precision on the CPU", (
                 "Lightning replaces precision='16-mixed' on the CPU with 'bf16-mixed'; train with cfg.autocast() "
                 "in your own loop, or pass plugins=[MixedPrecision('16-mixed', 'cpu')] with precision=None"))
         devices: int | list[int] = [device.index] if device.index is not None else 1
-        return {"accelerator": device.type, "devices": devices, "precision": LIGHTNING_PRECISIONS[self.precision]}
+        return {"accelerator": backend.lightning_accelerator, "devices": devices,
+                "precision": LIGHTNING_PRECISIONS[self.precision]}
 
     def accelerate_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``accelerate.Accelerator``, e.g. ``{"cpu": True, "mixed_precision": "bf16"}``.

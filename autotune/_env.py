@@ -66,14 +66,17 @@ def _search(raw: str) -> Search:
 
 
 def _device(raw: str) -> str:
-    # The string must be one torch.device accepts; parsing needs no device initialisation.
+    # The string must be one torch.device accepts, of a backend autotune has; parsing needs no device
+    # initialisation. Imported here: torch-free modules read the other variables.
     import torch
+
+    from autotune.backends import all_backends
 
     try:
         device = torch.device(raw)
     except RuntimeError as exc:
         raise ValueError(raw) from exc
-    if device.type not in ("cpu", "cuda", "mps", "xpu"):
+    if device.type not in {backend.device_type for backend in all_backends()}:
         raise ValueError(raw)
     return str(device)
 

@@ -28,13 +28,15 @@ from autotune._models import Record
 from autotune.backends import Accelerator, all_backends
 from autotune.backends.cpu import cpu_facts
 
-#: Environment variables that choose which accelerators the worker sees, and in which order.
-DEVICE_VARIABLES = (
-    "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "ZE_AFFINITY_MASK",
-)
 #: Environment variables that set the CPU thread pools of the worker (it inherits the environment).
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
-_VARIABLES = (*DEVICE_VARIABLES, *THREAD_VARIABLES)
+
+
+@functools.cache
+def device_variables() -> tuple[str, ...]:
+    """Environment variables that choose which accelerators the worker sees, and in which order: each
+    backend's ``visible_device_variables``, e.g. ``CUDA_VISIBLE_DEVICES``."""
+    return tuple(name for backend in all_backends() for name in backend.visible_device_variables)
 
 
 class Fingerprint(Record):
@@ -55,7 +57,7 @@ class Fingerprint(Record):
     torch_threads: int
     ram_gib: int
     accelerators: list[Accelerator]
-    #: the set ones of DEVICE_VARIABLES and THREAD_VARIABLES, e.g. ``{'OMP_NUM_THREADS': '1'}``
+    #: the set ones of device_variables() and THREAD_VARIABLES, e.g. ``{'OMP_NUM_THREADS': '1'}``
     environment: dict[str, str]
 
     @computed_field  # type: ignore[prop-decorator]
@@ -129,18 +131,18 @@ def _accelerators(device_environment: tuple[tuple[str, str], ...]) -> tuple[Acce
 def fingerprint() -> Fingerprint:
     """This machine's fingerprint; hardware facts are read once per process, settings on every call."""
     # Process-level settings that change speed are re-read: an app may set them at any time before calibrating.
-    values = [(name, os.environ.get(name)) for name in _VARIABLES]
+    values = [(name, os.environ.get(name)) for name in (*device_variables(), *THREAD_VARIABLES)]
     environment = tuple((name, value) for name, value in values if value is not None)
     return _fingerprint(_usable_cores(), torch.get_num_threads(), environment)
 
 
 @functools.lru_cache(maxsize=8)
 def _fingerprint(usable_cores: int, torch_threads: int, environment: tuple[tuple[str, str], ...]) -> Fingerprint:
-    devices = tuple(pair for pair in environment if pair[0] in DEVICE_VARIABLES)
+    devices = tuple(pair for pair in environment if pair[0] in device_variables())
     return Fingerprint.model_validate({
         **_static_fields(), "usable_cores": usable_cores, "torch_threads": torch_threads,
         "accelerators": list(_accelerators(devices)), "environment": dict(environment),
     })
 
 
-__all__ = ["DEVICE_VARIABLES", "THREAD_VARIABLES", "Fingerprint", "fingerprint", "kernel_release"]
+__all__ = ["THREAD_VARIABLES", "Fingerprint", "device_variables", "fingerprint", "kernel_release"]

@@ -56,3 +56,42 @@ def test_mps_peak_memory_is_the_largest_driver_allocation_over_the_steps(monkeyp
     assert backend.peak_memory_bytes("mps") == 500  # reads 200 now: the current value would have said 200
     backend.reset_peak_memory("mps")  # 50
     assert backend.peak_memory_bytes("mps") == 60
+
+
+def test_every_backend_answers_the_whole_interface_without_a_device() -> None:
+    """What the package asks of a device type comes from its backend: one module and one line per backend."""
+    import torch
+
+    from autotune import FrameworkError
+    from autotune._config import Config
+    from autotune._env import DEVICE
+    from autotune._precision import copies_non_blocking
+    from autotune.backends import Finding, all_backends, backend_for
+    from autotune.backends.api import Backend
+
+    backends = all_backends()
+    assert backends[0].device_type == "cpu"  # the baseline comes first
+    assert len({b.name for b in backends}) == len({b.device_type for b in backends}) == len(backends)
+    for backend in backends:
+        assert isinstance(backend, Backend) and backend_for(backend.device_type) is backend
+        assert backend.name and backend.title
+        assert isinstance(backend.async_copies, bool)
+        assert backend.lightning_accelerator is None or isinstance(backend.lightning_accelerator, str)
+        assert all(isinstance(v, str) and v.isupper() for v in backend.visible_device_variables)
+        activity = backend.profiler_activity()
+        assert activity is None or isinstance(activity, torch.profiler.ProfilerActivity)
+        reason = backend.unusable_reason()
+        assert reason is None or isinstance(reason, str)
+        assert all(isinstance(a.name, str) and a.backend == backend.name for a in backend.host_accelerators())
+        assert all(isinstance(f, Finding) for f in backend.diagnose())
+        # and the places that ask: the device setting, batch copies, Lightning
+        device = backend.device_type
+        assert DEVICE.parse(device) == device
+        assert copies_non_blocking(torch.device("cpu"), torch.device(device), pinned=True) is backend.async_copies
+        config = Config(model_kind="k", device=device, precision="fp32", source="forced", reason="",
+                        fingerprint_digest="")
+        if backend.lightning_accelerator is None:
+            with pytest.raises(FrameworkError, match=backend.title):
+                config.lightning_kwargs()
+        else:
+            assert config.lightning_kwargs()["accelerator"] == backend.lightning_accelerator

@@ -11,9 +11,9 @@ import pytest
 
 import autotune
 from autotune._fingerprint import (
-    DEVICE_VARIABLES,
     THREAD_VARIABLES,
     Fingerprint,
+    device_variables,
     kernel_release,
 )
 from autotune.backends import Accelerator
@@ -72,11 +72,17 @@ def test_accelerator_driver_change_changes_digest() -> None:
     assert old.digest != new.digest
 
 
-@pytest.mark.parametrize("variable", [*DEVICE_VARIABLES, *THREAD_VARIABLES])
+def test_the_device_variables_are_the_backends_in_their_order() -> None:
+    # The order is the order of the fingerprint's environment field in the results files.
+    assert device_variables() == ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "HIP_VISIBLE_DEVICES",
+                                  "ROCR_VISIBLE_DEVICES", "ZE_AFFINITY_MASK")
+
+
+@pytest.mark.parametrize("variable", [*device_variables(), *THREAD_VARIABLES])
 def test_each_device_and_thread_variable_alone_changes_the_digest(
     variable: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    for name in (*DEVICE_VARIABLES, *THREAD_VARIABLES):
+    for name in (*device_variables(), *THREAD_VARIABLES):
         monkeypatch.delenv(name, raising=False)
     unset = autotune.fingerprint().digest
     monkeypatch.setenv(variable, "1")

@@ -26,18 +26,12 @@ from autotune.backends import backend_for
 _STEP_MARKER = "autotune step"
 
 
-def _device_activity(device_type: str) -> torch.profiler.ProfilerActivity | None:
-    """The profiler activity that records this device's kernels; None where torch.profiler has none (MPS, CPU)."""
-    activities = {"cuda": torch.profiler.ProfilerActivity.CUDA, "xpu": torch.profiler.ProfilerActivity.XPU}
-    return activities.get(device_type)
-
-
 def trace_candidate(job: TraceJob) -> TraceReport:
     """Build the candidate's step, warm it up, record ``job.steps`` steps, write the Chrome trace."""
     backend = backend_for(job.candidate.device)
     step = TrainStep(Family(job.family.name, job.family.ref), job.candidate, backend, seed=0, fp32_host=job.fp32,
                      init_scale=job.init_scale)
-    device_activity = _device_activity(backend.device_type)
+    device_activity = backend.profiler_activity()
     activities = [torch.profiler.ProfilerActivity.CPU] + ([device_activity] if device_activity else [])
     step_s: list[float] = []
     with step.selected():

@@ -1,8 +1,9 @@
-"""One module per hardware backend behind one small interface, probed lazily.
+"""One module per hardware backend behind one small interface (``api.Backend``), probed lazily. A new backend
+is its module plus one line in :func:`all_backends`: the rest of the package asks the interface.
 
-The host process only calls :meth:`Backend.host_accelerators`, which never initialises a device (an app may
-``fork`` DataLoader workers after calling us, and a CUDA context in the parent breaks that). Everything else
-runs in the calibration worker.
+The host process only calls what never initialises a device (:meth:`Backend.host_accelerators` and the class
+facts): an app may ``fork`` DataLoader workers after calling us, and a CUDA context in the parent breaks that.
+Everything else runs in the calibration worker (or in ``--doctor``).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import functools
 
 import torch
 
-from autotune.backends.api import Accelerator, Backend
+from autotune.backends.api import Accelerator, Backend, Finding
 
 
 @functools.cache
@@ -34,4 +35,4 @@ def backend_for(device: str) -> Backend:
     raise ValueError(f"no autotune backend for device {device!r}")
 
 
-__all__ = ["Accelerator", "Backend", "all_backends", "backend_for"]
+__all__ = ["Accelerator", "Backend", "Finding", "all_backends", "backend_for"]

@@ -4,7 +4,7 @@ this, never the package, so nothing imports back up."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import torch
 
@@ -19,12 +19,30 @@ class Accelerator(Record):
     driver: str | None = None
 
 
+class Finding(Record):
+    """One ``--doctor`` diagnosis, e.g. ``level='error', message='NVIDIA driver found but ...', fix='install ...'``."""
+
+    level: Literal["ok", "info", "warning", "error"]
+    message: str
+    fix: str | None = None
+
+
 class Backend(ABC):
-    """Availability, devices, precisions worth trying, synchronisation and OOM detection for one backend."""
+    """Availability, devices, precisions worth trying, synchronisation and OOM detection for one backend, and
+    the facts the rest of the package asks of a device type (copies, profiler, frameworks, environment)."""
 
     name: ClassVar[str]
+    #: what users call it, e.g. ``'Intel XPU'``
+    title: ClassVar[str]
     #: torch's device type for ``torch.autocast`` / ``torch.amp.GradScaler``
     device_type: ClassVar[str]
+    #: whether a copy from pinned host memory to this device is stream-ordered and keeps its source alive, so a
+    #: batch may be copied ``non_blocking``
+    async_copies: ClassVar[bool] = False
+    #: ``lightning.Trainer(accelerator=...)`` for this device; None where Lightning has no built-in accelerator
+    lightning_accelerator: ClassVar[str | None]
+    #: environment variables that choose which of its devices a process sees, and in which order
+    visible_device_variables: ClassVar[tuple[str, ...]] = ()
 
     @abstractmethod
     def host_accelerators(self) -> list[Accelerator]:
@@ -69,6 +87,14 @@ class Backend(ABC):
         """What new allocations on ``device`` can still get now, e.g. 20 GiB; None where the OS does not say."""
         return None
 
+    def profiler_activity(self) -> torch.profiler.ProfilerActivity | None:
+        """The ``torch.profiler`` activity that records this device's kernels; None where there is none."""
+        return None
+
+    def diagnose(self) -> list[Finding]:
+        """What ``--doctor`` reports here: hardware this torch build cannot use, settings that skew timing."""
+        return []
+
     def is_oom(self, exc: BaseException) -> bool:
         if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
             return True
@@ -77,4 +103,4 @@ class Backend(ABC):
         return isinstance(exc, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)
 
 
-__all__ = ["Accelerator", "Backend"]
+__all__ = ["Accelerator", "Backend", "Finding"]

@@ -76,7 +76,9 @@ def _cpu_autocast_works(dtype: torch.dtype) -> bool:
 
 class CpuBackend(Backend):
     name = "cpu"
+    title = "the CPU"
     device_type = "cpu"
+    lightning_accelerator = "cpu"
 
     def host_accelerators(self) -> list[Accelerator]:
         return []

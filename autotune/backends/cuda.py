@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from autotune._models import Precision
-from autotune.backends.api import Accelerator, Backend
+from autotune.backends.api import Accelerator, Backend, Finding
 
 _PROC_DRIVER = "/proc/driver/nvidia"
 #: where the amdgpu kernel driver describes each GPU (Linux), readable without initialising HIP
@@ -176,7 +176,12 @@ def nvidia_hardware_present() -> bool:
 
 class CudaBackend(Backend):
     name = "cuda"
+    title = "CUDA"
     device_type = "cuda"
+    async_copies = True
+    lightning_accelerator = "cuda"
+    visible_device_variables = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "HIP_VISIBLE_DEVICES",
+                                "ROCR_VISIBLE_DEVICES")
 
     def host_accelerators(self) -> list[Accelerator]:
         if torch.version.cuda is None and torch.version.hip is None:
@@ -227,6 +232,35 @@ class CudaBackend(Backend):
         native = "native bf16" if major >= 8 else "bf16 emulated"
         sms = props.multi_processor_count
         return f"{props.name}, compute capability {major}.{minor} ({native}), {memory}, {sms} SMs"
+
+    def profiler_activity(self) -> torch.profiler.ProfilerActivity | None:
+        return torch.profiler.ProfilerActivity.CUDA
+
+    def diagnose(self) -> list[Finding]:
+        findings = []
+        build = torch.__version__
+        if torch.version.cuda is None and torch.version.hip is None and nvidia_hardware_present():
+            driver = nvidia_driver_version()
+            findings.append(Finding(
+                level="error",
+                message=f"an NVIDIA driver{f' {driver}' if driver else ''} is installed but torch {build} has no CUDA "
+                "support: training will run on the CPU",
+                fix="install a CUDA build of torch that matches the driver, then run "
+                "`python -m autotune --recalibrate`",
+            ))
+        if torch.version.cuda is not None and not torch.cuda.is_available():
+            driver = nvidia_driver_version()
+            findings.append(Finding(
+                level="error",
+                message=f"torch {build} was built for CUDA {torch.version.cuda} but finds no usable GPU"
+                + (f" (driver {driver})" if driver else " (no NVIDIA driver found)"),
+                fix="update the NVIDIA driver to one that supports this CUDA version, or install a torch build for "
+                "an older CUDA; check that CUDA_VISIBLE_DEVICES does not hide the GPU",
+            ))
+        if os.environ.get("CUDA_VISIBLE_DEVICES", None) == "":
+            findings.append(Finding(level="warning", message="CUDA_VISIBLE_DEVICES is empty: every CUDA GPU is hidden",
+                                    fix="unset CUDA_VISIBLE_DEVICES"))
+        return findings
 
     def synchronize(self, device: str) -> None:
         torch.cuda.synchronize(torch.device(device))

@@ -9,7 +9,7 @@ import sys
 import torch
 
 from autotune._models import Precision
-from autotune.backends.api import Accelerator, Backend
+from autotune.backends.api import Accelerator, Backend, Finding
 from autotune.backends.cpu import cpu_brand
 
 FALLBACK_VAR = "PYTORCH_ENABLE_MPS_FALLBACK"
@@ -19,7 +19,9 @@ class MpsBackend(Backend):
     """Apple's GPU. torch.mps has no peak-memory counter, so this backend keeps one (see ``synchronize``)."""
 
     name = "mps"
+    title = "Apple Metal (MPS)"
     device_type = "mps"
+    lightning_accelerator = "mps"
 
     def __init__(self) -> None:
         #: the largest driver allocation seen since ``reset_peak_memory``; None before the first reset
@@ -88,6 +90,24 @@ class MpsBackend(Backend):
         if recommended is None:
             return None
         return max(0, int(recommended()) - int(torch.mps.driver_allocated_memory()))
+
+    def diagnose(self) -> list[Finding]:
+        findings = []
+        if sys.platform == "darwin" and platform.machine() == "arm64":
+            if not torch.backends.mps.is_built():
+                findings.append(Finding(level="error", message=f"Apple Silicon, but torch {torch.__version__} was "
+                                        "built without MPS", fix="install the standard macOS arm64 torch wheel"))
+            elif not torch.backends.mps.is_available():
+                findings.append(Finding(
+                    level="error", message="Apple Silicon, MPS built but not available",
+                    fix="update macOS to 12.3 or later and use a native arm64 Python (not Rosetta)"))
+        if os.environ.get(FALLBACK_VAR) == "1":
+            findings.append(Finding(
+                level="warning",
+                message=f"{FALLBACK_VAR}=1: ops MPS lacks run on the CPU, and calibration would time them as GPU work",
+                fix=f"unset {FALLBACK_VAR} before calibrating, or accept that MPS timings include CPU fallbacks",
+            ))
+        return findings
 
     def is_oom(self, exc: BaseException) -> bool:
         return super().is_oom(exc) or "MPS backend out of memory" in str(exc)

@@ -63,7 +63,11 @@ def visible_indices(count: int, ze_affinity_mask: str | None) -> list[int]:
 
 class XpuBackend(Backend):
     name = "xpu"
+    title = "Intel XPU"
     device_type = "xpu"
+    async_copies = True
+    lightning_accelerator = None
+    visible_device_variables = ("ZE_AFFINITY_MASK",)
 
     def host_accelerators(self) -> list[Accelerator]:
         if not _compiled() or sys.platform != "linux":
@@ -91,6 +95,9 @@ class XpuBackend(Backend):
     def device_name(self, device: str) -> str:
         props = torch.xpu.get_device_properties(torch.device(device))
         return f"{props.name}, driver {props.driver_version}, {props.total_memory / 2**30:.0f} GiB"
+
+    def profiler_activity(self) -> torch.profiler.ProfilerActivity | None:
+        return torch.profiler.ProfilerActivity.XPU
 
     def synchronize(self, device: str) -> None:
         torch.xpu.synchronize(torch.device(device))
