@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from collections.abc import Iterator
@@ -189,11 +190,13 @@ def _worker_in_a_hung_step(host_pid: int) -> int:
 
 
 @pytest.fixture
-def early(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """``launch`` as on a machine of several cores, and nothing started early left for the next test."""
+def early(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
+    """``launch`` as on a machine of several cores where nothing else measures (a temporary directory of its own,
+    where the machine's measuring lock lives), and nothing started early left for the next test."""
     from autotune._worker import launch
 
     monkeypatch.setattr(launch, "_cores", lambda: 2)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     yield
     launch.discard()
 
