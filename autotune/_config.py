@@ -14,7 +14,7 @@ from torch import nn
 
 from autotune import _fp32
 from autotune._errors import FrameworkError
-from autotune._models import Candidate, MemoryFormat, OptimizerImpl, Precision, Record
+from autotune._models import Candidate, Choice, OptimizerImpl, Precision
 from autotune._precision import AUTOCAST_DTYPES, DEFAULT_INIT_SCALE, MEMORY_FORMATS, move
 from autotune.backends import backend_for
 
@@ -28,17 +28,16 @@ LIGHTNING_PRECISIONS: dict[Precision, str] = {
 ACCELERATE_PRECISIONS: dict[Precision, str] = {"fp32": "no", "tf32": "no", "bf16-mixed": "bf16", "fp16-mixed": "fp16"}
 
 
-class Config(Record):
+class Config(Choice):
     """A training configuration, e.g. ``Config(model_kind="cnn", device="cpu", precision="bf16-mixed", ...)``.
 
-    ``reason`` says in one or two sentences why this device and this precision; ``source`` says where the
-    answer came from: ``measured`` on this machine, ``forced`` by ``AUTOTUNE_DEVICE``, or ``heuristic`` when
-    no measurement was possible (the reason says why).
+    The device, precision and variants are the measured candidate's (:class:`Choice`); ``reason`` says in one
+    or two sentences why this device and this precision; ``source`` says where the answer came from:
+    ``measured`` on this machine, ``forced`` by ``AUTOTUNE_DEVICE``, or ``heuristic`` when no measurement was
+    possible (the reason says why).
     """
 
     model_kind: str
-    device: str
-    precision: Precision
     source: Source
     reason: str
     step_ms: float | None = None
@@ -48,10 +47,6 @@ class Config(Record):
     peak_memory_mb: float | None = Field(default=None, description=(
         "the most memory the measured training steps held at once, in MiB, e.g. 61.5: on the CPU what the "
         "process's resident size rose by (Linux); on a GPU allocated memory; None where it was not measured"))
-    num_threads: int | None = None
-    memory_format: MemoryFormat = "contiguous"
-    optimizer: OptimizerImpl = "default"
-    compiled: bool = False
     noisy: bool = False
     fingerprint_digest: str
     measured_at: str | None = None
@@ -59,15 +54,7 @@ class Config(Record):
     @property
     def candidate(self) -> Candidate:
         """The measured candidate this Config applies, e.g. ``Candidate(device="cpu", precision="bf16-mixed")``."""
-        return Candidate(
-            device=self.device, precision=self.precision, memory_format=self.memory_format,
-            optimizer=self.optimizer, num_threads=self.num_threads, compiled=self.compiled,
-        )
-
-    @property
-    def variants(self) -> list[str]:
-        """What differs from torch's defaults besides device and precision, e.g. ``['channels_last']``."""
-        return self.candidate.variants
+        return Candidate(**{name: getattr(self, name) for name in Choice.model_fields})
 
     @property
     def device_type(self) -> str:

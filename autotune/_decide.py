@@ -81,9 +81,8 @@ def decide(
     baseline = next((r for r in measured.candidates if r.usable and r.candidate == r.candidate.base
                      and is_cpu(r) and r.candidate.precision == "fp32"), None)
     config = Config(
+        **pick.candidate.model_dump(),
         model_kind=measured.model_kind,
-        device=pick.candidate.device,
-        precision=pick.candidate.precision,
         source=source,
         reason=reason,
         step_ms=step_ms(pick),
@@ -91,10 +90,6 @@ def decide(
         speedup_vs_fp32_cpu=step_ms(baseline) / step_ms(pick) if baseline else None,
         init_scale=pick.numerics.init_scale if pick.numerics else None,
         peak_memory_mb=pick.peak_bytes / 2**20 if pick.peak_bytes is not None else None,
-        num_threads=pick.candidate.num_threads,
-        memory_format=pick.candidate.memory_format,
-        optimizer=pick.candidate.optimizer,
-        compiled=pick.candidate.compiled,
         noisy=measured.noisy,
         fingerprint_digest=digest,
         measured_at=measured.measured_at,

@@ -23,12 +23,13 @@ class Record(BaseModel):
     model_config = ConfigDict(frozen=True, extra="ignore", ser_json_inf_nan="constants")
 
 
-class Candidate(Record):
-    """One configuration to try, e.g. ``Candidate(device="cpu", precision="bf16-mixed")``.
+class Choice(Record):
+    """What a candidate sets and a Config applies: the device, the precision and each variant, e.g.
+    ``device="cpu", precision="bf16-mixed", memory_format="channels_last"``. A new variant is one field here.
 
-    Beyond device and precision: the memory format of the model and of 4-D inputs, the optimizer's
-    implementation (torch's ``foreach`` or ``fused`` kernels, for the built-in AdamW), the CPU thread count
-    (None: torch's default), and ``torch.compile`` (only in the extended search).
+    The variants: the memory format of the model and of 4-D inputs, the optimizer's implementation (torch's
+    ``foreach`` or ``fused`` kernels, for the built-in AdamW), the CPU thread count (None: torch's default),
+    and ``torch.compile`` (only in the extended search).
     """
 
     device: str
@@ -37,11 +38,6 @@ class Candidate(Record):
     optimizer: OptimizerImpl = "default"
     num_threads: int | None = None
     compiled: bool = False
-
-    @property
-    def label(self) -> str:
-        """e.g. ``'cpu bf16-mixed'`` or ``'cpu bf16-mixed channels_last 1 thread'``"""
-        return f"{self.device} {self.precision}{self.variant_words}"
 
     @property
     def variants(self) -> list[str]:
@@ -61,6 +57,15 @@ class Candidate(Record):
     def variant_words(self) -> str:
         """e.g. ``' channels_last fused-optimizer'``: what a label adds to device and precision."""
         return "".join(f" {w}" for w in self.variants)
+
+
+class Candidate(Choice):
+    """One configuration to try, e.g. ``Candidate(device="cpu", precision="bf16-mixed")``."""
+
+    @property
+    def label(self) -> str:
+        """e.g. ``'cpu bf16-mixed'`` or ``'cpu bf16-mixed channels_last 1 thread'``"""
+        return f"{self.device} {self.precision}{self.variant_words}"
 
     @property
     def base(self) -> Candidate:
@@ -303,6 +308,7 @@ __all__ = [
     "PRECISIONS",
     "Candidate",
     "CandidateResult",
+    "Choice",
     "Drop",
     "Failure",
     "FailureKind",

@@ -60,3 +60,28 @@ def test_config_is_frozen_and_json_round_trips() -> None:
     with pytest.raises(ValueError):
         config.device = "cuda:0"  # type: ignore[misc]
     assert Config.model_validate_json(config.model_dump_json()) == config
+
+
+def test_a_decided_config_dumps_every_key_it_always_had() -> None:
+    """Config is built from the pick's candidate: the dump (CLI --json, an app's logs) keeps its keys and values."""
+    from samples import family, timed
+
+    from autotune._decide import decide
+    from autotune._models import Candidate
+
+    fast = timed("cpu", "bf16-mixed", 50.0, init_scale=None)
+    fast = fast.model_copy(update={"candidate": Candidate(device="cpu", precision="bf16-mixed",
+                                                          memory_format="channels_last", optimizer="fused"),
+                                   "peak_bytes": 3 * 2**20})
+    config = decide(family("cnn", timed("cpu", "fp32", 100.0), fast), digest="d")
+    dumped = config.model_dump()
+    assert dumped == {
+        "model_kind": "cnn", "device": "cpu", "precision": "bf16-mixed", "source": "measured",
+        "reason": config.reason, "step_ms": fast.timing.median_ms if fast.timing else None, "setup_s": 0.1,
+        "speedup_vs_fp32_cpu": dumped["speedup_vs_fp32_cpu"], "init_scale": None, "peak_memory_mb": 3.0,
+        "num_threads": None, "memory_format": "channels_last", "optimizer": "fused", "compiled": False,
+        "noisy": False, "fingerprint_digest": "d", "measured_at": "2026-11-30T00:00:00+00:00",
+    }
+    assert 1.9 < dumped["speedup_vs_fp32_cpu"] < 2.1
+    assert config.candidate == fast.candidate and config.variants == ["channels_last", "fused-optimizer"]
+    assert Config.model_validate_json(config.model_dump_json()) == config
