@@ -229,7 +229,7 @@ def check_cached(model_kinds: Iterable[str] | None = None) -> list[CheckResult]:
     known = set(family_names())
     measured = {k: r for k, r in cached_families(model_kinds, fresh_only=True).items()
                 if k in known and r.origin is None}
-    results = _check.check(measured, fingerprint().digest)
+    results = _check.check(measured)
     stale = [r.model_kind for r in results if r.verdict == "recalibrated"]
     if not stale:
         return results

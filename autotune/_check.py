@@ -22,7 +22,7 @@ import torch
 from autotune import _env, _fp32, _stats
 from autotune._cache.locks import measuring
 from autotune._calibration.check import faster_by_margin
-from autotune._decide import decide, finalists
+from autotune._decide import finalists, picked
 from autotune._models import Candidate, CandidateResult, FamilyResult, Record
 
 log = logging.getLogger("autotune")
@@ -67,7 +67,7 @@ def _against(measured: FamilyResult, pick: Candidate) -> list[Candidate]:
     return chosen
 
 
-def check(measured: dict[str, FamilyResult], digest: str) -> list[CheckResult]:
+def check(measured: dict[str, FamilyResult]) -> list[CheckResult]:
     """Re-time each family's pick in one worker; returns a verdict per family (nothing is recalibrated here)."""
     from autotune._calibrate import new_worker
     from autotune._calibration.measure import MeasureSettings
@@ -86,7 +86,7 @@ def check(measured: dict[str, FamilyResult], digest: str) -> list[CheckResult]:
     with new_worker() as worker, measuring():
         for kind, record in measured.items():
             started = time.perf_counter()
-            pick = decide(record, digest=digest).candidate
+            pick = picked(record)
             against = _against(record, pick)
             family = get_family(kind)
             job = CheckJob(family=FamilyRef(name=family.name, ref=family.ref), candidates=[*against[:1], pick,

@@ -233,12 +233,12 @@ def _check(args: argparse.Namespace) -> int:
 def _pick_words(measured: FamilyResult | None) -> str:
     """e.g. ``'cpu bf16-mixed channels_last'``, or why there is none."""
     import autotune
-    from autotune._decide import decide
+    from autotune._decide import picked
 
     if measured is None:
         return "not measured"
     try:
-        return decide(measured, digest="").candidate.label
+        return picked(measured).label
     except autotune.CalibrationError:
         return "no usable candidate"
 

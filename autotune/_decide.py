@@ -51,10 +51,7 @@ def decide(
     usable = finalists(measured)
     failed = [r for r in measured.candidates if r.failure is not None]
     if not usable:
-        raise CalibrationError(
-            measured.model_kind,
-            [(r.candidate.label, f"{r.failure.kind}: {r.failure.detail}") for r in failed if r.failure],
-        )
+        raise _untrainable(measured)
     notes: list[str] = []
     source: Literal["measured", "forced"] = "measured"
     if forced_device is not None:
@@ -97,6 +94,20 @@ def decide(
     log.info("Training device for %s: %s", measured.model_kind, device_sentence)
     log.info("Precision for %s: %s", measured.model_kind, precision_sentence)
     return config
+
+
+def picked(measured: FamilyResult) -> Candidate:
+    """The candidate ``decide(measured)`` picks (no preference, nothing forced, a long job), without the reason
+    or its log lines; raises CalibrationError when nothing can train it."""
+    usable = finalists(measured)
+    if not usable:
+        raise _untrainable(measured)
+    return pick_fastest(usable, None).candidate
+
+
+def _untrainable(measured: FamilyResult) -> CalibrationError:
+    return CalibrationError(measured.model_kind, [(r.candidate.label, f"{r.failure.kind}: {r.failure.detail}")
+                                                  for r in measured.candidates if r.failure is not None])
 
 
 def pick_fastest(pool: Sequence[CandidateResult], expected_steps: int | None) -> CandidateResult:
@@ -338,6 +349,7 @@ __all__ = [
     "is_cpu",
     "no_gpu_words",
     "pick_fastest",
+    "picked",
     "ranking",
     "score_ms",
     "step_ms",

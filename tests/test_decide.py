@@ -7,7 +7,7 @@ import pytest
 from samples import failed, family, timed
 
 from autotune import CalibrationError
-from autotune._decide import decide
+from autotune._decide import decide, picked
 from autotune._models import Candidate, CandidateResult, Drop, Interval
 
 DIGEST = "0123456789abcdef"
@@ -142,3 +142,23 @@ def test_each_variant_of_a_pick_says_why_on_its_own() -> None:
     assert config.num_threads == 1
     assert ("1 thread: fp32 fused-optimizer clearly slower than cpu fp32 fused-optimizer 1 thread (1.07x, interval "
             "1.02-1.12) after 150 rounds" in config.reason)
+
+
+@pytest.mark.parametrize("results", [
+    (timed("cpu", "fp32", 110.0), timed("cpu", "bf16-mixed", 58.6)),
+    (timed("cpu", "fp32", 10.0, jitter=4), timed("cpu", "bf16-mixed", 9.9, jitter=4)),
+    (timed("cpu", "fp32", 100.0), timed("cuda:0", "bf16-mixed", 20.0), timed("cuda:0", "fp32", 40.0)),
+], ids=["bf16-wins", "tie", "gpu-wins"])
+def test_picked_is_the_decisions_candidate_without_its_reason_or_log(results: tuple[CandidateResult, ...],
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
+    measured = family("cnn", *results)
+    with caplog.at_level(logging.DEBUG, logger="autotune"):
+        candidate = picked(measured)
+    assert not caplog.records
+    assert candidate == decide(measured, digest=DIGEST).candidate
+
+
+def test_picked_raises_like_decide_when_nothing_trains() -> None:
+    measured = family("cnn", failed("cpu", "fp32", "error", "boom"))
+    with pytest.raises(CalibrationError, match="boom"):
+        picked(measured)
