@@ -23,7 +23,7 @@ from autotune._calibrate import calibrate, calibrate_one, measuring_elsewhere, n
 from autotune._config import Config
 from autotune._decide import PREFERENCES, Prefer, decide
 from autotune._errors import CalibrationError, ConfigurationError
-from autotune._families import family_names, get_family
+from autotune._families import Family, family_names, get_family
 from autotune._fingerprint import Fingerprint, fingerprint
 from autotune._models import FamilyResult, TraceReport
 
@@ -57,7 +57,13 @@ def best_config(
     ``expected_steps`` makes set-up cost count for short jobs.
     """
     _validate(prefer, expected_steps)
-    family = get_family(model_kind)
+    return config_for(get_family(model_kind), prefer=prefer, expected_steps=expected_steps,
+                      calibrate_on_miss=calibrate_on_miss, wait=wait)
+
+
+def config_for(family: Family, *, prefer: Prefer = "auto", expected_steps: int | None = None,
+               calibrate_on_miss: bool = True, wait: bool = True) -> Config:
+    """``best_config`` of a resolved family, with validated arguments."""
     fp = fingerprint()
     store = _cached.store()
     forced = _env.DEVICE.get()
@@ -178,7 +184,7 @@ def trace(model_kind: str, *, out_dir: str | Path = ".", candidate: str | None =
     and the report lists the operators with the most self time per step.
     """
     family = get_family(model_kind)
-    config = best_config(model_kind)
+    config = config_for(family)
     chosen, init_scale = config.candidate, config.init_scale
     if candidate is not None:
         measured = cached_families([model_kind]).get(model_kind)
@@ -198,9 +204,9 @@ def trace(model_kind: str, *, out_dir: str | Path = ".", candidate: str | None =
         raise ConfigurationError("out_dir", str(out_dir), f"a directory this user can write ({exc})") from exc
     log.info("tracing %s on %s into %s", model_kind, chosen.label, path)
     from autotune import _fp32
-    from autotune._calibration.protocol import FamilyRef, TraceJob
+    from autotune._calibration.protocol import TraceJob
 
-    job = TraceJob(family=FamilyRef(name=family.name, ref=family.ref), candidate=chosen, init_scale=init_scale,
+    job = TraceJob(family=family, candidate=chosen, init_scale=init_scale,
                    path=str(path), fp32=_fp32.current(), sys_path=[p for p in sys.path if p])
     with new_worker() as worker:
         return worker.run_trace(job)
@@ -227,7 +233,7 @@ def check_cached(model_kinds: Iterable[str] | None = None) -> list[CheckResult]:
     from autotune import _check
 
     known = set(family_names())
-    measured = {k: r for k, r in cached_families(model_kinds, fresh_only=True).items()
+    measured = {get_family(k): r for k, r in cached_families(model_kinds, fresh_only=True).items()
                 if k in known and r.origin is None}
     results = _check.check(measured)
     stale = [r.model_kind for r in results if r.verdict == "recalibrated"]
@@ -268,6 +274,7 @@ __all__ = [
     "cached_families",
     "check_cached",
     "clear_cache",
+    "config_for",
     "export_results",
     "fallback",
     "import_results",

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from autotune import _env
 from autotune._errors import CalibrationCancelled, CalibrationPending
-from autotune._families import builtin_family_names, get_family
+from autotune._families import Family, builtin_family_names, get_family
 
 if TYPE_CHECKING:
     from autotune._calibrate import CalibrationProgress, CalibrationReport
@@ -37,8 +37,9 @@ class CalibrationJob:
     logged and otherwise ignored.
     """
 
-    def __init__(self, kinds: list[str], key: tuple[object, ...]) -> None:
-        self.kinds = kinds
+    def __init__(self, families: list[Family], key: tuple[object, ...]) -> None:
+        self.families = families
+        self.kinds = [family.name for family in families]
         self._key = key
         self._listeners: list[Listener] = []
         self._guard = threading.Lock()
@@ -110,7 +111,7 @@ class CalibrationJob:
             if self._cancelled:
                 raise CalibrationCancelled(missing=self.kinds)
             with _env.pinned(self._settings):
-                self._report = run_calibration(self.kinds, progress=self._on_progress, on_worker=self._attach)
+                self._report = run_calibration(self.families, progress=self._on_progress, on_worker=self._attach)
         except BaseException as exc:  # handed to wait(); the thread itself has nobody to tell
             self._error = exc
             if not isinstance(exc, CalibrationCancelled):
@@ -142,14 +143,13 @@ def start_calibration(
     from autotune._fingerprint import fingerprint
 
     names = list(dict.fromkeys(kinds)) if kinds is not None else builtin_family_names()
-    for name in names:
-        get_family(name)  # an unknown name fails here, in the app's thread
+    families = [get_family(name) for name in names]  # an unknown name fails here, in the app's thread
     key = (str(default_root()), fingerprint().digest, frozenset(names), _env.measured_for())
     with _jobs_guard:
         job = _jobs.get(key)
         started = job is None
         if job is None:
-            job = _jobs[key] = CalibrationJob(names, key)
+            job = _jobs[key] = CalibrationJob(families, key)
         job.add_listener(progress)
     if started:
         job._thread.start()

@@ -1,7 +1,7 @@
 """A calibration, host side: each family under its lock in one shared worker, stored as it finishes.
 
-``calibrate`` (an app's first launch), ``run_calibration`` (the same, handing its worker to a background job),
-``measure_family`` (one family now, no cache: benchmarks and tests).
+``calibrate`` (an app's first launch), ``run_calibration`` (the same for resolved families, handing its worker
+to a background job), ``measure_family`` (one family now, no cache: benchmarks and tests).
 """
 
 from __future__ import annotations
@@ -68,20 +68,21 @@ def calibrate(
     candidate starts, for a progress bar. A failure of the fp32 CPU reference raises CalibrationError (after
     the other families) and is not stored. To calibrate without blocking, see :func:`autotune.start_calibration`.
     """
-    return run_calibration(model_kinds, force=force, progress=progress)
+    kinds = list(model_kinds) if model_kinds is not None else builtin_family_names()
+    families = [get_family(kind) for kind in kinds]  # unknown names fail before anything is measured
+    return run_calibration(families, force=force, progress=progress)
 
 
 def run_calibration(
-    model_kinds: Sequence[str] | None = None,
+    families: Sequence[Family],
     *,
     force: bool = False,
     progress: Callable[[CalibrationProgress], None] | None = None,
     on_worker: Callable[[Worker], None] | None = None,
 ) -> CalibrationReport:
-    """``calibrate``, handing its worker to ``on_worker`` first (a background job cancels through it): a
-    cancelled worker stops the family in progress and the ones after it with :class:`CalibrationCancelled`."""
-    kinds = list(model_kinds) if model_kinds is not None else builtin_family_names()
-    families = [get_family(kind) for kind in kinds]  # unknown names fail before anything is measured
+    """``calibrate`` ``families``, handing its worker to ``on_worker`` first (a background job cancels through
+    it): a cancelled worker stops the family in progress and the ones after it with :class:`CalibrationCancelled`."""
+    kinds = [family.name for family in families]
     forced = _env.DEVICE.get()
     _env.SEARCH.get()  # an invalid search setting fails before anything is measured
     started = time.perf_counter()
@@ -90,6 +91,7 @@ def run_calibration(
     measurements: dict[str, FamilyResult] = {}
     failed: list[CalibrationError] = []
     now = now_utc()
+    keys = {family.name: family_key(family) for family in families}
     cached: dict[str, FamilyResult] = {}
     for family in families:
         # Read once (a miss re-reads under its family's lock); the defaults layer counts as measured here.
@@ -98,7 +100,7 @@ def run_calibration(
             continue
         # A noisy result serves best_config, but is measured again here; so is one measured for another key
         # or holding a transient failure due for a retry.
-        why = "it was measured on a busy machine" if result.noisy else stale_reason(result, family_key(family), now)
+        why = "it was measured on a busy machine" if result.noisy else stale_reason(result, keys[family.name], now)
         if why is None:
             cached[family.name] = result
         else:
@@ -118,7 +120,7 @@ def run_calibration(
             result = cached.get(family.name)
             if result is None:
                 try:
-                    result = calibrate_one(family, family_key(family), fp, store, force=force, progress=progress,
+                    result = calibrate_one(family, keys[family.name], fp, store, force=force, progress=progress,
                                             index=index, total=len(families), worker=worker)
                 except CalibrationCancelled as exc:  # nothing stored for this family; its lock is released
                     raise CalibrationCancelled(exc.model_kind, finished=list(measurements),
@@ -177,7 +179,7 @@ def calibrate_one(
             or not (force or existing.noisy or stale_reason(existing, key, now_utc()) is not None)
         ):
             return existing
-        result = measure_family(family.name, progress=progress, index=index, total=total, worker=worker)
+        result = measure(family, key, progress=progress, index=index, total=total, worker=worker)
         reference = reference_failure(result)
         if reference is not None and reference.failure is not None:
             log.warning("%s: the fp32 CPU reference failed (%s: %s); nothing is stored, the next call measures "
@@ -191,20 +193,23 @@ def calibrate_one(
             lock.release()
 
 
-def measure_family(
-    model_kind: str, *, progress: Callable[[CalibrationProgress], None] | None = None, index: int = 0, total: int = 1,
-    verify: bool = True, worker: Worker | None = None,
+def measure_family(model_kind: str, *, verify: bool = True) -> FamilyResult:
+    """Run one family's calibration now, in a worker of its own, with no cache involved (benchmarks and tests;
+    ``verify=False`` runs the numerics gate's steps unchecked, to price it)."""
+    family = get_family(model_kind)
+    with new_worker() as worker:
+        return measure(family, family_key(family), verify=verify, worker=worker)
+
+
+def measure(
+    family: Family, key: FamilyKey, *, progress: Callable[[CalibrationProgress], None] | None = None, index: int = 0,
+    total: int = 1, verify: bool = True, worker: Worker,
 ) -> FamilyResult:
-    """Run one family's calibration now, with no cache involved (``verify=False``: benchmarks only), in
-    ``worker`` (a calibration's shared worker) or in a worker of its own."""
+    """Measure ``family`` in ``worker`` (a calibration's shared worker) and stamp the result with ``key``, what it
+    was measured for; ``index`` of ``total`` families place its progress in the calibration's."""
     from autotune._calibration.measure import MeasureSettings
     from autotune._calibration.protocol import CalibrationSettings
 
-    if worker is None:
-        with new_worker() as own:
-            return measure_family(model_kind, progress=progress, index=index, total=total, verify=verify, worker=own)
-
-    family = get_family(model_kind)
     settings = CalibrationSettings(search=_env.SEARCH.get(), verify=verify,
                                    measure=MeasureSettings(budget_s=_env.BUDGET_S.get()))
 
@@ -215,22 +220,22 @@ def measure_family(
         shown = max(shown, min(fraction, 0.999))  # a restarted worker starts its count again
         if progress is not None:
             label = candidate.label if candidate is not None else None
-            progress(CalibrationProgress(model_kind, label, (index + shown) / total))
+            progress(CalibrationProgress(family.name, label, (index + shown) / total))
 
-    log.info("calibrating %s on this machine", model_kind)
-    # Stamped here with what it was measured for: the settings above come from the same variables.
+    log.info("calibrating %s on this machine", family.name)
+    # Stamped with what it was measured for: ``key`` read the same variables as the settings above.
     with measuring(cancelled=lambda: worker.cancelled):
         measured = worker.run_family(family, settings, progress=on_progress)
-    result = measured.model_copy(update={"key": family_key(family)})
-    log.info("calibrated %s in %.1f s", model_kind, result.wall_s)
+    result = measured.model_copy(update={"key": key})
+    log.info("calibrated %s in %.1f s", family.name, result.wall_s)
     if result.noisy:
         drift = _stats.drift(result.control_ms)
         log.warning("%s was measured while the machine was busy (%s); run `python -m autotune --recalibrate` on "
-                    "a quiet machine for a firmer answer", model_kind,
+                    "a quiet machine for a firmer answer", family.name,
                     f"control workload drifted {100 * drift:.0f}%" if drift > settings.measure.noise_limit else
                     "the final comparison could not resolve a gap beyond the margin")
     return result
 
 
-__all__ = ["CalibrationProgress", "CalibrationReport", "calibrate", "calibrate_one", "measure_family",
+__all__ = ["CalibrationProgress", "CalibrationReport", "calibrate", "calibrate_one", "measure", "measure_family",
            "measuring_elsewhere", "new_worker", "run_calibration"]

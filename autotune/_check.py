@@ -23,6 +23,7 @@ from autotune import _env, _fp32, _stats
 from autotune._cache.locks import measuring
 from autotune._calibration.check import faster_by_margin
 from autotune._decide import finalists, picked
+from autotune._families import Family
 from autotune._models import Candidate, CandidateResult, FamilyResult, Record
 
 log = logging.getLogger("autotune")
@@ -67,12 +68,11 @@ def _against(measured: FamilyResult, pick: Candidate) -> list[Candidate]:
     return chosen
 
 
-def check(measured: dict[str, FamilyResult]) -> list[CheckResult]:
+def check(measured: dict[Family, FamilyResult]) -> list[CheckResult]:
     """Re-time each family's pick in one worker; returns a verdict per family (nothing is recalibrated here)."""
     from autotune._calibrate import new_worker
     from autotune._calibration.measure import MeasureSettings
-    from autotune._calibration.protocol import CalibrationSettings, CheckJob, FamilyRef
-    from autotune._families import get_family
+    from autotune._calibration.protocol import CalibrationSettings, CheckJob
 
     # Every candidate is timed in every round: one round far behind is interference here, not evidence
     # (a finite "never", as the settings cross the process boundary as JSON).
@@ -84,19 +84,18 @@ def check(measured: dict[str, FamilyResult]) -> list[CheckResult]:
         far_behind_device=never))
     results = []
     with new_worker() as worker, measuring():
-        for kind, record in measured.items():
+        for family, record in measured.items():
             started = time.perf_counter()
             pick = picked(record)
             against = _against(record, pick)
-            family = get_family(kind)
-            job = CheckJob(family=FamilyRef(name=family.name, ref=family.ref), candidates=[*against[:1], pick,
+            job = CheckJob(family=family, candidates=[*against[:1], pick,
                            *against[1:]], pick=pick, settings=settings, fp32=_fp32.current(),
                            threads=torch.get_num_threads(), sys_path=[p for p in sys.path if p])
             checked, failed, ended = worker.run_check(job)
             verdict, detail = _judge(pick, against, checked.series if checked is not None else None, failed,
                                      ended.detail if ended is not None else None)
-            log.info("check %s: %s (%s)", kind, verdict, detail)
-            results.append(CheckResult(model_kind=kind, pick=pick.label, against=[c.label for c in against],
+            log.info("check %s: %s (%s)", family.name, verdict, detail)
+            results.append(CheckResult(model_kind=family.name, pick=pick.label, against=[c.label for c in against],
                                        verdict=verdict, detail=detail, wall_s=time.perf_counter() - started))
     return results
 

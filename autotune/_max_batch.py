@@ -17,10 +17,10 @@ from typing import Literal
 import torch
 
 from autotune import _fp32
-from autotune._api import best_config
+from autotune._api import config_for
 from autotune._cache.max_batch import Answers
 from autotune._calibrate import new_worker
-from autotune._calibration.protocol import FamilyRef, MemoryProbed, MemoryProbeJob
+from autotune._calibration.protocol import MemoryProbed, MemoryProbeJob
 from autotune._errors import BatchSizeUnsupportedError, ConfigurationError, MaxBatchError
 from autotune._families import get_family
 from autotune._fingerprint import fingerprint
@@ -61,7 +61,7 @@ def max_batch_report(
         raise BatchSizeUnsupportedError(family.name, family.ref)
     init_scale = None
     if device is None or precision is None:
-        config = best_config(model_kind)
+        config = config_for(family)
         chosen = (device or config.device, precision or config.precision)
         if chosen == (config.device, config.precision):
             candidate, init_scale = config.candidate, config.init_scale
@@ -78,7 +78,7 @@ def max_batch_report(
         if cached is not None:
             return cached
     def probe(batch_size: int) -> MemoryProbed:
-        job = MemoryProbeJob(family=FamilyRef(name=family.name, ref=family.ref), candidate=candidate,
+        job = MemoryProbeJob(family=family, candidate=candidate,
                              init_scale=init_scale, batch_size=batch_size, fp32=_fp32.current(),
                              threads=torch.get_num_threads(), sys_path=[p for p in sys.path if p])
         return worker.run_memory_probe(job)

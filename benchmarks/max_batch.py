@@ -29,7 +29,7 @@ from _common import BUILTINS, emit
 
 import autotune
 from autotune import _fp32
-from autotune._calibration.protocol import FamilyRef, MemoryProbed, MemoryProbeJob
+from autotune._calibration.protocol import MemoryProbed, MemoryProbeJob
 from autotune._families import get_family
 from autotune._models import Candidate, MaxBatchReport
 from autotune._worker.worker import Worker
@@ -53,9 +53,8 @@ def _peak_table() -> None:
 
 
 def _probe(worker: Worker, kind: str, candidate: Candidate, batch_size: int) -> MemoryProbed:
-    family = get_family(kind)
     return worker.run_memory_probe(MemoryProbeJob(
-        family=FamilyRef(name=family.name, ref=family.ref), candidate=candidate, init_scale=None,
+        family=get_family(kind), candidate=candidate, init_scale=None,
         batch_size=batch_size, fp32=_fp32.current(), threads=torch.get_num_threads(),
         sys_path=[p for p in sys.path if p]))
 
@@ -130,8 +129,7 @@ print(probe_memory(MemoryProbeJob.model_validate_json(sys.stdin.read())).model_d
 
 def _remeasure_default_malloc(kind: str, report: MaxBatchReport) -> int | None:
     """The answer's peak in a fresh process that leaves glibc's allocator as it comes."""
-    family = get_family(kind)
-    job = MemoryProbeJob(family=FamilyRef(name=family.name, ref=family.ref), candidate=report.candidate,
+    job = MemoryProbeJob(family=get_family(kind), candidate=report.candidate,
                          init_scale=None, batch_size=report.batch_size, fp32=_fp32.current(),
                          threads=torch.get_num_threads(), sys_path=[p for p in sys.path if p])
     out = subprocess.run([sys.executable, "-c", _DEFAULT_MALLOC], input=job.model_dump_json(), text=True,

@@ -64,7 +64,7 @@ def test_a_job_measures_for_the_settings_it_started_with(tiny_family: str, tmp_p
     from autotune._background import CalibrationJob
 
     started_in = Path(os.environ["AUTOTUNE_CACHE_DIR"])
-    job = CalibrationJob([tiny_family], ("test",))
+    job = CalibrationJob([autotune.get_family(tiny_family)], ("test",))
     monkeypatch.setenv("AUTOTUNE_CACHE_DIR", str(tmp_path / "elsewhere"))
     monkeypatch.setenv("AUTOTUNE_SEARCH", "no such search")
     job._thread.start()

@@ -95,10 +95,10 @@ def test_a_pick_that_fails_its_set_up_is_reported_without_timing_the_others(isol
 
     from autotune._calibration.check import check
     from autotune._calibration.child import Control
-    from autotune._calibration.protocol import Begin, CalibrationSettings, Checked, CheckJob, Failed, FamilyRef
+    from autotune._calibration.protocol import Begin, CalibrationSettings, Checked, CheckJob, Failed
 
     gone = Candidate(device="cuda:99", precision="bf16-mixed")  # a device this machine does not have
-    job = CheckJob(family=FamilyRef(name="tiny", ref="families_for_tests:build_tiny"), candidates=[FP32, gone],
+    job = CheckJob(family=autotune.Family("tiny", "families_for_tests:build_tiny"), candidates=[FP32, gone],
                    pick=gone, settings=CalibrationSettings(verify=False), fp32=autotune._fp32.current(), threads=1,
                    sys_path=[])
     events: list[object] = []

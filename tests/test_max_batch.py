@@ -18,8 +18,9 @@ from families_for_tests import FAILS_ABOVE
 import autotune
 from autotune import _fp32
 from autotune._cache.max_batch import Answers
-from autotune._calibration.protocol import FamilyRef, MemoryProbeJob
+from autotune._calibration.protocol import MemoryProbeJob
 from autotune._cli import main
+from autotune._families import Family
 from autotune._models import Candidate, MaxBatchReport
 from autotune._worker.worker import Worker
 
@@ -35,7 +36,7 @@ def batched() -> str:
 
 
 def _job(batch_size: int, ref: str = "families_for_tests:build_batched") -> MemoryProbeJob:
-    return MemoryProbeJob(family=FamilyRef(name="batched", ref=ref), candidate=CPU_FP32, init_scale=None,
+    return MemoryProbeJob(family=Family("batched", ref), candidate=CPU_FP32, init_scale=None,
                           batch_size=batch_size, fp32=_fp32.current(), threads=torch.get_num_threads(),
                           sys_path=[p for p in sys.path if p])
 

@@ -11,7 +11,7 @@ import samples
 import autotune
 from autotune import _fp32
 from autotune._cache.store import Store
-from autotune._calibration.protocol import FamilyRef, TraceJob
+from autotune._calibration.protocol import TraceJob
 from autotune._calibration.trace import trace_candidate
 from autotune._cli import main
 from autotune._models import Candidate
@@ -80,8 +80,7 @@ def test_an_output_directory_that_cannot_be_made_is_a_configuration_error(isolat
 
 
 def test_a_trace_the_profiler_could_not_write_is_an_error_not_a_report(tmp_path: Path) -> None:
-    family = autotune.get_family("tiny_mlp")
-    job = TraceJob(family=FamilyRef(name=family.name, ref=family.ref),
+    job = TraceJob(family=autotune.get_family("tiny_mlp"),
                    candidate=Candidate(device="cpu", precision="fp32"),
                    init_scale=None, path=str(tmp_path / "missing" / "trace.json"), warmup_steps=1, steps=1,
                    fp32=_fp32.current(), sys_path=[])

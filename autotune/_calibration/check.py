@@ -14,7 +14,6 @@ from autotune import _rules, _stats
 from autotune._calibration.measure import Clock, Comparisons, K, Series, Steppable, interleave, warm_up
 from autotune._calibration.prepare import CandidateFailed, Prepared, TorchLab, classify
 from autotune._calibration.protocol import Begin, Checked, CheckJob, Failed, Retimed
-from autotune._families import Family
 from autotune._models import Candidate, CandidateResult
 
 
@@ -55,7 +54,7 @@ def comparisons(pick: Candidate) -> Comparisons[Candidate]:
 def check(job: CheckJob, emit: Callable[[Begin | Failed | Checked], None], *, clock: Clock, control: Steppable,
           settle: Callable[[float], None]) -> None:
     """Set up each candidate, time them together, emit one :class:`Checked` (failures as :class:`Failed`)."""
-    lab = TorchLab(Family(job.family.name, job.family.ref), job.settings, probe=False)
+    lab = TorchLab(job.family, job.settings, probe=False)
     ready: dict[Candidate, Prepared] = {}
     for index, candidate in enumerate(job.candidates):
         emit(Begin(candidate=candidate, phase="setup", fraction=0.5 * index / len(job.candidates)))

@@ -43,7 +43,6 @@ from autotune._calibration.protocol import (
     TraceJob,
 )
 from autotune._calibration.session import Session
-from autotune._families import Family
 from autotune._models import CandidateResult, Failure
 
 #: the worker's status after it reported a device error and stopped measuring (its candidate is already failed)
@@ -79,8 +78,7 @@ def calibrate(job: Job, emit: Callable[[Planned | Begin | Failed | Checkpoint | 
             finished.append(True)
         emit(event)
 
-    family = Family(job.family.name, job.family.ref)
-    session = Session(TorchLab(family, job.settings), job.settings, tracking, clock=time.perf_counter,
+    session = Session(TorchLab(job.family, job.settings), job.settings, tracking, clock=time.perf_counter,
                       control=Control(), settle=time.sleep, discard_on_device_error=discard_on_device_error)
     candidates, notes = plan()
     session.run(candidates, staged=True, backend_notes=notes, failed=job.failed, resume=job.resume)

@@ -17,7 +17,6 @@ import sys
 from autotune._calibration.prepare import classify
 from autotune._calibration.protocol import MemoryProbed, MemoryProbeJob
 from autotune._calibration.step import TrainStep, start_device
-from autotune._families import Family
 from autotune.backends import Backend, backend_for
 
 
@@ -34,7 +33,6 @@ def pin_allocator() -> None:
 def probe_memory(job: MemoryProbeJob) -> MemoryProbed:
     """Run the job's steps and report their peak; an exception in them becomes the probe's failure."""
     backend = backend_for(job.candidate.device)
-    family = Family(job.family.name, job.family.ref)
     free_bytes: int | None = None
     try:
         start_device(backend, job.candidate.device)
@@ -42,11 +40,11 @@ def probe_memory(job: MemoryProbeJob) -> MemoryProbed:
         # thread pool's and oneDNN's first allocations, a device's context) are paid, and glibc's allocator is
         # in the state a training run reaches after its first step (it raises its mmap threshold to the
         # tensors freed), whichever probe ran before: without it the same batch peaked 15% lower when first.
-        _steps(family, job, backend, batch_size=job.batch_size, steps=1)
+        _steps(job, backend, batch_size=job.batch_size, steps=1)
         _clean(backend, job.candidate.device)
         free_bytes = backend.free_memory_bytes(job.candidate.device)
         backend.reset_peak_memory(job.candidate.device)
-        _steps(family, job, backend, batch_size=job.batch_size, steps=job.steps)
+        _steps(job, backend, batch_size=job.batch_size, steps=job.steps)
         peak = backend.peak_memory_bytes(job.candidate.device)
         reserved = backend.peak_reserved_bytes(job.candidate.device)
     except Exception as exc:
@@ -60,8 +58,8 @@ def probe_memory(job: MemoryProbeJob) -> MemoryProbed:
                         free_bytes=free_bytes)
 
 
-def _steps(family: Family, job: MemoryProbeJob, backend: Backend, *, batch_size: int, steps: int) -> None:
-    step = TrainStep(family, job.candidate, backend, seed=0, fp32_host=job.fp32, init_scale=job.init_scale,
+def _steps(job: MemoryProbeJob, backend: Backend, *, batch_size: int, steps: int) -> None:
+    step = TrainStep(job.family, job.candidate, backend, seed=0, fp32_host=job.fp32, init_scale=job.init_scale,
                      batch_size=batch_size)
     with step.selected():
         for _ in range(steps):

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 from autotune._calibration.measure import MeasureSettings
 from autotune._calibration.plan import Facts
 from autotune._env import Search
+from autotune._families import Family
 from autotune._fp32 import Fp32Settings
 from autotune._models import Candidate, CandidateResult, Drop, Failure, TraceReport
 
@@ -52,11 +53,6 @@ class CalibrationSettings(_Message):
     prune_max_rounds: int = 10
 
 
-class FamilyRef(_Message):
-    name: str
-    ref: str
-
-
 class Checkpoint(_Message):
     """Where one family's staged search stands after a pruning stage: what a restarted worker resumes from.
 
@@ -80,7 +76,8 @@ class Job(_Message):
     """Calibrate one family."""
 
     kind: Literal["calibrate"] = "calibrate"
-    family: FamilyRef
+    #: the family as the host resolved it (name, build reference, version): the worker imports its build by name
+    family: Family
     #: candidates an earlier worker of this family found failing (it crashed, hung, ran out of memory): a
     #: restarted worker searches on without them
     failed: list[CandidateResult] = []
@@ -100,7 +97,7 @@ class TraceJob(_Message):
     """Run one candidate's measured step under ``torch.profiler`` and write a Chrome trace to ``path``."""
 
     kind: Literal["trace"] = "trace"
-    family: FamilyRef
+    family: Family
     candidate: Candidate
     init_scale: float | None
     path: str
@@ -116,7 +113,7 @@ class CheckJob(_Message):
     """Re-time a family's cached pick against fp32 and the runner-up for a few paired rounds (the canary)."""
 
     kind: Literal["check"] = "check"
-    family: FamilyRef
+    family: Family
     #: fp32 on the CPU first (the too-slow guard compares first steps with it), then the pick and the runner-up
     candidates: list[Candidate]
     pick: Candidate
@@ -131,7 +128,7 @@ class MemoryProbeJob(_Message):
     """Train one candidate for a few steps at ``batch_size`` and report the peak memory they held."""
 
     kind: Literal["memory_probe"] = "memory_probe"
-    family: FamilyRef
+    family: Family
     candidate: Candidate
     init_scale: float | None
     batch_size: int = Field(ge=1)
@@ -224,6 +221,6 @@ EVENT: TypeAdapter[Ready | Planned | Begin | Failed | Checkpoint | Done | Traced
 
 __all__ = [
     "EVENT", "REQUEST", "Begin", "CalibrationSettings", "CheckJob", "Checked", "Checkpoint", "Done", "Event", "Failed",
-    "FamilyRef", "Job", "MemoryProbeJob", "MemoryProbed", "Planned", "Ready", "Request", "Retimed", "TraceJob",
+    "Job", "MemoryProbeJob", "MemoryProbed", "Planned", "Ready", "Request", "Retimed", "TraceJob",
     "Traced",
 ]

@@ -18,7 +18,6 @@ from torch.autograd.profiler_util import FunctionEventAvg
 from autotune._calibration.prepare import classify
 from autotune._calibration.protocol import TraceJob
 from autotune._calibration.step import TrainStep
-from autotune._families import Family
 from autotune._models import Failure, OperatorTime, TraceReport
 from autotune.backends import backend_for
 
@@ -29,7 +28,7 @@ _STEP_MARKER = "autotune step"
 def trace_candidate(job: TraceJob) -> TraceReport:
     """Build the candidate's step, warm it up, record ``job.steps`` steps, write the Chrome trace."""
     backend = backend_for(job.candidate.device)
-    step = TrainStep(Family(job.family.name, job.family.ref), job.candidate, backend, seed=0, fp32_host=job.fp32,
+    step = TrainStep(job.family, job.candidate, backend, seed=0, fp32_host=job.fp32,
                      init_scale=job.init_scale)
     device_activity = backend.profiler_activity()
     activities = [torch.profiler.ProfilerActivity.CPU] + ([device_activity] if device_activity else [])

@@ -32,7 +32,6 @@ from autotune._calibration.protocol import (
     Checkpoint,
     Done,
     Failed,
-    FamilyRef,
     Job,
     MemoryProbed,
     MemoryProbeJob,
@@ -137,7 +136,7 @@ class Worker:
             attempt = Attempt()
             answered, resumed_from = len(failed), checkpoint
             # A restarted worker goes on from the last stage finished, without the candidates that failed.
-            job = Job(family=FamilyRef(name=family.name, ref=family.ref), failed=list(failed.values()),
+            job = Job(family=family, failed=list(failed.values()),
                       resume=checkpoint, settings=settings, fp32=_fp32.current(), threads=torch.get_num_threads(),
                       sys_path=[p for p in sys.path if p])
             start_s += self._attempt(job, attempt, progress, since=started)
