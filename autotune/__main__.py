@@ -2,13 +2,13 @@
 
 import sys
 
+from autotune import _cli
+from autotune._worker import launch
+
 
 def run() -> int:
     """The command line, with its calibration worker started first when the arguments may measure: the
     worker's start (an interpreter, torch, its first optimizer) overlaps the host's own ``import torch``."""
-    from autotune import _cli
-    from autotune._worker import launch
-
     if _cli.may_measure():  # a usage error exits here, before any worker starts
         launch.start_early()
     try:

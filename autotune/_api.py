@@ -9,9 +9,8 @@ import re
 import sys
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from autotune import _env
+from autotune import _background, _check, _env, _fp32
 from autotune._cache import exchange as _exchange
 from autotune._cache import lookup as _cached
 from autotune._cache import max_batch as _max_batch_answers
@@ -20,15 +19,14 @@ from autotune._cache.locks import held_elsewhere
 from autotune._cache.lookup import Similar, find_similar
 from autotune._cache.store import Store
 from autotune._calibrate import calibrate, calibrate_one, measuring_elsewhere, new_worker
+from autotune._calibration.protocol import TraceJob
+from autotune._check import CheckResult
 from autotune._config import Config
 from autotune._decide import PREFERENCES, Prefer, decide
 from autotune._errors import CalibrationError, ConfigurationError
 from autotune._families import Family, family_names, get_family
 from autotune._fingerprint import Fingerprint, fingerprint
 from autotune._models import FamilyResult, TraceReport
-
-if TYPE_CHECKING:
-    from autotune._check import CheckResult
 
 log = logging.getLogger("autotune")
 
@@ -112,8 +110,6 @@ _NOT_YET = "not measured yet; wait=False never measures"
 
 def _why_unmeasured(kind: str, fp: Fingerprint, store: Store) -> str:
     """"calibration running ..." when this process's job or another process holds the family's lock."""
-    from autotune import _background
-
     if _background.running(kind):
         return "calibration running in this process"
     if held_elsewhere(store.calibration_lock(fp.digest, kind)):
@@ -203,9 +199,6 @@ def trace(model_kind: str, *, out_dir: str | Path = ".", candidate: str | None =
     except OSError as exc:
         raise ConfigurationError("out_dir", str(out_dir), f"a directory this user can write ({exc})") from exc
     log.info("tracing %s on %s into %s", model_kind, chosen.label, path)
-    from autotune import _fp32
-    from autotune._calibration.protocol import TraceJob
-
     job = TraceJob(family=family, candidate=chosen, init_scale=init_scale,
                    path=str(path), fp32=_fp32.current(), sys_path=[p for p in sys.path if p])
     with new_worker() as worker:
@@ -230,8 +223,6 @@ def import_results(path: str | Path) -> _exchange.ImportSummary:
 def check_cached(model_kinds: Iterable[str] | None = None) -> list[CheckResult]:
     """The canary: re-time each measured family's pick (default: every registered kind measured here) against
     fp32 and the runner-up; a family whose pick is no longer within the margin is calibrated again."""
-    from autotune import _check
-
     known = set(family_names())
     measured = {get_family(k): r for k, r in cached_families(model_kinds, fresh_only=True).items()
                 if k in known and r.origin is None}

@@ -14,19 +14,18 @@ import atexit
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
 
 from autotune import _env
+from autotune._cache.store import default_root
+from autotune._calibrate import CalibrationProgress, CalibrationReport, run_calibration
 from autotune._errors import CalibrationCancelled, CalibrationPending
 from autotune._families import Family, builtin_family_names, get_family
-
-if TYPE_CHECKING:
-    from autotune._calibrate import CalibrationProgress, CalibrationReport
-    from autotune._worker.worker import Worker
+from autotune._fingerprint import fingerprint
+from autotune._worker.worker import Worker
 
 log = logging.getLogger("autotune")
 
-Listener = Callable[["CalibrationProgress"], None]
+Listener = Callable[[CalibrationProgress], None]
 
 
 class CalibrationJob:
@@ -105,8 +104,6 @@ class CalibrationJob:
                 log.exception("a calibration progress callback raised; ignoring it")
 
     def _run(self) -> None:
-        from autotune._calibrate import run_calibration
-
         try:
             if self._cancelled:
                 raise CalibrationCancelled(missing=self.kinds)
@@ -139,9 +136,6 @@ def start_calibration(
     ``best_config(kind, wait=False)`` answers without blocking. Raises :class:`~autotune.ConfigurationError`
     for an invalid setting.
     """
-    from autotune._cache.store import default_root
-    from autotune._fingerprint import fingerprint
-
     names = list(dict.fromkeys(kinds)) if kinds is not None else builtin_family_names()
     families = [get_family(name) for name in names]  # an unknown name fails here, in the app's thread
     key = (str(default_root()), fingerprint().digest, frozenset(names), _env.measured_for())

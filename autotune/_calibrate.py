@@ -11,22 +11,21 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from autotune import _env, _stats
 from autotune._cache import lookup as _cached
 from autotune._cache.freshness import family_key, key_change, now_utc, reference_failure, stale_reason
 from autotune._cache.locks import acquire, held_elsewhere, measuring, measuring_lock
 from autotune._cache.store import Store
+from autotune._calibration.measure import MeasureSettings
+from autotune._calibration.protocol import CalibrationSettings
 from autotune._config import Config
 from autotune._decide import decide
 from autotune._errors import CalibrationCancelled, CalibrationError
 from autotune._families import Family, builtin_family_names, get_family
 from autotune._fingerprint import Fingerprint, fingerprint
 from autotune._models import Candidate, FamilyKey, FamilyResult, Record
-
-if TYPE_CHECKING:
-    from autotune._worker.worker import Worker
+from autotune._worker.worker import Worker
 
 log = logging.getLogger("autotune")
 
@@ -149,8 +148,6 @@ def measuring_elsewhere(store: Store, digest: str, name: str) -> bool:
 
 
 def new_worker() -> Worker:
-    from autotune._worker.worker import Worker
-
     return Worker(isolation=_env.ISOLATION.get(), timeout_s=_env.CANDIDATE_TIMEOUT_S.get())
 
 
@@ -207,9 +204,6 @@ def measure(
 ) -> FamilyResult:
     """Measure ``family`` in ``worker`` (a calibration's shared worker) and stamp the result with ``key``, what it
     was measured for; ``index`` of ``total`` families place its progress in the calibration's."""
-    from autotune._calibration.measure import MeasureSettings
-    from autotune._calibration.protocol import CalibrationSettings
-
     settings = CalibrationSettings(search=_env.SEARCH.get(), verify=verify,
                                    measure=MeasureSettings(budget_s=_env.BUDGET_S.get()))
 

@@ -21,7 +21,11 @@ import torch
 
 from autotune import _env, _fp32, _stats
 from autotune._cache.locks import measuring
+from autotune._calibrate import new_worker
 from autotune._calibration.check import faster_by_margin
+from autotune._calibration.measure import MeasureSettings
+from autotune._calibration.plan import BASELINE
+from autotune._calibration.protocol import CalibrationSettings, CheckJob, Retimed
 from autotune._decide import finalists, picked
 from autotune._families import Family
 from autotune._models import Candidate, CandidateResult, FamilyResult, Record
@@ -51,8 +55,6 @@ def _moves_apart(candidate: Candidate, pick: Candidate) -> bool:
 
 
 def _against(measured: FamilyResult, pick: Candidate) -> list[Candidate]:
-    from autotune._calibration.plan import BASELINE
-
     # The runner-up comes from another device, precision or thread count: what can change unseen (a driver that
     # kept its version, cooling, a background service) shifts those against one another. A layout or
     # optimizer-kernel variant of the pick's own math runs on the same hardware and moves with the pick. One
@@ -70,10 +72,6 @@ def _against(measured: FamilyResult, pick: Candidate) -> list[Candidate]:
 
 def check(measured: dict[Family, FamilyResult]) -> list[CheckResult]:
     """Re-time each family's pick in one worker; returns a verdict per family (nothing is recalibrated here)."""
-    from autotune._calibrate import new_worker
-    from autotune._calibration.measure import MeasureSettings
-    from autotune._calibration.protocol import CalibrationSettings, CheckJob
-
     # Every candidate is timed in every round: one round far behind is interference here, not evidence
     # (a finite "never", as the settings cross the process boundary as JSON).
     never = 1e9
@@ -102,8 +100,6 @@ def check(measured: dict[Family, FamilyResult]) -> list[CheckResult]:
 
 def _judge(pick: Candidate, against: Sequence[Candidate], series: Sequence[object] | None,
            failed: Sequence[CandidateResult], ended: str | None) -> tuple[Literal["ok", "recalibrated"], str]:
-    from autotune._calibration.protocol import Retimed
-
     broken = next((r for r in failed if r.candidate == pick), None)
     if broken is not None and broken.failure is not None:
         return "recalibrated", f"the pick failed: {broken.failure.kind}: {broken.failure.detail}"

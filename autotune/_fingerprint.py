@@ -25,7 +25,7 @@ import torch
 from pydantic import computed_field
 
 from autotune._models import Record
-from autotune.backends import Accelerator, all_backends
+from autotune.backends import Accelerator, _windows, all_backends
 from autotune.backends.cpu import cpu_facts
 
 #: Environment variables that set the CPU thread pools of the worker (it inherits the environment).
@@ -89,8 +89,6 @@ def _usable_cores() -> int:
 
 def _ram_gib() -> int:
     if sys.platform == "win32":
-        from autotune.backends import _windows
-
         total = _windows.ram_bytes()
     else:
         try:

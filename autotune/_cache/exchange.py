@@ -25,6 +25,7 @@ from typing import Literal
 from pydantic import ValidationError
 
 from autotune._cache.store import SCHEMA_VERSION, Store, StoreFile, write_atomic
+from autotune._env import DEFAULTS
 from autotune._errors import ImportFileError
 from autotune._models import FamilyResult, Record
 from autotune._version import __version__
@@ -136,8 +137,6 @@ def use_defaults(path: str | Path | None) -> None:
 
 def defaults_files() -> list[StoreFile]:
     """The defaults layer's results files, each family marked with where it came from; [] without one."""
-    from autotune._env import DEFAULTS
-
     path = _override[0] if _override else DEFAULTS.get()
     return _load(path) if path is not None else []
 
@@ -170,8 +169,6 @@ def _load(path: Path) -> list[StoreFile]:
 
 def layer_stamp() -> tuple[object, ...]:
     """Changes when the defaults layer does: part of the decision memo's key."""
-    from autotune._env import DEFAULTS
-
     path = _override[0] if _override else DEFAULTS.get()
     if path is None:
         return ()

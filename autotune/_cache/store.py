@@ -30,6 +30,7 @@ from autotune._cache import disk as _disk
 from autotune._cache.disk import KEEP_FILES, KEEP_QUARANTINED, KEEP_USED_DAYS, write_atomic
 from autotune._cache.locks import lock_file
 from autotune._cache.records import SCHEMA_VERSION, Newer, Parsed, StoreFile, Unreadable, parse, render
+from autotune._env import CACHE_DIR, LOCK_TIMEOUT_S
 from autotune._fingerprint import Fingerprint
 from autotune._models import FamilyResult
 
@@ -47,8 +48,6 @@ _Unusable = Literal["absent", "kept"]
 
 def default_root() -> Path:
     """``AUTOTUNE_CACHE_DIR``, else the platform's user cache dir (e.g. ``~/.cache/autotune``)."""
-    from autotune._env import CACHE_DIR
-
     configured = CACHE_DIR.get()
     if configured is not None:
         return configured
@@ -241,8 +240,6 @@ class Store:
 
     def _lock(self, path: Path) -> filelock.BaseFileLock:
         import filelock
-
-        from autotune._env import LOCK_TIMEOUT_S
 
         lock_path = Path(f"{path}.lock")
         _disk.refuse_link(lock_path)  # filelock opens the path with O_CREAT: a planted link would create its target

@@ -24,6 +24,8 @@ from collections.abc import Callable
 import torch
 
 from autotune import _fp32
+from autotune._calibration.check import check
+from autotune._calibration.memory import pin_allocator, probe_memory
 from autotune._calibration.plan import plan
 from autotune._calibration.prepare import TorchLab, warm_process
 from autotune._calibration.protocol import (
@@ -43,6 +45,7 @@ from autotune._calibration.protocol import (
     TraceJob,
 )
 from autotune._calibration.session import Session
+from autotune._calibration.trace import traced_or_failure
 from autotune._models import CandidateResult, Failure
 
 #: the worker's status after it reported a device error and stopped measuring (its candidate is already failed)
@@ -125,14 +128,10 @@ def main() -> int:
         if isinstance(job, TraceJob):
             trace(job, emit)
         elif isinstance(job, MemoryProbeJob):
-            from autotune._calibration.memory import pin_allocator, probe_memory
-
             pin_allocator()
             emit(Begin(candidate=job.candidate, phase="setup", fraction=0.0))  # a crash now is this probe's
             emit(probe_memory(job))
         elif isinstance(job, CheckJob):
-            from autotune._calibration.check import check
-
             check(job, emit, clock=time.perf_counter, control=Control(), settle=time.sleep)
         elif not calibrate(job, emit):
             return EXIT_DEVICE_ERROR
@@ -141,8 +140,6 @@ def main() -> int:
 
 def trace(job: TraceJob, emit: Callable[[Begin | Failed | Traced], None]) -> None:
     """Trace the job's candidate; a failure is reported like a candidate's (the worker goes on)."""
-    from autotune._calibration.trace import traced_or_failure
-
     emit(Begin(candidate=job.candidate, phase="timing", fraction=0.0))
     outcome = traced_or_failure(job)
     if isinstance(outcome, Failure):

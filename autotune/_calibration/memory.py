@@ -17,7 +17,7 @@ import sys
 from autotune._calibration.prepare import classify
 from autotune._calibration.protocol import MemoryProbed, MemoryProbeJob
 from autotune._calibration.step import TrainStep, start_device
-from autotune.backends import Backend, backend_for
+from autotune.backends import Backend, _linux, backend_for
 
 
 def pin_allocator() -> None:
@@ -25,8 +25,6 @@ def pin_allocator() -> None:
     need, the same from run to run (``_linux.pin_mmap_threshold``). Never in the app's own process: it changes
     the allocator for everything after it; in-process probes read the app's allocator as it is."""
     if sys.platform == "linux":
-        from autotune.backends import _linux
-
         _linux.pin_mmap_threshold()
 
 

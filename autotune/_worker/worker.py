@@ -22,7 +22,9 @@ from types import TracebackType
 import torch
 
 from autotune import _fp32
-from autotune._calibration.child import calibrate
+from autotune._calibration.check import check
+from autotune._calibration.child import Control, calibrate
+from autotune._calibration.memory import probe_memory
 from autotune._calibration.plan import BASELINE
 from autotune._calibration.prepare import unverified, warm_process
 from autotune._calibration.protocol import (
@@ -39,6 +41,7 @@ from autotune._calibration.protocol import (
     Traced,
     TraceJob,
 )
+from autotune._calibration.trace import traced_or_failure
 from autotune._errors import CalibrationCancelled, CalibrationError, TraceError
 from autotune._families import Family
 from autotune._models import Candidate, CandidateResult, Failure, FamilyResult, TraceReport
@@ -187,8 +190,6 @@ class Worker:
 
     def run_trace(self, job: TraceJob) -> TraceReport:
         """Trace one candidate in the worker; raises TraceError when it crashes, hangs or fails."""
-        from autotune._calibration.trace import traced_or_failure
-
         if self.isolation == "inprocess":
             with _fp32.preserved():
                 outcome = traced_or_failure(job)
@@ -208,9 +209,6 @@ class Worker:
 
     def run_check(self, job: CheckJob) -> tuple[Checked | None, list[CandidateResult], Failure | None]:
         """Re-time the job's candidates: (their rounds or None, the candidates that failed, how the worker ended)."""
-        from autotune._calibration.check import check
-        from autotune._calibration.child import Control
-
         attempt = Attempt()
         if self.isolation == "inprocess":
             with _fp32.preserved():
@@ -227,8 +225,6 @@ class Worker:
     def run_memory_probe(self, job: MemoryProbeJob) -> MemoryProbed:
         """One memory probe in the worker; a worker that died in it (the kernel's OOM killer: SIGKILL) is the
         probe's failure, and the next probe starts a fresh worker."""
-        from autotune._calibration.memory import probe_memory
-
         if self.isolation == "inprocess":
             with _fp32.preserved():
                 return probe_memory(job)

@@ -13,16 +13,15 @@ import functools
 import torch
 
 from autotune.backends.api import Accelerator, Backend, Finding
+from autotune.backends.cpu import CpuBackend
+from autotune.backends.cuda import CudaBackend
+from autotune.backends.mps import MpsBackend
+from autotune.backends.xpu import XpuBackend
 
 
 @functools.cache
 def all_backends() -> tuple[Backend, ...]:
     """Every backend, CPU first (it is the baseline and always available)."""
-    from autotune.backends.cpu import CpuBackend
-    from autotune.backends.cuda import CudaBackend
-    from autotune.backends.mps import MpsBackend
-    from autotune.backends.xpu import XpuBackend
-
     return (CpuBackend(), CudaBackend(), MpsBackend(), XpuBackend())
 
 

@@ -14,7 +14,7 @@ import warnings
 import torch
 
 from autotune._models import Precision
-from autotune.backends import _linux
+from autotune.backends import _darwin, _linux, _windows
 from autotune.backends.api import Accelerator, Backend
 
 _ISA_FLAGS = (
@@ -48,12 +48,8 @@ def cpu_facts() -> tuple[str, tuple[str, ...]]:
         brand = info.get("model name") or info.get("Model") or info.get("Hardware") or platform.processor()
         flags = set((info.get("flags") or info.get("Features") or "").split())
     elif sys.platform == "darwin":
-        from autotune.backends import _darwin
-
         brand, flags = _darwin.apple_cpu(_darwin.read_sysctl(), platform.machine())
     elif sys.platform == "win32":
-        from autotune.backends import _windows
-
         brand, flags = _windows.cpu_name() or platform.processor(), set()
     else:
         brand, flags = platform.processor(), set()
