@@ -1,5 +1,10 @@
 """The public entry points besides ``calibrate``: ``best_config`` (instant from the cache), its fallback
-without a measurement, and the cache's tools (cached decisions, export / import, the canary, ``trace``)."""
+without a measurement, and the cache's tools (cached decisions, export / import, the canary, ``trace``).
+
+It is also the one internal entry of the command line (``_cli``), for what the public API does not offer: the
+cached measurements and decisions without measuring, the registered kinds, ``--doctor``'s findings, and the
+helpers that word a pick, a retry and an amount of memory.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +19,15 @@ from autotune import _background, _check, _env, _fp32
 from autotune._cache import exchange as _exchange
 from autotune._cache import lookup as _cached
 from autotune._cache import max_batch as _max_batch_answers
-from autotune._cache.freshness import due_retries, family_key, fresh_until, key_change, now_utc, stale_reason
+from autotune._cache.freshness import (
+    due_retries,
+    family_key,
+    fresh_until,
+    key_change,
+    now_utc,
+    retry_at,
+    stale_reason,
+)
 from autotune._cache.locks import held_elsewhere
 from autotune._cache.lookup import Similar, find_similar
 from autotune._cache.store import Store
@@ -22,11 +35,12 @@ from autotune._calibrate import calibrate, calibrate_one, measuring_elsewhere, n
 from autotune._calibration.protocol import TraceJob
 from autotune._check import CheckResult
 from autotune._config import Config
-from autotune._decide import PREFERENCES, Prefer, decide
+from autotune._decide import PREFERENCES, Prefer, decide, picked
+from autotune._doctor import Finding, diagnose
 from autotune._errors import CalibrationError, ConfigurationError
-from autotune._families import Family, family_names, get_family
+from autotune._families import Family, builtin_family_names, family_names, get_family
 from autotune._fingerprint import Fingerprint, fingerprint
-from autotune._models import FamilyResult, TraceReport
+from autotune._models import CandidateResult, FamilyResult, TraceReport, mib_words
 
 log = logging.getLogger("autotune")
 
@@ -260,15 +274,24 @@ def cached_families(model_kinds: Iterable[str] | None = None, *, fresh_only: boo
 
 
 __all__ = [
+    "CandidateResult",
+    "FamilyResult",
+    "Finding",
     "best_config",
+    "builtin_family_names",
     "cached_configs",
     "cached_families",
     "check_cached",
     "clear_cache",
     "config_for",
+    "diagnose",
     "export_results",
     "fallback",
+    "family_names",
     "import_results",
+    "mib_words",
+    "picked",
+    "retry_at",
     "similar_record",
     "trace",
 ]

@@ -1,24 +1,28 @@
 """``python -m autotune``: the arguments, the decisions table per model kind, ``--check``, ``--doctor``, one
 family in detail (``--explain``, ``--trace``, ``--max-batch``) and the progress display.
 
-Output is decided here; the logic is the library's. Errors become a message on stderr and an exit
-code in one place: 0 ok, 1 failure, 2 usage, 3 ``--check`` recalibrated a family.
+Output is decided here; the logic is the library's: the public API, and for what it lacks ``autotune._api``,
+the CLI's one internal entry. That one is imported where it is used, not here: it loads torch, and
+``python -m autotune`` starts its worker before the host imports torch. Errors become a message on stderr and
+an exit code in one place: 0 ok, 1 failure, 2 usage, 3 ``--check`` recalibrated a family.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import logging
 import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+import autotune
+
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from autotune._calibrate import CalibrationProgress
-    from autotune._models import CandidateResult, FamilyResult
+    from autotune._api import CandidateResult, FamilyResult
 
 EPILOG = """\
 examples:
@@ -101,8 +105,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING, format="autotune: %(message)s", stream=sys.stderr
     )
     logging.getLogger("filelock").setLevel(logging.WARNING)
-    import autotune
-
     try:
         if args.clear:
             removed = autotune.clear_cache()
@@ -146,8 +148,6 @@ def _register(value: str) -> str:
     A name alone need not be registered here while its measurements are cached (an app registered and measured
     it); measuring it needs its build, and an unknown name fails before anything is measured.
     """
-    import autotune
-
     name, sep, ref = value.partition("=")
     if sep:
         autotune.register_family(name, ref)
@@ -155,9 +155,13 @@ def _register(value: str) -> str:
 
 
 def _decisions(args: argparse.Namespace) -> int:
-    import autotune
-    from autotune._api import cached_configs, cached_families, similar_record
-    from autotune._families import builtin_family_names, family_names
+    from autotune._api import (  # loads torch: never before the early start
+        builtin_family_names,
+        cached_configs,
+        cached_families,
+        family_names,
+        similar_record,
+    )
 
     kinds = [_register(value) for value in args.family] if args.family else builtin_family_names()
     missing = set(kinds) - set(cached_families(kinds, fresh_only=True))
@@ -213,7 +217,7 @@ def _decisions(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from autotune._api import check_cached
+    from autotune._api import check_cached  # loads torch: never before the early start
 
     kinds = [_register(value) for value in args.family] if args.family else None
     results = check_cached(kinds)
@@ -232,8 +236,7 @@ def _check(args: argparse.Namespace) -> int:
 
 def _pick_words(measured: FamilyResult | None) -> str:
     """e.g. ``'cpu bf16-mixed channels_last'``, or why there is none."""
-    import autotune
-    from autotune._decide import picked
+    from autotune._api import picked  # loads torch: never before the early start
 
     if measured is None:
         return "not measured"
@@ -244,7 +247,7 @@ def _pick_words(measured: FamilyResult | None) -> str:
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    from autotune._doctor import diagnose
+    from autotune._api import diagnose  # loads torch: never before the early start
 
     findings = diagnose()
     if args.json:
@@ -266,8 +269,6 @@ def console() -> Console:
 
 
 def calibrate_with_progress(kinds: list[str], *, force: bool) -> None:
-    import autotune
-
     if not sys.stderr.isatty():
         autotune.calibrate(kinds, force=force, progress=plain_progress())
         return
@@ -283,11 +284,11 @@ def calibrate_with_progress(kinds: list[str], *, force: bool) -> None:
         autotune.calibrate(kinds, force=force, progress=update)
 
 
-def plain_progress() -> Callable[[CalibrationProgress], None]:
+def plain_progress() -> Callable[[autotune.CalibrationProgress], None]:
     """One line per family and candidate on stderr, for logs and pipes."""
     seen: set[tuple[str, str | None]] = set()
 
-    def report(p: CalibrationProgress) -> None:
+    def report(p: autotune.CalibrationProgress) -> None:
         key = (p.family, p.candidate)
         if key not in seen and p.candidate is not None:
             seen.add(key)
@@ -297,8 +298,7 @@ def plain_progress() -> Callable[[CalibrationProgress], None]:
 
 
 def explain(kind: str, *, recalibrate: bool, as_json: bool) -> int:
-    from autotune._api import cached_configs, cached_families
-    from autotune._families import family_names
+    from autotune._api import cached_configs, cached_families, family_names  # loads torch: never before the early start
 
     # A kind registered here is measured again when stale; one only another process registered is shown
     # as the cache holds it.
@@ -346,8 +346,7 @@ def explain(kind: str, *, recalibrate: bool, as_json: bool) -> int:
 
 
 def trace(kind: str, args: argparse.Namespace) -> int:
-    import autotune
-    from autotune._api import cached_families
+    from autotune._api import cached_families  # loads torch: never before the early start
 
     if args.recalibrate or kind not in cached_families([kind]):
         calibrate_with_progress([kind], force=args.recalibrate)
@@ -379,8 +378,6 @@ def trace(kind: str, args: argparse.Namespace) -> int:
 
 
 def max_batch(kind: str, args: argparse.Namespace) -> int:
-    import autotune
-
     report = autotune.max_batch_report(kind, margin=args.margin, memory_limit_mb=args.memory_limit_mb,
                                        force=args.recalibrate)
     if args.json:
@@ -388,7 +385,7 @@ def max_batch(kind: str, args: argparse.Namespace) -> int:
         return 0
     from rich.table import Table
 
-    from autotune._max_batch import mib_words
+    from autotune._api import mib_words  # loads torch: never before the early start
 
     out = console()
     capped = " (the search's upper bound)" if report.capped else ""
@@ -429,9 +426,7 @@ def outcome(result: CandidateResult) -> str:
 
 def retry_words(measured: FamilyResult, result: CandidateResult) -> str:
     """When this failure is measured again, e.g. 'retried after 2026-12-01 14:03 UTC'."""
-    import datetime as dt
-
-    from autotune._cache.freshness import retry_at
+    from autotune._api import retry_at  # loads torch: never before the early start
 
     at = retry_at(measured, result)
     if at is None:

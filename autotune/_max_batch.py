@@ -24,7 +24,7 @@ from autotune._calibration.protocol import MemoryProbed, MemoryProbeJob
 from autotune._errors import BatchSizeUnsupportedError, ConfigurationError, MaxBatchError
 from autotune._families import get_family
 from autotune._fingerprint import fingerprint
-from autotune._models import PRECISIONS, Candidate, MaxBatchReport, MemoryLine, MemoryProbe, Precision
+from autotune._models import PRECISIONS, Candidate, MaxBatchReport, MemoryLine, MemoryProbe, Precision, mib_words
 
 log = logging.getLogger("autotune")
 
@@ -258,10 +258,6 @@ def _predict(measured: dict[int, int], good: int, target: float) -> int:
     return int((target - line.fixed_bytes) / line.per_sample_bytes)
 
 
-def mib_words(value: float | None) -> str:
-    return "an unknown amount" if value is None else f"{value / 2**20:.1f} MiB"
-
-
 __all__ = [
-    "MAX_BATCH_SIZE", "Probe", "find_max_batch", "max_batch_report", "max_batch_size", "mib_words",
+    "MAX_BATCH_SIZE", "Probe", "find_max_batch", "max_batch_report", "max_batch_size",
 ]

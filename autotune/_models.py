@@ -250,6 +250,11 @@ class TraceReport(Record):
 ProbeOutcome = Literal["fits", "over", "oom"]
 
 
+def mib_words(value: float | None) -> str:
+    """Bytes in MiB for a sentence, e.g. ``'12.5 MiB'``, or ``'an unknown amount'``."""
+    return "an unknown amount" if value is None else f"{value / 2**20:.1f} MiB"
+
+
 class MemoryProbe(Record):
     """A few real training steps at one batch size, e.g. ``MemoryProbe(batch_size=16, peak_bytes=..., outcome="fits")``.
 
@@ -326,4 +331,5 @@ __all__ = [
     "ProbeOutcome",
     "Timing",
     "TraceReport",
+    "mib_words",
 ]
