@@ -3,7 +3,7 @@ without a measurement, and the cache's tools (cached decisions, export / import,
 
 It is also the one internal entry of the command line (``_cli``), for what the public API does not offer: the
 cached measurements and decisions without measuring, the registered kinds, ``--doctor``'s findings, and the
-helpers that word a pick, a retry and an amount of memory.
+helpers that word a pick, a retry and an amount of memory; and of the tests, to reset this process's state.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from autotune._config import Config
 from autotune._decide import PREFERENCES, Prefer, decide, picked
 from autotune._doctor import Finding, diagnose
 from autotune._errors import CalibrationError, ConfigurationError
-from autotune._families import Family, builtin_family_names, family_names, get_family
+from autotune._families import Family, builtin_family_names, family_names, get_family, reset_registry
 from autotune._fingerprint import Fingerprint, fingerprint
 from autotune._models import CandidateResult, FamilyResult, TraceReport, mib_words
 
@@ -273,6 +273,16 @@ def cached_families(model_kinds: Iterable[str] | None = None, *, fresh_only: boo
             if k in registered and stale_reason(v, family_key(get_family(k)), now) is None}
 
 
+def reset_state() -> None:
+    """Forget what this process keeps between calls: its background calibrations (cancelled, waited for), the
+    decision memo and the stores, families it registered, and ``use_defaults``. Tests call it around each test,
+    which runs in a cache directory of its own."""
+    _background.cancel_all(timeout_s=60)
+    _cached.reset()
+    _exchange.reset()
+    reset_registry()
+
+
 __all__ = [
     "CandidateResult",
     "FamilyResult",
@@ -291,6 +301,7 @@ __all__ = [
     "import_results",
     "mib_words",
     "picked",
+    "reset_state",
     "retry_at",
     "similar_record",
     "trace",

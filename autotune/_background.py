@@ -156,14 +156,19 @@ def running(kind: str) -> bool:
         return any(kind in job.kinds and not job.done() for job in _jobs.values())
 
 
-@atexit.register
-def _cancel_at_exit() -> None:
+def cancel_all(*, timeout_s: float) -> None:
+    """Cancel every job of this process and wait up to ``timeout_s`` for each to finish."""
     with _jobs_guard:
         jobs = list(_jobs.values())
     for job in jobs:
         job.cancel()
     for job in jobs:
-        job._finished.wait(timeout=5)
+        job._finished.wait(timeout=timeout_s)
 
 
-__all__ = ["CalibrationJob", "running", "start_calibration"]
+@atexit.register
+def _cancel_at_exit() -> None:
+    cancel_all(timeout_s=5)
+
+
+__all__ = ["CalibrationJob", "cancel_all", "running", "start_calibration"]

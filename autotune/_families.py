@@ -226,6 +226,12 @@ def register_family(
     return family
 
 
+def reset_registry() -> None:
+    """Forget every family registered in this process: the built-ins are left."""
+    _registry.clear()
+    _registry.update({f.name: f for f in BUILTIN_FAMILIES})
+
+
 def get_family(name: str) -> Family:
     """The family registered as ``name``; raises UnknownFamilyError with the closest known name."""
     try:
@@ -250,4 +256,5 @@ __all__ = [
     "family_names",
     "get_family",
     "register_family",
+    "reset_registry",
 ]

@@ -8,36 +8,25 @@ import pytest
 import torch
 
 import autotune
-from autotune import _background, _families, _fp32
-from autotune._cache import lookup as _cached
+from autotune import _api, _fp32
 
 
 @pytest.fixture(autouse=True)
 def isolated_autotune(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """Each test gets its own cache dir, no inherited AUTOTUNE_* settings, a small budget, fresh memos."""
+    """Each test gets its own cache dir, no inherited AUTOTUNE_* settings, a small budget, fresh state (memos,
+    registered families, background jobs: a job still running would go on in the next test's cache dir)."""
     for name in list(os.environ):
         if name.startswith("AUTOTUNE_"):
             monkeypatch.delenv(name)
     cache = tmp_path / "cache"
     monkeypatch.setenv("AUTOTUNE_CACHE_DIR", str(cache))
     monkeypatch.setenv("AUTOTUNE_BUDGET_S", "0.3")
-    registry = dict(_families._registry)
-    _cached.decisions.clear()
-    _cached.stores.clear()
+    _api.reset_state()
     threads = torch.get_num_threads()
     with _fp32.preserved():  # an in-process candidate, a framework or a test may switch them: put them back
         yield cache
-    # A background job still running would go on in the next test's cache dir and show its worker there.
-    with _background._jobs_guard:
-        jobs = list(_background._jobs.values())
-    for job in jobs:
-        job.cancel()
-        job._finished.wait(timeout=60)
+    _api.reset_state()
     torch.set_num_threads(threads)
-    _families._registry.clear()
-    _families._registry.update(registry)
-    _cached.decisions.clear()
-    _cached.stores.clear()
 
 
 @pytest.fixture

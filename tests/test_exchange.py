@@ -30,13 +30,6 @@ def _other_torch(version: str = "2.12.0") -> Fingerprint:
     return Fingerprint.model_validate({**here.model_dump(exclude={"digest"}), "torch": version})
 
 
-@pytest.fixture(autouse=True)
-def _no_defaults() -> None:
-    _exchange.use_defaults(None)
-    yield
-    _exchange._override.clear()
-
-
 def _export_from(cache: Path, out: Path, fp: Fingerprint) -> None:
     Store(cache).save(fp, _measured())
     count = _exchange.export_results(Store(cache), out)
@@ -108,7 +101,6 @@ def test_defaults_layer_serves_under_local_results(tmp_path: Path, isolated_auto
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     shipped = tmp_path / "shipped.json"
     _export_from(tmp_path / "vendor", shipped, autotune.fingerprint())
-    _exchange._override.clear()
     monkeypatch.setenv("AUTOTUNE_DEFAULTS", str(shipped))
     config = autotune.best_config("tiny_mlp", wait=False)
     assert config.source == "measured" and "shipped in shipped.json" in config.reason

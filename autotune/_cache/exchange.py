@@ -167,6 +167,12 @@ def _load(path: Path) -> list[StoreFile]:
     return files
 
 
+def reset() -> None:
+    """Forget ``use_defaults``: ``AUTOTUNE_DEFAULTS`` decides again."""
+    _override.clear()
+    _loaded.clear()
+
+
 def layer_stamp() -> tuple[object, ...]:
     """Changes when the defaults layer does: part of the decision memo's key."""
     path = _override[0] if _override else DEFAULTS.get()
@@ -179,4 +185,4 @@ def layer_stamp() -> tuple[object, ...]:
 
 
 __all__ = ["MAX_BYTES", "ExportFile", "ImportSummary", "defaults_files", "defaults_record", "export_results",
-           "import_results", "layer_stamp", "read_export", "use_defaults"]
+           "import_results", "layer_stamp", "read_export", "reset", "use_defaults"]

@@ -21,6 +21,12 @@ decisions: dict[tuple[object, ...], tuple[Config, dt.datetime | None]] = {}
 stores: dict[str, Store] = {}
 
 
+def reset() -> None:
+    """Forget the decision memo and the stores (their in-memory results and warnings)."""
+    decisions.clear()
+    stores.clear()
+
+
 def store() -> Store:
     """The store of the cache root in effect now (``AUTOTUNE_CACHE_DIR``, else the user cache dir)."""
     root = default_root()
@@ -94,4 +100,4 @@ def find_similar(fp: Fingerprint, kind: str, files: Iterable[StoreFile]) -> Simi
     return best
 
 
-__all__ = ["Similar", "decisions", "differences", "find_similar", "known", "store", "stores"]
+__all__ = ["Similar", "decisions", "differences", "find_similar", "known", "reset", "store", "stores"]
