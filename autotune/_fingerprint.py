@@ -8,7 +8,7 @@ GPU swap, a torch upgrade, a ``taskset`` with fewer cores, another ``CUDA_VISIBL
 Left out on purpose: the kernel's patch level (only major.minor is kept) and process settings the calibration
 worker does not apply, such as ``torch.set_float32_matmul_precision`` (the worker sets each candidate's own).
 What a single family's measurements depend on (its build, the search, the budget) is the family's key, not
-the machine's: see ``_freshness``.
+the machine's: see ``_cache.freshness``.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ AUTOCAST_DTYPES: dict[Precision, torch.dtype | None] = {
     "fp16-mixed": torch.float16,
 }
 
-#: GradScaler's own default; lower values are tried when it skips steps (BACKGROUND.md fact 5).
+#: GradScaler's own default; calibration tries lower ones when fp16 steps overflow at it and are skipped.
 DEFAULT_INIT_SCALE = 65536.0
 
 

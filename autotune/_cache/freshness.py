@@ -24,8 +24,8 @@ from autotune._models import (
     FamilyResult,
 )
 
-#: Bumped when the meaning of stored measurements changes; part of every family's key. 1 and 2 lived in the
-#: fingerprint (2: the calibration package, #10); 3: per-family keys (#13), records without one are measured again.
+#: Bumped when the meaning of stored measurements changes; part of every family's key since 3 (records without a
+#: key are measured again).
 MEASUREMENT_VERSION = 3
 #: how long a transient failure is remembered before the next calibration tries that candidate again
 RETRY_AFTER = dt.timedelta(days=1)

@@ -2,8 +2,8 @@
 
 Two processes (an app and ``python -m autotune``, two apps) or two background jobs of one app that time
 training steps at the same time measure each other: each gets the other's interference in its rounds (on a
-2-core machine, a neighbour's ``import torch`` alone slows a step by tens of percent), and the control
-workload cannot tell it from a busy machine. So a calibration and the canary (``--check``) hold the machine's
+machine of few cores, a neighbour's ``import torch`` alone slows a step), and the control workload cannot tell
+it from a busy machine. So a calibration and the canary (``--check``) hold the machine's
 measuring lock (:func:`measuring_lock`) while they time; the others wait their turn. A wait gives up at once when the
 calibration is cancelled (a background job's ``cancel()``), and after ``AUTOTUNE_LOCK_TIMEOUT_S``.
 

@@ -3,7 +3,7 @@
 - A write re-reads the file under a file lock, merges, and replaces it atomically (``_disk.write_atomic``), so
   two processes that calibrate different families never lose each other's results and a crash mid-write never
   leaves a torn file.
-- Each family is validated on its own (``_records``). A family this version cannot read is set aside with a
+- Each family is validated on its own (``records``). A family this version cannot read is set aside with a
   WARNING and measured again, while the other families keep serving; when its new measurement is saved, the old
   record is moved to ``<file>.<family>.corrupt-<utc>``. Everything else in the file, fields this version does
   not know included, is written back as it was read.
@@ -12,7 +12,7 @@
   cannot be read, a symbolic link, or anything but a regular file is never overwritten: results stay in
   memory for this process. So does a results directory that other users can write.
 - A disk that cannot be written (read-only, full, locked) degrades to an in-memory store for this process.
-- Pruning by last use, and the file-safety rules themselves, live in ``_disk``.
+- Pruning by last use, and the file-safety rules themselves, live in ``disk``.
 """
 
 from __future__ import annotations

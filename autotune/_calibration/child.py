@@ -1,7 +1,7 @@
 """The calibration worker process itself: ``python -m autotune._calibration.child``.
 
 It warms the process up, says :class:`Ready`, then measures one :class:`Job` per line of its stdin, in turn,
-until the host closes stdin: one worker serves a whole calibration (issue #11), and each family starts from
+until the host closes stdin: one worker serves a whole calibration, and each family starts from
 a clean slate (fresh model, optimizer, seeds, thread count). Events go out on the original stdout, one per
 line; anything model code prints goes to stderr so it cannot corrupt the protocol.
 

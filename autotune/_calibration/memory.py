@@ -37,7 +37,7 @@ def probe_memory(job: MemoryProbeJob) -> MemoryProbed:
         # One unmeasured step at this batch first, with everything it built freed again: one-time costs (the
         # thread pool's and oneDNN's first allocations, a device's context) are paid, and glibc's allocator is
         # in the state a training run reaches after its first step (it raises its mmap threshold to the
-        # tensors freed), whichever probe ran before: without it the same batch peaked 15% lower when first.
+        # tensors freed), whichever probe ran before: without it the same batch peaked lower when it came first.
         _steps(job, backend, batch_size=job.batch_size, steps=1)
         _clean(backend, job.candidate.device)
         free_bytes = backend.free_memory_bytes(job.candidate.device)

@@ -1,8 +1,8 @@
 """One candidate made ready for timing: built, verified against the fp32 CPU reference, warmed up.
 
 The verification window (the first ``verify_steps`` steps from the same seed and batch as the reference)
-doubles as the warm-up, and stops a pathologically slow candidate early (fp16 autocast on a CPU: over a
-second a step, 20-48x slower): before its first step when a probe on a slice of the batch is already that
+doubles as the warm-up, and stops a pathologically slow candidate early (fp16 autocast on a CPU without fp16
+kernels): before its first step when a probe on a slice of the batch is already that
 slow, else inside the step past the step's limit (:mod:`~autotune._calibration.probe`). fp16 is retried at
 lower GradScaler scales while steps are skipped.
 """
@@ -71,7 +71,7 @@ def classify(exc: BaseException, device: str) -> Failure:
 def warm_process() -> None:
     """Pay the process's one-time costs before any candidate's set-up is timed.
 
-    The first optimizer a process creates imports torch's compiler stack (about 1 s here), and the first
+    The first optimizer a process creates imports torch's compiler stack (a second or more), and the first
     backward starts autograd's engine; charged to the baseline's set-up, they would make the CPU look
     expensive for short jobs.
     """
@@ -92,7 +92,7 @@ class TorchLab:
         self.reference: Trajectory | None = None
         self.best_first: dict[str, tuple[float, Candidate]] = {}
         #: each device's start-up (context, allocator), timed once and charged to every candidate on it: the
-        #: user pays it whichever candidate they run (#16), so it must not skew a comparison between them
+        #: user pays it whichever candidate they run, so it must not skew a comparison between them
         self.device_start_s: dict[str, float] = {}
         self.best_step_s = float("inf")
         self.default_threads = torch.get_num_threads()

@@ -2,26 +2,19 @@
 
 The verification window's **deadline** checks the clock at every module call (forward) and module-output
 gradient (backward) and raises from inside the step once the limit has passed, so an emulated dtype costs the
-limit, not a whole step. But native kernels cannot be interrupted, and one can take seconds: fp16 autocast on a
-CPU without fp16 convolution kernels spends about 5 s in the cnn's third convolution's backward here (its
-first step cost 4 s of a calibration: over a tenth of the four built-ins' calibration).
+limit, not a whole step. But native kernels cannot be interrupted, and one can take seconds (fp16 convolutions
+on a CPU without fp16 kernels).
 
-So before the first full step of a new precision on the CPU, when a full step could cost more than the floor
-of the limit, the lab **probes** it: two forward + backward passes on an eighth of the batch (families of 16
-samples or more; two at least, as train-mode batch norm needs two), against the same pass of the device's
-fastest first candidate when the device's first probe ran (its better of two). A candidate whose passes are
-both over the first-step factor of the reference's and, scaled to the full batch, over the full step's own
-limit (the first pass pays a dtype's one-time set-up) is stopped as ``too_slow`` before its full step: the
-cnn's fp16 costs two passes on 4 samples instead of a step on 32. The first pass's excess over the second
-counts as the candidate's set-up: what the probe took from its first step. The probes' own cost (a build
-and two passes each, the reference's too) is the calibration's, not a candidate's: it is in a family's wall
-time, in no candidate's ``setup_s``.
+So before the first full step of a new precision on the CPU the lab **probes** it: two forward + backward
+passes on an eighth of the batch (families of 16 samples or more), against the same passes of the device's
+fastest first candidate. A candidate whose passes are both over the first-step factor of the reference's and,
+scaled to the full batch, over the full step's limit is stopped as ``too_slow`` before its full step. The
+first pass's excess over the second counts as the candidate's set-up; the probes' own cost is the
+calibration's (a family's wall time), not a candidate's.
 
 No probe for a family whose build takes no ``batch_size=`` or ignores it, inputs without one batch dimension,
-a compiled reference, or the canary (its candidates passed when calibrated); a probe that raises leaves that
-candidate to its full step and its deadline, as before. Only on the CPU: an asynchronous device's host runs
-ahead of its kernels, its first calls pay kernel loading and autotuning, and its slow precisions (emulated
-bf16 before Ampere: 2-4x) stay under the factor anyway.
+a compiled reference, or the canary; a probe that raises leaves the candidate to its deadline. Only on the
+CPU: an asynchronous device's host runs ahead of its kernels, and its first calls pay kernel loading.
 """
 
 from __future__ import annotations

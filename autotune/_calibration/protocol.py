@@ -1,8 +1,7 @@
 """What crosses the process boundary between the host and the calibration worker, as typed models.
 
 The host writes one :class:`Job` line on the worker's stdin; the worker answers with one :data:`Event` per
-line on its stdout. Both sides validate with the same models (STYLE.md: "a typed model, validated on both
-sides, never a dict built by hand").
+line on its stdout. Both sides validate with the same models: nothing crosses as a dict built by hand.
 """
 
 from __future__ import annotations
@@ -85,7 +84,7 @@ class Job(_Message):
     resume: Checkpoint | None = None
     settings: CalibrationSettings
     #: the host's fp32 settings: mixed precisions run with them, as they will in the app (fp32 and tf32 set
-    #: their own; issue #16)
+    #: their own)
     fp32: Fp32Settings
     #: the host's intra-op thread count (part of the fingerprint): candidates without their own run with it
     threads: int

@@ -37,7 +37,7 @@ def threads_context(num_threads: int | None) -> Iterator[None]:
     """CPU intra-op threads for one candidate's steps; candidates with other counts interleave with it.
 
     Entered around a candidate's share of a round, outside its timed steps: switching the count is not
-    part of a training step (issue #10, "like with like").
+    part of a training step, so no candidate's time includes it.
     """
     if num_threads is None:
         yield

@@ -1,4 +1,4 @@
-"""The numerics gate: a fast candidate must also train like fp32 does (BACKGROUND.md facts 5 and 7).
+"""The numerics gate: a fast candidate must also train like fp32 does (fp16 overflows, a kernel is fast but wrong).
 
 Every candidate runs the same first optimizer steps from the same seed and batch as the fp32 CPU reference.
 Its losses, gradient norms and final parameter update are compared with the reference's, within a tolerance

@@ -1,11 +1,11 @@
 """Starting the worker's OS process, and starting it early: before the host has imported torch.
 
-A worker start is an interpreter start, ``import torch`` and torch's first optimizer (2.5-4 s on a 2-core
-laptop). ``python -m autotune`` pays its own ``import torch`` before it knows what to measure; started here
-first (:func:`start_early`), the worker's start overlaps the host's import instead of following it, and the
-first :class:`~autotune._worker.worker.Worker` that needs a process takes this one (:func:`take`). One
-nobody takes (every family was cached, a usage error) is killed when the command ends (:func:`discard`) or the
-host exits. This module imports nothing from torch, nor anything that does: it runs before torch is loaded.
+A worker start is an interpreter start, ``import torch`` and torch's first optimizer: seconds. ``python -m
+autotune`` pays its own ``import torch`` before it knows what to measure; started first (:func:`start_early`),
+the worker's start overlaps the host's import instead of following it, and the first
+:class:`~autotune._worker.worker.Worker` that needs a process takes this one (:func:`take`). One nobody takes
+(every family was cached, a usage error) is killed when the command ends (:func:`discard`) or the host exits.
+This module imports nothing from torch, nor anything that does: it runs before torch is loaded.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """The calibration worker, seen from the host: one process for a whole calibration, started early.
 
-Never ``fork``: forking after the host ran ``backward()`` or touched CUDA errors or deadlocks
-(BACKGROUND.md fact 8), and ``multiprocessing``'s spawn would re-import the app's ``__main__``. The worker
+Never ``fork``: a child forked after the host ran ``backward()`` or initialised CUDA fails or deadlocks
+(PyTorch wiki, "Autograd and Fork"; "Cannot re-initialize CUDA in forked subprocess"), and
+``multiprocessing``'s spawn would re-import the app's ``__main__``. The worker
 is ``python -m autotune._calibration.child``; the host sends it one :class:`Job` line per family and reads
 protocol events back. Results stream per candidate, so a native crash (SIGABRT from an MPS assertion, a
 segfault), a hang or an OOM loses only the candidate in flight: it is recorded with its class and a fresh

@@ -3,8 +3,8 @@
 bf16 is *proposed* on every card but only called native on compute capability >= 8 (Ampere) on NVIDIA, and
 on the AMD architectures with bf16 matrix instructions (:data:`ROCM_NATIVE_BF16`; a ROCm "capability" is the
 gcnArch, e.g. 9.0 for gfx90a and gfx906 alike, so its major says nothing about bf16):
-``torch.cuda.is_bf16_supported()`` defaults to ``including_emulation=True`` and says True on a Turing card
-where bf16 ran at 0.23x of fp32 (BACKGROUND.md fact 4). The measurement, not that flag, decides.
+``torch.cuda.is_bf16_supported()`` defaults to ``including_emulation=True`` and says True on cards before
+Ampere too, which emulate bf16 far slower than fp32. The measurement, not that flag, decides.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Apple Metal (``mps``): the GPU behind "GPU" on every Apple Silicon Mac (BACKGROUND.md fact 1)."""
+"""Apple Metal (``mps``): the GPU behind "GPU" on every Apple Silicon Mac."""
 
 from __future__ import annotations
 
@@ -85,7 +85,7 @@ class MpsBackend(Backend):
 
     def free_memory_bytes(self, device: str) -> int | None:
         """Metal's recommended working set less what the driver holds now: unified memory is shared with the
-        CPU, and going beyond the recommendation pages to disk or fails (BACKGROUND.md fact 9)."""
+        CPU, and going beyond the recommendation pages to disk or fails."""
         recommended = getattr(torch.mps, "recommended_max_memory", None)
         if recommended is None:
             return None
