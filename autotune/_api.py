@@ -31,7 +31,7 @@ from autotune._cache.freshness import (
 from autotune._cache.locks import held_elsewhere
 from autotune._cache.lookup import Similar, find_similar
 from autotune._cache.store import Store
-from autotune._calibrate import calibrate, calibrate_one, measuring_elsewhere, new_worker
+from autotune._calibrate import calibrate_one, measuring_elsewhere, new_worker, run_calibration
 from autotune._calibration.protocol import TraceJob
 from autotune._check import CheckResult
 from autotune._config import Config
@@ -241,10 +241,10 @@ def check_cached(model_kinds: Iterable[str] | None = None) -> list[CheckResult]:
     measured = {get_family(k): r for k, r in cached_families(model_kinds, fresh_only=True).items()
                 if k in known and r.origin is None}
     results = _check.check(measured)
-    stale = [r.model_kind for r in results if r.verdict == "recalibrated"]
+    stale = {r.model_kind for r in results if r.verdict == "recalibrated"}
     if not stale:
         return results
-    report = calibrate(stale, force=True)
+    report = run_calibration([family for family in measured if family.name in stale], force=True)
     return [r.model_copy(update={"new_pick": report.configs[r.model_kind].candidate.label})
             if r.model_kind in report.configs else r for r in results]
 
