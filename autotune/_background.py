@@ -37,7 +37,7 @@ class CalibrationJob:
     """
 
     def __init__(self, families: list[Family], key: tuple[object, ...]) -> None:
-        self.families = families
+        self._families = families
         self.kinds = [family.name for family in families]
         self._key = key
         self._listeners: list[Listener] = []
@@ -108,7 +108,7 @@ class CalibrationJob:
             if self._cancelled:
                 raise CalibrationCancelled(missing=self.kinds)
             with _env.pinned(self._settings):
-                self._report = run_calibration(self.families, progress=self._on_progress, on_worker=self._attach)
+                self._report = run_calibration(self._families, progress=self._on_progress, on_worker=self._attach)
         except BaseException as exc:  # handed to wait(); the thread itself has nobody to tell
             self._error = exc
             if not isinstance(exc, CalibrationCancelled):
