@@ -5,11 +5,13 @@ Rules, in order:
    final paired comparison (a candidate dropped earlier is clearly slower, with its evidence, and never wins).
 2. The user's preference selects the pool: ``auto`` everything, ``cpu`` the CPU, ``gpu`` any accelerator
    whatever its backend; with no usable accelerator the CPU answers and the reason and a WARNING say so.
-3. The fastest wins on step time, or on set-up + ``expected_steps`` x step time for a short job.
+3. The fastest wins on step time (ranked on paired estimates: ``ranking``), or on set-up + ``expected_steps``
+   x step time for a short job.
 4. It must beat a preferred candidate on its device (fp32 < tf32 < bf16 < fp16, torch's thread count, eager:
    ``_rules.preference``) by more than ``_rules.margin`` with the decision's confidence
-   (``_stats.ratio_interval``, paired over the final rounds); otherwise it is a tie and the preferred one
-   wins. Layout and optimizer kernels (the same math) go to the faster, on the final rounds they share.
+   (``_stats.ratio_interval``, paired over the final rounds, its error split over the pairs the pick rests
+   on: ``decision_alpha``); otherwise it is a tie and the preferred one wins. Layout and optimizer kernels
+   (the same math) go to the faster.
 5. Another device must beat the CPU the same way, by ``_rules.MARGIN``; on a tie the CPU wins (no driver, no
    device memory held, no copies) and the reason says the GPU was no faster.
 """
@@ -72,8 +74,10 @@ def decide(
     else:
         pool = usable
 
-    pick = pick_fastest(pool, expected_steps)
-    device_sentence, precision_sentence = explain(pick, pool, usable, failed, measured, prefer, expected_steps)
+    alpha = decision_alpha(usable)
+    pick = pick_fastest(pool, expected_steps, alpha=alpha)
+    device_sentence, precision_sentence = explain(pick, pool, usable, failed, measured, prefer, expected_steps,
+                                                  alpha=alpha)
     reason = " ".join([*notes, device_sentence, precision_sentence]).strip()
     baseline = next((r for r in measured.candidates if r.usable and r.candidate == r.candidate.base
                      and is_cpu(r) and r.candidate.precision == "fp32"), None)
@@ -110,21 +114,30 @@ def _untrainable(measured: FamilyResult) -> CalibrationError:
                                                   for r in measured.candidates if r.failure is not None])
 
 
-def pick_fastest(pool: Sequence[CandidateResult], expected_steps: int | None) -> CandidateResult:
+def decision_alpha(finalists: Sequence[CandidateResult]) -> float:
+    """One look's error share split over the pairs a pick rests on (each candidate of the final comparison
+    against it): the error control is per decision, as in the final comparison's first look."""
+    timed_together = sum(1 for r in finalists if r.timing is not None and r.timing.final)
+    return _stats.ALPHA_PER_LOOK / max(1, timed_together - 1)
+
+
+def pick_fastest(pool: Sequence[CandidateResult], expected_steps: int | None, *,
+                 alpha: float | None = None) -> CandidateResult:
     """The pick among ``pool`` (finalists): on each device, of the candidates nothing there clearly beats,
     the preferred one (``_rules.preference``; layout and optimizer kernels by speed); then another device
-    only if it clearly beats the CPU's pick."""
+    only if it clearly beats the CPU's pick. ``alpha``: each claim's error (default: :func:`decision_alpha`)."""
+    alpha = decision_alpha(pool) if alpha is None else alpha
     picks = {}
     for device in dict.fromkeys(r.candidate.device for r in pool):
         on_device = [r for r in pool if r.candidate.device == device]
-        unbeaten = [r for r in on_device
-                    if not any(clearly_faster(other, r, expected_steps) for other in on_device if other is not r)]
+        unbeaten = [r for r in on_device if not any(clearly_faster(other, r, expected_steps, alpha=alpha)
+                                                    for other in on_device if other is not r)]
         scores = ranking(unbeaten or on_device, expected_steps)
         picks[device] = min(unbeaten or on_device, key=lambda r: (preference(r.candidate), scores[id(r)]))
     scores = ranking(list(picks.values()), expected_steps)
     best = min(picks.values(), key=lambda r: scores[id(r)])
     cpu = picks.get("cpu")
-    if cpu is not None and best is not cpu and not clearly_faster(best, cpu, expected_steps):
+    if cpu is not None and best is not cpu and not clearly_faster(best, cpu, expected_steps, alpha=alpha):
         return cpu
     return best
 
@@ -160,18 +173,21 @@ def score_ms(result: CandidateResult, expected_steps: int | None, median_ms: flo
 
 
 def ranking(results: Sequence[CandidateResult], expected_steps: int | None) -> dict[int, float]:
-    """Each result's score (by ``id``) for ranking ``results`` against one another: step medians over the final
-    rounds they all share (round ``i`` is the same round in every series of the final comparison), so one
-    settled early is not compared over its early rounds with another's later, drifted ones; a timing from an
-    earlier stage (a device outpaced there) by its own median."""
-    final = [r.timing for r in results if r.timing is not None and r.timing.final]
-    shared = min((timing.n for timing in final), default=0)
-    return {id(r): score_ms(r, expected_steps, _stats.median(r.timing.round_ms[:shared])
-                             if len(final) > 1 and r.timing is not None and r.timing.final else None)
+    """Each result's score (by ``id``) for ranking ``results`` against one another: in the final comparison, the
+    longest-timed one's median times each one's paired ratio to it over the rounds the two share
+    (:func:`_stats.paired_scores`), so one settled early is compared on its own rounds, never on a prefix; a
+    timing from an earlier stage (a device outpaced there) by its own median."""
+    final = {id(r): r.timing.round_ms for r in results if r.timing is not None and r.timing.final}
+    if len(final) < 2:
+        return {id(r): score_ms(r, expected_steps) for r in results}
+    ratios = _stats.paired_scores(final)
+    anchor_ms = _stats.median(max(final.values(), key=len))
+    return {id(r): score_ms(r, expected_steps, anchor_ms * ratios[id(r)] if id(r) in final else None)
             for r in results}
 
 
-def step_ratio(a: CandidateResult, b: CandidateResult) -> tuple[float, float, float]:
+def step_ratio(a: CandidateResult, b: CandidateResult, *,
+               alpha: float = _stats.ALPHA_PER_LOOK) -> tuple[float, float, float]:
     """Step-time ratio a/b with its interval, paired over the rounds both were timed in (the final ones).
 
     When ``a`` was outpaced by ``b``'s device, its evidence stands in; timings never paired give no
@@ -185,17 +201,18 @@ def step_ratio(a: CandidateResult, b: CandidateResult) -> tuple[float, float, fl
             return (ratio.estimate, ratio.low, ratio.high) if sign == 1 else (
                 1 / ratio.estimate, 1 / ratio.high, 1 / ratio.low if ratio.low > 0 else float("inf"))
     if a.timing.stage == b.timing.stage and min(a.timing.n, b.timing.n) >= 2:
-        return _stats.ratio_interval(a.timing.round_ms, b.timing.round_ms)
+        return _stats.ratio_interval(a.timing.round_ms, b.timing.round_ms, alpha=alpha)
     return step_ms(a) / step_ms(b), 0.0, float("inf")
 
 
-def clearly_faster(fast: CandidateResult, slow: CandidateResult, expected_steps: int | None) -> bool:
+def clearly_faster(fast: CandidateResult, slow: CandidateResult, expected_steps: int | None, *,
+                   alpha: float = _stats.ALPHA_PER_LOOK) -> bool:
     """True when ``fast`` beats ``slow`` by more than their margin, at the decision's confidence.
 
     For a short job the score is set-up + steps x step time; the step time's bound comes from the paired
     interval, the set-up times are single measurements.
     """
-    _, _, high = step_ratio(fast, slow)
+    _, _, high = step_ratio(fast, slow, alpha=alpha)
     if high == float("inf"):
         return False
     if expected_steps is None:
@@ -241,11 +258,12 @@ def no_gpu_words(measured: FamilyResult) -> str:
 
 def explain(
     pick: CandidateResult, pool: Sequence[CandidateResult], usable: Sequence[CandidateResult],
-    failed: Sequence[CandidateResult], measured: FamilyResult, prefer: Prefer, expected_steps: int | None,
+    failed: Sequence[CandidateResult], measured: FamilyResult, prefer: Prefer, expected_steps: int | None, *,
+    alpha: float = _stats.ALPHA_PER_LOOK,
 ) -> tuple[str, str]:
     device_sentence = f"{_device_words(pick)} {_PRECISION_WORDS[pick.candidate.precision]}" + "".join(
         f", {word}" for word in pick.candidate.variants)
-    device_parts = [_against_device(pick, other, pool, measured.model_kind, prefer, expected_steps)
+    device_parts = [_against_device(pick, other, pool, measured.model_kind, prefer, expected_steps, alpha)
                     for other in _best_per(usable, lambda r: r.candidate.device, exclude=pick.candidate.device)]
     if device_parts:
         device_sentence += " (" + "; ".join(device_parts) + ")"
@@ -254,11 +272,11 @@ def explain(
     # Precision sentence: the pick against each other precision on its device, then against its own plain
     # configuration, with numbers; a candidate dropped earlier is described by its drop evidence.
     same = [r for r in measured.candidates if r.usable and r.candidate.device == pick.candidate.device]
-    parts = [_against_precision(pick, other)
+    parts = [_against_precision(pick, other, alpha)
              for other in _best_per(same, lambda r: r.candidate.precision, exclude=pick.candidate.precision)]
     plain = next((r for r in same if r.candidate == pick.candidate.base and r is not pick), None)
     if plain is not None:
-        parts.append(_against_simpler(pick, plain, pick.candidate.variant_words.strip()))
+        parts.append(_against_simpler(pick, plain, pick.candidate.variant_words.strip(), alpha))
     if len(pick.candidate.variants) > 1:  # each variant on its own: the pick without it
         base = pick.candidate.base
         for field in Candidate.model_fields:
@@ -268,7 +286,7 @@ def explain(
             simpler = next((r for r in same if r.candidate == without), None)
             if simpler is not None:
                 word = next(w for w in pick.candidate.variants if w not in without.variants)
-                parts.append(_against_simpler(pick, simpler, word))
+                parts.append(_against_simpler(pick, simpler, word, alpha))
     if pick.numerics is not None and pick.numerics.default_scale_skipped:
         parts.append(
             f"GradScaler starts at init_scale {pick.numerics.init_scale:g}: the default 65536 skipped "
@@ -298,14 +316,14 @@ def _numbers(pick: CandidateResult, other: CandidateResult) -> str:
 
 
 def _against_device(pick: CandidateResult, other: CandidateResult, pool: Sequence[CandidateResult], kind: str,
-                    prefer: Prefer, expected_steps: int | None) -> str:
+                    prefer: Prefer, expected_steps: int | None, alpha: float) -> str:
     where = "the CPU" if is_cpu(other) else other.candidate.device
-    estimate, low, high = step_ratio(other, pick)
+    estimate, low, high = step_ratio(other, pick, alpha=alpha)
     slower_overall = expected_steps is not None and score_ms(other, expected_steps) > score_ms(pick, expected_steps)
     if expected_steps is not None and estimate < 1 and slower_overall:
         return (f"for {expected_steps} steps it finishes first: {where}'s set-up {other.setup_s or 0:.1f} s "
                 f"outweighs its {step_ms(pick) - step_ms(other):.1f} ms/step advantage")
-    if is_cpu(pick) and other in pool and not clearly_faster(pick, other, expected_steps):
+    if is_cpu(pick) and other in pool and not clearly_faster(pick, other, expected_steps, alpha=alpha):
         return (f"{where} was no faster ({_numbers(pick, other)}, its time over the CPU's {estimate:.2f}x, interval "
                 f"{low:.2f}-{high:.2f}): on a tie the CPU wins, with no driver, no device memory held, no copies")
     if estimate >= 1:
@@ -315,27 +333,27 @@ def _against_device(pick: CandidateResult, other: CandidateResult, pool: Sequenc
     return f"{where} is {1 / estimate:.1f}x faster"
 
 
-def _against_precision(pick: CandidateResult, other: CandidateResult) -> str:
+def _against_precision(pick: CandidateResult, other: CandidateResult, alpha: float) -> str:
     label = other.candidate.precision + other.candidate.variant_words
     if other.timing is not None and other.timing.dropped is not None:
         return f"{label} {other.timing.dropped.describe()}"
-    estimate, low, high = step_ratio(other, pick)
+    estimate, low, high = step_ratio(other, pick, alpha=alpha)
     numbers = f"{_numbers(pick, other)}, interval {low:.2f}-{high:.2f}"
     if complexity(other.candidate) < complexity(pick.candidate):
         return f"{estimate:.2f}x faster than {label} ({numbers}x)"
-    if clearly_faster(pick, other, None):
+    if clearly_faster(pick, other, None, alpha=alpha):
         return f"{label} is {estimate:.2f}x slower ({numbers})"
     within = f"{margin(pick.candidate, other.candidate):.0%} margin"
     return f"{label} not faster by more than the {within} ({numbers}: {estimate:.2f}x); on a tie the simpler wins"
 
 
-def _against_simpler(pick: CandidateResult, simpler: CandidateResult, words: str) -> str:
+def _against_simpler(pick: CandidateResult, simpler: CandidateResult, words: str, alpha: float) -> str:
     """Why the pick's variant ``words`` beat ``simpler``, the pick without them: its drop evidence, or numbers."""
     name = (f"{simpler.candidate.precision}{simpler.candidate.variant_words}" if simpler.candidate.variants
             else f"plain {simpler.candidate.precision}")
     if simpler.timing is not None and simpler.timing.dropped is not None:
         return f"{words}: {name} {simpler.timing.dropped.describe()}"
-    estimate, low, high = step_ratio(simpler, pick)
+    estimate, low, high = step_ratio(simpler, pick, alpha=alpha)
     return f"{words} {estimate:.2f}x faster than {name} ({_numbers(pick, simpler)}, interval {low:.2f}-{high:.2f}x)"
 
 
@@ -344,6 +362,7 @@ __all__ = [
     "Prefer",
     "clearly_faster",
     "decide",
+    "decision_alpha",
     "explain",
     "finalists",
     "is_cpu",

@@ -10,8 +10,12 @@ from autotune._models import Candidate, Precision
 #: a lower precision or another device must be faster by more than this (with the decision's confidence)
 #: to beat the simpler choice: it costs the user numerics headroom, or a driver, device memory and copies
 MARGIN = 0.03
-#: below this, a difference between two settings of the same math is too small to be worth more rounds
+#: how much more than its margin a pick may be slower than the best before the decision counts as wrong: the
+#: indifference zone that bounds the rounds a close call costs (a pair whose true gap sits exactly on its margin
+#: would otherwise be timed forever). Settings of the same math have no margin and a few percent of indifference:
+#: a 1% near-tie may go either way, a 4-5% gap may not
 INDIFFERENCE = 0.01
+SAME_MATH_INDIFFERENCE = 0.03
 
 _SIMPLICITY: dict[Precision, int] = {"fp32": 0, "tf32": 1, "bf16-mixed": 2, "fp16-mixed": 3}
 
@@ -21,17 +25,18 @@ def margin(a: Candidate, b: Candidate) -> float:
 
     Different devices or precisions: :data:`MARGIN` (numerics headroom; a driver, device memory and copies).
     Settings of the same math (CPU thread count, memory format, optimizer kernels, compilation) cost the user
-    nothing, so they need only be confidently faster: a real 5% gain of one CPU thread, which an error-controlled
-    final comparison of sub-millisecond steps cannot clear a 3% margin by, is not given away to a tie (it was,
-    in 2-3 of 5 calibrations of tiny_mlp here). A thread count's tie still goes to torch's own
-    (:func:`tie_winner`). The price: a machine steadily busy while it calibrates (a sibling core taken) can make
-    fewer threads look faster than they will be later, and no test removes a bias that lasts the whole
-    calibration (one here picked 1 thread that an oracle timed 3.3% slower); ``--check`` re-times the runner-up
-    thread count and calibrates again when it is now more than 3% faster.
+    nothing, so they need only be confidently faster; a thread count's tie still goes to torch's own
+    (:func:`tie_winner`). A machine steadily busy while it calibrates can make fewer threads look faster than
+    they will be later; ``--check`` re-times the runner-up thread count.
     """
     if a.device != b.device or a.precision != b.precision:
         return MARGIN
     return 0.0
+
+
+def indifference(a: Candidate, b: Candidate) -> float:
+    """How far past the pair's margin a wrong answer may be before more rounds are owed (:data:`INDIFFERENCE`)."""
+    return INDIFFERENCE if margin(a, b) > 0 else SAME_MATH_INDIFFERENCE
 
 
 def preference(candidate: Candidate) -> tuple[int, bool, bool]:
@@ -60,4 +65,7 @@ def complexity(candidate: Candidate) -> tuple[int, int]:
     return _SIMPLICITY[candidate.precision], variants
 
 
-__all__ = ["INDIFFERENCE", "MARGIN", "complexity", "margin", "preference", "tie_winner"]
+__all__ = [
+    "INDIFFERENCE", "MARGIN", "SAME_MATH_INDIFFERENCE", "complexity", "indifference", "margin", "preference",
+    "tie_winner",
+]

@@ -1,16 +1,11 @@
 """Small, dependency-free statistics for interleaved timings: medians, spread, paired ratio intervals.
 
-The error control of every "clearly faster" claim lives here (issue #10). Timing is sequential: the
-measurement loop looks at the data after several rounds and stops at the first decisive look. Testing each
-look at 95% would inflate the false-claim rate (12-13% at a true gain just under the margin, measured), so
-looks happen only at the rounds in :data:`LOOKS`, and a pair is looked at in one pruning stage and in the
-final comparison at most, so each look spends ``ALPHA / (2 * len(LOOKS))`` of the error budget on each side
-(Bonferroni over the looks: a boundary spent over the maximum number of looks). Whatever the data's
-correlation between looks, the chance that *any* look wrongly says "A is faster than B by more than the
-margin" is then at most ``ALPHA`` = 5% per compared pair. It is
-conservative (the looks are strongly correlated), which costs a few rounds on close calls and nothing on
-clear ones. A confidence sequence would allow a look every round, but its intervals are wider still at the
-10-275 rounds a calibration can afford.
+Every "clearly faster" claim is error-controlled here. Timing is sequential: the loop looks at the data at the
+rounds in :data:`LOOKS` and may stop at any of them, so each look spends a share of the error budget
+(Bonferroni over the looks, and, in ``looks.look``, over the pairs of one look): whatever the correlation
+between looks, the chance that any look wrongly claims a gap beyond the margin is at most :data:`ALPHA` per
+decision. A confidence sequence would allow a look every round, but its intervals are wider still at the 10-275
+rounds a calibration can afford.
 
 The interval is Student's t on the per-round log ratios, which are paired because the rounds were
 interleaved: drift that slows a round slows every candidate in it.
@@ -21,22 +16,21 @@ from __future__ import annotations
 import functools
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Hashable, Mapping, Sequence
+from typing import TypeVar
+
+K = TypeVar("K", bound=Hashable)
 
 #: overall one-sided error of a "clearly faster" claim, across all looks of one comparison
 ALPHA = 0.05
-#: the rounds at which the sequential test looks (and the only rounds at which timing may stop). The final
-#: comparison may go on to the last one when its rounds are cheap: a sub-millisecond step's per-round ratios
-#: vary by 9-15% on a busy 2-core machine, so telling a 4% gain of one CPU thread over two needs 150-250 rounds
-#: (8 ms a round there); a slower step spends its budget long before.
+#: the rounds at which the sequential test looks (and the only rounds at which timing may stop); a
+#: sub-millisecond step's close call may need the last ones, a slower step spends its budget long before
 LOOKS: tuple[int, ...] = (3, 4, 5, 6, 8, 10, 12, 15, 18, 22, 26, 30, 36, 44, 54, 66, 81, 100, 122, 150, 183, 224,
                           275)
 #: the one-sided error spent at each look: a pair is tested in at most one pruning stage and in the final
-#: comparison (whose last look is also the test the decision repeats), each with at most ``len(LOOKS)`` looks.
-#: A pruning stage stops at 10 rounds (6 looks), so 17 of the 46 shares stay unspent, on purpose: a gain just
-#: under the margin is tested in several pairs (fp32 and bf16 with each layout and optimizer). With 18 looks,
-#: decision_sim measured 3.2% false "clearly faster" verdicts at a true 2.99% gain with a third kept, 4.8%
-#: with it spent on the looks past 30 (2000 runs each); with these 23, 2.0% (200 runs).
+#: comparison (whose last look is also the test the decision repeats), each with at most ``len(LOOKS)`` looks;
+#: a pruning stage stops at 10 rounds, so the shares of its later looks stay unspent, for the variants that
+#: test the same question again
 ALPHA_PER_LOOK = ALPHA / (2 * len(LOOKS))
 
 
@@ -113,16 +107,48 @@ def ratio_interval(
 ) -> tuple[float, float, float]:
     """Paired ratio numerator/denominator over the rounds both have: (geometric mean, low, high).
 
-    Each bound has one-sided error ``alpha``; the default is one look's share of :data:`ALPHA`, the interval
-    every decision uses. One round gives ``(estimate, 0, inf)``.
+    Each bound has one-sided error ``alpha``; the default is one look's share of :data:`ALPHA`. From
+    :data:`TRIM_FROM` rounds on, rounds whose log ratio lies beyond :data:`TRIM_MADS` robust deviations of the
+    median are left out (:func:`trimmed`): a step hit by another program is not the candidate's speed, and one
+    such round would otherwise widen the interval more than dozens of clean rounds narrow it. One round gives
+    ``(estimate, 0, inf)``.
     """
     n = min(len(numerator), len(denominator))
-    logs = [math.log(a / b) for a, b in zip(numerator[:n], denominator[:n], strict=True)]
+    logs = trimmed([math.log(a / b) for a, b in zip(numerator[:n], denominator[:n], strict=True)])
     center = statistics.fmean(logs)
-    if n < 2:
+    if len(logs) < 2:
         return math.exp(center), 0.0, math.inf
-    half = t_quantile(1.0 - alpha, n - 1) * statistics.stdev(logs) / math.sqrt(n)
+    half = t_quantile(1.0 - alpha, len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
     return math.exp(center), math.exp(center - half), math.exp(center + half)
+
+
+#: rounds from which outlying log ratios are left out of an interval, and how far out (in robust deviations:
+#: 1.4826 x the median absolute deviation, the standard deviation of normal data) a round must lie
+TRIM_FROM = 10
+TRIM_MADS = 5.0
+
+
+def trimmed(logs: list[float]) -> list[float]:
+    """``logs`` without the values beyond :data:`TRIM_MADS` robust deviations of their median (from
+    :data:`TRIM_FROM` values on; never more than a quarter of them)."""
+    if len(logs) < TRIM_FROM:
+        return logs
+    center = statistics.median(logs)
+    deviation = 1.4826 * statistics.median(abs(x - center) for x in logs)
+    if deviation == 0.0:
+        return logs
+    kept = [x for x in logs if abs(x - center) <= TRIM_MADS * deviation]
+    return kept if len(kept) >= 0.75 * len(logs) else logs
+
+
+def paired_scores(series: Mapping[K, Sequence[float]]) -> dict[K, float]:
+    """Each series' paired ratio to the longest one: the median of its per-round ratios over the rounds the two
+    share. Every series is compared on its own rounds (round ``i`` is the same round in every series), never on
+    a prefix cut to the shortest one, and one disturbed round cannot reorder a ranking."""
+    anchor = max(series, key=lambda k: len(series[k]))
+    reference = series[anchor]
+    return {k: 1.0 if k == anchor or not one else statistics.median(a / b for a, b in zip(one, reference, strict=False))
+            for k, one in series.items()}
 
 
 def drift(samples: Sequence[float]) -> float:
@@ -144,6 +170,6 @@ def relative_range(samples: Sequence[float]) -> float:
 
 
 __all__ = [
-    "ALPHA", "ALPHA_PER_LOOK", "LOOKS", "drift", "median", "ratio_interval", "relative_range", "spread",
-    "t_quantile", "t_sf",
+    "ALPHA", "ALPHA_PER_LOOK", "LOOKS", "TRIM_FROM", "TRIM_MADS", "drift", "median", "paired_scores",
+    "ratio_interval", "relative_range", "spread", "t_quantile", "t_sf", "trimmed",
 ]

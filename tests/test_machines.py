@@ -39,7 +39,7 @@ def test_every_fixture_is_a_valid_results_file_that_says_where_it_comes_from(pat
 def test_m1_trains_the_tiny_mlp_on_the_cpu() -> None:
     config = pick("apple-m1", "tiny_mlp")
     assert (config.device, config.precision) == ("cpu", "fp32")
-    assert "8.9x faster than mps" in config.reason
+    assert re.search(r"[89]\.\dx faster than mps", config.reason)
 
 
 def test_m1_trains_the_cnn_on_metal_in_fp32() -> None:
@@ -54,7 +54,7 @@ def test_m1_trains_the_cnn_on_metal_in_fp32() -> None:
 def test_m1_user_choosing_gpu_gets_metal_with_the_honest_reason() -> None:
     config = pick("apple-m1", "tiny_mlp", prefer="gpu")
     assert config.device == "mps"
-    assert "GPU as requested; the CPU is 8.9x faster for tiny_mlp" in config.reason
+    assert re.search(r"GPU as requested; the CPU is [89]\.\dx faster for tiny_mlp", config.reason)
 
 
 def test_m1_short_detection_job_finishes_first_on_the_cpu() -> None:

@@ -3,6 +3,8 @@ benchmarks/decision_sim.py's scenarios, with their rates asserted."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 import autotune
@@ -65,6 +67,35 @@ def test_a_gain_just_under_the_margin_is_rarely_declared() -> None:
     assert results.count(("cuda:0", "bf16-mixed")) <= 2
 
 
+def test_rivals_just_under_the_margin_with_heavy_tails_are_rarely_declared() -> None:
+    # Three lower precisions each 2.99% faster than fp32 on a machine with heavy tails (5% of steps 3x slower):
+    # the decision's error is controlled over all the pairs it rests on, not pair by pair.
+    rival = CandidateTruth(20.0 / 1.0299, setup_s=3.0)
+    truth = Truth(name="rivals", candidates={
+        _c("cpu", "fp32"): CandidateTruth(200.0), _c("cuda:0", "fp32"): CandidateTruth(20.0, setup_s=3.0),
+        **{_c("cuda:0", precision): rival for precision in ("tf32", "bf16-mixed", "fp16-mixed")}},
+        variant_factors={"1 thread": 3.0, "4 threads": 1.5}, outlier_rate=0.05)
+    results = picks(truth, seeds=range(40))
+    assert results.count(("cuda:0", "fp32")) >= 38
+
+
+@pytest.mark.parametrize("gain", [1.045, 1.06], ids=["4.5pct", "6pct"])
+def test_a_gain_past_the_margin_is_found_under_drift_and_heavy_tails(gain: float) -> None:
+    truth = gpu_machine(20.0, 20.0 / gain, ramp_per_s=0.01, outlier_rate=0.05, switch_penalty=0.03)
+    assert picks(truth, seeds=range(40)).count(("cuda:0", "bf16-mixed")) >= 38
+
+
+def test_a_same_math_gain_of_4_5pct_is_found_at_8pct_noise() -> None:
+    # The transformer's question: the fused optimizer 4.5% faster, a step after another candidate's 3% slower,
+    # warm-up transients after set-up. No margin for the same math: it must not be given away to a tie.
+    truth = Truth(name="fused", candidates={_c("cpu", "fp32"): CandidateTruth(60.0),
+                                            _c("cpu", "bf16-mixed"): CandidateTruth(40.0)},
+                  variant_factors={"1 thread": 3.0, "4 threads": 1.5, "fused-optimizer": 1 / 1.045},
+                  noise=0.057, switch_penalty=0.03, warmup_penalty=0.3)
+    found = [decide(simulate(truth, seed)[0], digest="sim").optimizer == "fused" for seed in range(40)]
+    assert sum(found) >= 36
+
+
 def test_a_clear_gain_is_found() -> None:
     assert picks(gpu_machine(20.0, 20.0 / 1.10)) == [("cuda:0", "bf16-mixed")] * len(SEEDS)
 
@@ -83,15 +114,14 @@ def test_a_cheap_steps_gain_gets_the_rounds_it_needs() -> None:
     assert threads.count(1) >= 0.9 * len(SEEDS)
 
 
-def test_a_pick_that_wrecked_rounds_leave_to_the_tie_rule_is_not_final() -> None:
+def test_a_busy_machine_rarely_costs_a_clear_gain_and_says_so_when_it_may_have() -> None:
     # bf16 40% faster, but another program takes the cores: 35% of the steps 4x slower, one step a round.
-    # Some calibrations cannot resolve the gap by the final comparison's cap and the tie gives fp32: such a
-    # result is flagged noisy (served, measured again by the next calibrate()), never cached as final.
     truth = gpu_machine(20.0, 20.0 / 1.4, outlier_rate=0.35, outlier_factor=4.0)
     results = [simulate(truth, seed)[0] for seed in range(40)]
     wrong = [r for r in results if decide(r, digest="sim").precision != "bf16-mixed"]
-    assert wrong and all(r.noisy for r in wrong)
-    assert any("stayed unresolved" in note for r in wrong for note in r.search_notes)
+    # Past the trimming cap (a quarter of the rounds) every interval is wide: most wrong picks are flagged.
+    assert len(wrong) <= 8
+    assert sum(not r.noisy for r in wrong) <= 3
 
 
 def test_a_gpu_no_faster_than_the_cpu_loses_the_tie_and_says_so() -> None:
@@ -138,7 +168,7 @@ def test_a_real_family_whose_fp32_steps_are_10x_slower_trains_in_mixed_precision
     autotune.register_family("tensor_core_like", "families_for_tests:build_tensor_core_like")
     config = autotune.best_config("tensor_core_like")
     assert config.precision in ("bf16-mixed", "fp16-mixed"), config.reason
-    assert "fp32" in config.reason and "slower" in config.reason
+    assert re.search(r"fp32[^;]* slower|faster than fp32", config.reason), config.reason
 
 
 def test_dropped_candidates_are_released_before_the_next_stage() -> None:

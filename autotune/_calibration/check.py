@@ -47,7 +47,7 @@ def comparisons(pick: Candidate) -> Comparisons[Candidate]:
     tie goes to the pick, so a candidate ahead of it is timed until it is clearly within the margin of the pick
     or clearly beyond it (not merely until the pick cannot be faster than it: the question reversed; nor until
     the pick is clearly slower at all, as a calibration's pairs of the same math, a thread count, are settled)."""
-    return Comparisons(group=lambda c: "check", margin=lambda a, b: _rules.MARGIN,
+    return Comparisons(group=lambda c: "check", margin=lambda a, b: _rules.MARGIN, indifference=lambda a, b: 0.0,
                        tie_winner=lambda a, b: pick if pick in (a, b) else None)
 
 

@@ -1,21 +1,26 @@
 """What one look of the sequential test decides, pair by pair, from the paired ratio intervals (``_stats``).
 
+The method is successive elimination with an indifference zone (Even-Dar, Mannor & Mansour 2006; Kim & Nelson
+2001 for paired rounds): every look tests each candidate against its group's leader (and, in the final
+comparison, each group's leader against the fastest), with intervals whose error is split over the looks and
+over the pairs of the look (Bonferroni), so the whole decision, not one pair, is wrong at most ``ALPHA``.
+
 - a candidate clearly slower than its group's leader (by more than the pair's margin) is *dropped* and keeps
   that evidence: it counts as clearly slower in every later decision;
-- a pair is *resolved* once more rounds cannot change the pick by more than the margin: where a tie goes to
-  the slower side (fp32 against bf16, torch's thread count against another), when the faster side is within
-  the margin of it; otherwise (speed decides, or the faster side is the preferred one) as soon as the slower
-  cannot be faster by more than the margin. Late (past ``settle_ties_at`` rounds and half the budget), only a
-  pair whose faster side leads by more than the margin on the estimate, where a tie goes to the slower, is
-  timed further;
+- a pair is *resolved* once the pick it implies is within the pair's margin plus its indifference
+  (``_rules.indifference``) of the other with confidence: where a tie goes to the slower side (fp32 against
+  bf16, torch's thread count against another), when the faster cannot be faster by more than that; otherwise
+  (speed decides) as soon as the slower cannot be faster by more than it. Open pairs keep racing to the
+  budget, and past it, up to a cap, where their estimated gap is beyond that zone;
 - a group whose fastest candidate is clearly slower than another group's (in the final comparison, or far
   behind after one round in any stage) is *outpaced*: it loses the device choice, is no longer timed, and
   stays its own device's answer for a user who prefers that device;
 - a candidate whose every pair is resolved is *settled* and no longer timed.
 
-Leaders are ranked on the rounds every contender shares: a settled candidate's median over its early rounds is
-never compared with another's over later, drifted ones. The one-round far-behind rules (4x) are heuristics
-outside the 5% error budget of ``_stats``. The loop that times the rounds is ``measure.interleave``.
+Leaders are ranked on paired estimates: each candidate's ratio to the longest-timed one over the rounds the two
+share, so a settled candidate's early rounds are never compared with another's later, drifted ones. The
+one-round far-behind rules (4x) are heuristics outside the error budget. The loop that times the rounds is
+``measure.interleave``.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from autotune import _stats
-from autotune._rules import INDIFFERENCE, MARGIN
+from autotune._rules import INDIFFERENCE
 
 K = TypeVar("K", bound=Hashable)
 
@@ -57,24 +62,21 @@ class Series(Generic[K]):
 @dataclass(frozen=True)
 class Comparisons(Generic[K]):
     """Which pairs a stage must resolve: each candidate against its group's leader, and, in the final
-    comparison, the groups' leaders against one another. ``margin(a, b)`` is the pair's margin;
-    ``tie_winner(a, b)`` the one a tie goes to (None: the faster estimate). ``wide_gap``: in the final
-    comparison, an unresolved gap of the fastest candidate beyond this (slower / faster - 1), which a tie would
-    give to the slower side, is worth overrunning the budget for, and flags the result when left unresolved; one
-    value for every pair (twice a precision's margin: a thread count's 3% left to its tie is no such gap)."""
+    comparison, the groups' leaders against one another. ``margin(a, b)`` is the pair's margin,
+    ``indifference(a, b)`` how much past it a pick may be before more rounds are owed; ``tie_winner(a, b)`` the
+    one a tie goes to (None: the faster estimate)."""
 
     group: Callable[[K], Hashable]
     margin: Callable[[K, K], float]
     tie_winner: Callable[[K, K], K | None] = lambda a, b: None
     across_groups: bool = False
-    wide_gap: float = 2 * MARGIN
+    indifference: Callable[[K, K], float] = lambda a, b: INDIFFERENCE
 
 
 def ranked(series: Mapping[K, Series[K]], keys: list[K]) -> list[K]:
-    """``keys`` fastest first, by their medians over the rounds they all share: a settled candidate's median
-    over its first rounds is not compared with another's over later, drifted ones."""
-    shared = min(len(series[k].round_ms) for k in keys)
-    return sorted(keys, key=lambda k: _stats.median(series[k].round_ms[:shared]))
+    """``keys`` fastest first, by their paired ratios to the longest-timed of them (:func:`_stats.paired_scores`)."""
+    scores = _stats.paired_scores({k: series[k].round_ms for k in keys})
+    return sorted(keys, key=scores.__getitem__)
 
 
 def _leaders(series: Mapping[K, Series[K]], keys: list[K], comparisons: Comparisons[K]) -> dict[Hashable, K]:
@@ -132,23 +134,26 @@ def _pairs(series: Mapping[K, Series[K]], keys: list[K], comparisons: Comparison
             yield key, overall
 
 
-def look(series: dict[K, Series[K]], active: list[K], comparisons: Comparisons[K], rounds: int, *,
-         late: bool) -> set[K]:
+def look(series: dict[K, Series[K]], active: list[K], comparisons: Comparisons[K], rounds: int) -> set[K]:
     """One look: drop the clearly slower, mark the outpaced, settle the resolved (``active`` keeps the rest).
 
-    Returns, in the final comparison, the candidates of the fastest candidate's unresolved pairs when one of
-    them is a gap well beyond its margin that a tie would give to the slower side (else nothing): they are
-    worth timing past the budget.
+    Returns, in the final comparison, the candidates of the fastest candidate's open pairs whose estimated gap
+    is beyond what the pick may give away (the larger of margin and indifference): the pick still rests on them,
+    so they are worth timing past the budget, up to its cap; a near-tie left open there goes to the tie rule.
     """
+    # A settled candidate's pairs were resolved: the open ones are decided against the leaders still timed (a
+    # leader no longer timed would leave its rivals' pairs open with no rounds to close them).
     contenders = [k for k, s in series.items() if s.dropped is None and s.outpaced is None]
+    contenders = [k for k in contenders if k in active] or contenders
     overall = ranked(series, contenders)[0]
     unresolved: set[K] = set()
     with_leader: set[K] = set()
-    decisive = False
-    for key, leader in list(_pairs(series, contenders, comparisons)):
+    pairs = list(_pairs(series, contenders, comparisons))
+    alpha = _stats.ALPHA_PER_LOOK / max(1, len(pairs))  # every pair the look decides: one error budget
+    for key, leader in pairs:
         if series[key].dropped is not None or series[key].outpaced is not None:
             continue
-        estimate, low, high = _stats.ratio_interval(series[key].round_ms, series[leader].round_ms)
+        estimate, low, high = _stats.ratio_interval(series[key].round_ms, series[leader].round_ms, alpha=alpha)
         pair_margin = comparisons.margin(key, leader)
         if low > 1 + pair_margin:
             evidence = Dropped(leader, estimate, low, high, min(len(series[key].round_ms), rounds), far_behind=False)
@@ -159,27 +164,28 @@ def look(series: dict[K, Series[K]], active: list[K], comparisons: Comparisons[K
             else:
                 _outpace(series, active, comparisons, comparisons.group(key), evidence)
         elif key in active and leader in active and is_open(
-                tie_to_slower := comparisons.tie_winner(key, leader) == key, (estimate, low, high),
-                max(pair_margin, INDIFFERENCE), late=late):
+                comparisons.tie_winner(key, leader) == key, (estimate, low, high), pair_margin,
+                indifference := comparisons.indifference(key, leader)):
             unresolved.update((key, leader))
-            if overall in (key, leader) and comparisons.across_groups:
+            # An estimated gap beyond the margin (or the indifference of the same math): the pick may be wrong by
+            # more than it allows, so the pair is worth more rounds, and flags the result if still open at the cap.
+            if overall in (key, leader) and comparisons.across_groups and estimate > 1 + max(pair_margin,
+                                                                                              indifference):
                 with_leader.update((key, leader))
-                # A gap, not a near-tie, that a tie would give to the slower side: more rounds may change the pick.
-                wide = tie_to_slower and estimate > 1 + comparisons.wide_gap
-                decisive = decisive or wide
     # Settled: every pair resolved (or one side no longer timed); it keeps its rounds and leaves the rounds.
     active[:] = [k for k in active if k in unresolved and series[k].dropped is None and series[k].outpaced is None]
-    return with_leader if decisive else set()
+    return with_leader
 
 
-def is_open(tie_to_slower: bool, ratio: tuple[float, float, float], margin: float, *, late: bool) -> bool:
-    """Can more rounds still change which of a pair is picked by more than ``margin`` (see the module's
-    "resolved")? ``ratio``: the (estimate, low, high) of slower / faster; ``late``: past ``settle_ties_at``
-    rounds and ``settle_ties_share`` of the budget."""
-    estimate, low, high = ratio
+def is_open(tie_to_slower: bool, ratio: tuple[float, float, float], margin: float, indifference: float) -> bool:
+    """Can more rounds still change the pick of a pair by more than the pair allows? ``ratio``: the (estimate,
+    low, high) of slower / faster. A tie to the slower side is resolved once the faster is clearly beyond the
+    margin (then dropped) or surely within margin + indifference of it; a pair that speed decides, once the
+    slower cannot be faster than the faster by more than the larger of the two."""
+    _, low, high = ratio
     if tie_to_slower:
-        return high >= 1 + margin and (not late or estimate > 1 + margin)
-    return not late and low * (1 + margin) <= 1
+        return high >= 1 + margin + indifference
+    return low * (1 + max(margin, indifference)) <= 1
 
 
 __all__ = ["Comparisons", "Dropped", "K", "Series", "drop_far_behind", "look", "ranked"]

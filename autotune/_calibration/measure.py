@@ -1,24 +1,27 @@
 """Interleaved, sequential timing of candidates that already passed set-up and verification.
 
-Rounds run every active candidate in turn, in alternating order (A B C, C B A, ...), in the same process:
-drift (a browser tab, thermal throttling, a second job) hits all of them alike, and a steady ramp cancels
-out of the per-round ratios instead of favouring whoever runs first. At each look of the sequential test
-(``_stats.LOOKS``) the paired ratio intervals drop, outpace and settle candidates (``looks``).
+Rounds run every active candidate in turn, in a fresh seeded random order each round, in the same process:
+drift (a browser tab, thermal throttling, a second job) hits all of them alike, and neither a steady ramp nor
+a position effect (the candidate after another one finds its caches evicted) favours anyone. At each look of
+the sequential test (``_stats.LOOKS``) the paired ratio intervals drop, outpace and settle candidates
+(``looks``).
 
-Timing stops when nothing is unresolved, or at the first look past the budget (the final comparison may
-overrun it to resolve the leader's own comparisons) or at ``max_rounds``. A control workload that no
-candidate can influence is timed after each of the first look's rounds, then after a round whenever that keeps
-it within ``control_share`` of the time (every round of heavy steps); when it drifts, the budget is doubled
-(and no pair settles before twice the first look's rounds), and a result that stays noisy is flagged.
+Timing stops when nothing is unresolved, or at the first look past the budget, except that the final
+comparison goes on timing the pick's open pairs up to ``overrun`` times the budget; a pick still open there is
+flagged (measured again by the next calibration). A control workload that no candidate can influence is timed
+after each of the first look's rounds, then whenever that keeps it within ``control_share`` of the time; when
+it drifts, the budget is doubled (and no pair settles before twice the first look's rounds), and a result that
+stays noisy is flagged.
 
-The clock and the steps are injected (STYLE.md "Measurement"), so tests and ``benchmarks/decision_sim.py``
-run this exact algorithm on a fake clock against known truths.
+The clock and the steps are injected, so tests and ``benchmarks/decision_sim.py`` run this exact algorithm on
+a fake clock against known truths.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
+import random
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -51,11 +54,8 @@ class MeasureSettings(BaseModel):
     budget_s: float = 8.0
     #: a look of the sequential test (``_stats.LOOKS``): the last round timing may run to
     max_rounds: int = _stats.LOOKS[-1]
-    #: from this many rounds on, once ``settle_ties_share`` of the budget is spent, only a pair whose pick more
-    #: rounds may still change is timed; near-ties are settled there. Cheap rounds go on: one CPU thread 4% faster
-    #: than two, on sub-millisecond steps whose per-round ratios vary by 10%, needs 150-250 rounds (2 s)
-    settle_ties_at: int = 30
-    settle_ties_share: float = 0.5
+    #: seeds the order of the candidates in each round
+    order_seed: int = 0
     #: each candidate's share of a round lasts at least this long, so timer noise stays negligible
     round_min_s: float = 0.003
     #: the control may drift this much (see ``_stats.drift``) before the run counts as noisy
@@ -64,14 +64,14 @@ class MeasureSettings(BaseModel):
     far_behind: float = 4.0
     #: ... and one this many times slower than another group's fastest is outpaced (no longer timed)
     far_behind_device: float = 4.0
-    #: how far past its budget the final comparison may go to resolve the pick's own comparisons
+    #: how far past its budget the final comparison may go to resolve the pick's open pairs (the cap)
     overrun: float = 3.0
     #: ... and the fewest rounds it gives them before that cap applies (a step of seconds: a few rounds)
     decisive_rounds: int = 10
     #: pause before each control measurement
     settle_s: float = 0.001
     #: past the first look, the control takes at most this share of the time: every round of heavy steps, every
-    #: third or fourth of sub-millisecond steps, whose rounds it would otherwise almost double (1.4 ms a run here)
+    #: few of sub-millisecond steps, whose rounds it would otherwise almost double
     control_share: float = 0.25
     warmup_max_steps: int = 8
     warmup_stable: float = 0.15
@@ -90,8 +90,8 @@ class Interleaved(Generic[K]):
     noisy: bool
     rounds: int
     elapsed_s: float
-    #: the final comparison stopped at its cap with a gap well beyond a margin of the fastest candidate's
-    #: still unresolved: the tie rule then decides against the estimate (rounds wrecked by a busy machine)
+    #: the final comparison stopped at its cap with a pair the pick rests on still open: the pick may be
+    #: further from the best than its margin allows (a close call, or rounds wrecked by a busy machine)
     unresolved_gap: bool = False
 
 
@@ -131,19 +131,24 @@ def interleave(
         for key in steps
     }
     active = list(steps)
+    order = random.Random(settings.order_seed)
     for _ in range(3):
         control.run()  # the interpreter specialises a loop's bytecode on its first runs: not drift
     control_ms: list[float] = []
     started = control_end = clock()
     control_s = 0.0
     rounds = 0
-    decisive: set[K] = set()
+    contested: set[K] = set()
+    paused = False
     while active:
-        for key in active if rounds % 2 == 0 else reversed(active):
+        for key in order.sample(active, len(active)):
             if on_round is not None:
                 on_round(rounds, key)
             with steps[key].selected():
+                if paused and series[key].steps_per_round > 1:
+                    steps[key].run()  # cheap steps: one untimed step wakes the threads the control's pause put asleep
                 samples = [timed(steps[key], clock) for _ in range(series[key].steps_per_round)]
+            paused = False
             series[key].round_ms.append(1000 * _stats.median(samples))
         share = settings.control_share
         if rounds < _stats.LOOKS[0] or clock() - control_end >= control_s * (1 - share) / share:
@@ -154,6 +159,7 @@ def interleave(
             control_ms.append(1000 * min(timed(control, clock) for _ in range(3)))
             control_end = clock()
             control_s = control_end - control_start
+            paused = True
         rounds += 1
         if rounds == 1:
             drop_far_behind(series, active, comparisons, estimate_s, far_behind=settings.far_behind,
@@ -163,8 +169,7 @@ def interleave(
         timing = list(active)
         drifting = _stats.drift(control_ms) > settings.noise_limit
         budget_s = settings.budget_s * (2 if drifting else 1)
-        late = rounds >= settings.settle_ties_at and clock() - started >= settings.settle_ties_share * budget_s
-        decisive = look(series, active, comparisons, rounds, late=late)
+        contested = look(series, active, comparisons, rounds)
         if rounds >= settings.max_rounds or (answered is not None and answered(series)):
             break
         if drifting and rounds < 2 * _stats.LOOKS[0]:
@@ -174,18 +179,16 @@ def interleave(
             break
         elapsed_s = clock() - started
         if elapsed_s >= budget_s:
-            # Past the budget, the final comparison still resolves the fastest candidate's comparisons whose
-            # estimate lies well beyond the margin (and times nothing else): a tie declared for want of rounds
-            # would hand the pick to the simpler side however large the gap. Capped in time, but never below
-            # ``decisive_rounds`` for heavy steps.
+            # Past the budget, the final comparison times only the pick's open pairs, until they are resolved or
+            # the cap (never below ``decisive_rounds`` for heavy steps): a pair left open there flags the result.
             capped = elapsed_s >= settings.overrun * settings.budget_s and rounds >= settings.decisive_rounds
-            if not decisive or capped:
+            if not contested or capped:
                 break
-            active[:] = [k for k in active if k in decisive]
+            active[:] = [k for k in active if k in contested]
     if on_round is not None:
         on_round(rounds, None)
     noisy = _stats.drift(control_ms) > settings.noise_limit
-    return Interleaved(series, control_ms, noisy, rounds, clock() - started, unresolved_gap=bool(decisive))
+    return Interleaved(series, control_ms, noisy, rounds, clock() - started, unresolved_gap=bool(contested))
 
 
 __all__ = [

@@ -160,11 +160,11 @@ class Session:
             # Finalists survived the stages: a single round this far behind is interference, not evidence.
             budget = max(measure.budget_s - self.timing_s, self.settings.final_share * measure.budget_s)
             return measure.model_copy(update={"budget_s": budget, "far_behind": float("inf"),
-                                              "far_behind_device": float("inf")})
+                                              "far_behind_device": float("inf"), "order_seed": stage})
         rounds = max(look for look in _stats.LOOKS if look <= self.settings.prune_max_rounds)
         return measure.model_copy(update={
             "budget_s": self.settings.stage_shares[stage - 1] * measure.budget_s * budget_share,
-            "max_rounds": min(measure.max_rounds, rounds),
+            "max_rounds": min(measure.max_rounds, rounds), "order_seed": stage,  # each stage its own orders
         })
 
     def _time(self, candidates: list[Candidate], stage: int, share: tuple[float, float], *,
@@ -193,14 +193,14 @@ class Session:
             {c: self.roster.ready[c].step for c in candidates}, estimate_s=estimates, control=self.control,
             clock=self.clock, settings=settings, on_round=on_round, settle=self.settle,
             comparisons=Comparisons(group=_device, margin=_rules.margin, tie_winner=_rules.tie_winner,
-                                    across_groups=final),
+                                    across_groups=final, indifference=_rules.indifference),
         )
         self.control_ms += timed.control_ms
         self.timing_s += timed.elapsed_s
         if timed.unresolved_gap:  # not final: the next calibrate() measures it again
             self.unresolved_gap = True
-            self.notes.append(f"final comparison: a gap beyond the margin stayed unresolved after {timed.rounds} "
-                              "rounds (a busy machine); the tie rule decided")
+            self.notes.append(f"final comparison: a pair the pick rests on was still open after {timed.rounds} "
+                              "rounds (a close call or a busy machine); measured again by the next calibration")
         for candidate, series in timed.series.items():
             behind = evidence(series.outpaced)
             if behind is not None:
@@ -232,13 +232,13 @@ class Session:
                     update={"timing": timing.model_copy(update={"final": True})})
 
     def _leader(self, alive: list[Candidate], device: str) -> Candidate:
-        """The fastest live candidate on ``device`` among those timed last (it proposes the next variants):
-        medians of different stages are not compared."""
+        """The fastest live candidate on ``device`` among those timed last (it proposes the next variants), on
+        paired estimates: timings of different stages are not compared."""
         on_device = [c for c in alive if c.device == device]
         latest = max(self._stage(c) for c in on_device)
         timed = [c for c in on_device if self._stage(c) == latest]
-        shared = min(len(self._rounds(c)) for c in timed)  # a settled candidate stopped early: same rounds
-        return min(timed, key=lambda c: _stats.median(self._rounds(c)[:shared]) if shared else float("inf"))
+        scores = _stats.paired_scores({c: self._rounds(c) for c in timed})
+        return min(timed, key=lambda c: scores[c] if self._rounds(c) else float("inf"))
 
     def _stage(self, candidate: Candidate) -> int:
         timing = self.roster.results[candidate].timing
