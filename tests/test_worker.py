@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -125,6 +126,52 @@ def test_a_worker_dies_with_its_killed_host() -> None:
     while _alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _alive(pid)
+
+
+def test_the_worker_entry_imports_nothing_heavy_before_it_is_tied_to_its_host() -> None:
+    code = ("import sys, autotune._calibration.entry; "
+            "assert not {'torch', 'pydantic', 'numpy'} & set(sys.modules), sorted(sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+HOST_OF_A_STARTING_WORKER = textwrap.dedent("""
+    import sys
+    from autotune._worker import launch
+
+    tree = launch.ProcessTree(launch.worker_argv())
+    print(tree.proc.pid, flush=True)
+    sys.stdin.readline()
+""")
+
+
+def _maps(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return ""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_worker_still_importing_torch_dies_with_its_killed_host() -> None:
+    """A host killed in its worker's first seconds (``import torch`` takes several) leaves no worker behind."""
+    host = subprocess.Popen([sys.executable, "-c", HOST_OF_A_STARTING_WORKER], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    assert host.stdout is not None
+    pid = int(host.stdout.readline())
+    try:
+        deadline = time.monotonic() + 60
+        while _alive(pid) and "/torch/lib/" not in _maps(pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert "/torch/lib/" in _maps(pid), "the worker never began importing torch"
+        host.send_signal(signal.SIGKILL)
+        host.wait()
+        time.sleep(1.0)
+        assert not _alive(pid)
+    finally:
+        host.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")

@@ -1,23 +1,16 @@
-"""The calibration worker process itself: ``python -m autotune._calibration.child``.
+"""The calibration worker process itself, run by ``entry`` once it is tied to its host's life.
 
 It warms the process up, says :class:`Ready`, then measures one :class:`Job` per line of its stdin, in turn,
 until the host closes stdin: one worker serves a whole calibration, and each family starts from
 a clean slate (fresh model, optimizer, seeds, thread count). Events go out on the original stdout, one per
 line; anything model code prints goes to stderr so it cannot corrupt the protocol.
-
-It dies with its host: on Linux the kernel sends it SIGKILL when the host dies (``PR_SET_PDEATHSIG``), and on
-Linux and macOS a watchdog thread exits within a second of the host going away (``os.getppid()`` changes when
-the orphan is reparented; no ``/proc``), even while a step is running, so a hung GPU candidate never outlives
-the app. Windows does not reparent: there the host's job object kills the worker (``_worker._windows``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import sys
-import threading
 import time
 from collections.abc import Callable
 
@@ -50,7 +43,6 @@ from autotune._models import CandidateResult, Failure
 
 #: the worker's status after it reported a device error and stopped measuring (its candidate is already failed)
 EXIT_DEVICE_ERROR = 3
-_WATCHDOG_PERIOD_S = 0.5
 
 
 class Control:
@@ -88,31 +80,14 @@ def calibrate(job: Job, emit: Callable[[Planned | Begin | Failed | Checkpoint | 
     return bool(finished)
 
 
-def _die_with_the_host(host_pid: int) -> None:
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        with contextlib.suppress(OSError, AttributeError):
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: the kernel kills us when the host thread dies
-
-    def watchdog() -> None:
-        while True:
-            time.sleep(_WATCHDOG_PERIOD_S)
-            if os.getppid() != host_pid:
-                os._exit(1)  # the host is gone: nobody will read our results
-
-    threading.Thread(target=watchdog, name="autotune-watchdog", daemon=True).start()
-
-
 def main() -> int:
+    """Say :class:`Ready`, then measure each job on stdin until it closes; the worker's exit status."""
     protocol = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")  # line-buffered: each event is flushed
     os.dup2(2, 1)  # print() and C-level writes from model code go to stderr, not into the protocol
     sys.stdout = sys.stderr
     import faulthandler
 
     faulthandler.enable()  # a segfault or abort leaves a Python traceback in stderr, which the host keeps
-    _die_with_the_host(os.getppid())
 
     def emit(event: Ready | Planned | Begin | Failed | Checkpoint | Done | Traced | Checked | MemoryProbed) -> None:
         protocol.write(event.model_dump_json() + "\n")
@@ -147,9 +122,3 @@ def trace(job: TraceJob, emit: Callable[[Begin | Failed | Traced], None]) -> Non
     else:
         emit(Traced(report=outcome))
 
-
-if __name__ == "__main__":
-    code = main()
-    sys.stderr.flush()
-    # Everything is reported; skip the interpreter's teardown (torch's takes ~0.5 s) that the host would wait for.
-    os._exit(code)

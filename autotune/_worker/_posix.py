@@ -3,7 +3,8 @@
 ``start_new_session`` makes the worker the leader of a new process group, so ``killpg`` reaches the
 processes a candidate starts too (a compiler, a data loader), and a Ctrl-C in the host's terminal reaches
 only the host, which then kills the worker itself. That the worker dies with a killed host is the worker's
-own business (``child``: parent-death signal on Linux, a watchdog on ``os.getppid()`` everywhere).
+own business from its first instruction (``entry``: parent-death signal on Linux, a watchdog on
+``os.getppid()`` on Linux and macOS).
 """
 
 from __future__ import annotations

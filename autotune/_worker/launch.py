@@ -28,8 +28,9 @@ else:
 
 
 def worker_argv() -> list[str]:
-    """How the host starts a worker: this interpreter, autotune's own entry point (never the app's)."""
-    return [sys.executable, "-m", "autotune._calibration.child"]
+    """How the host starts a worker: this interpreter, autotune's own entry point (never the app's), and the
+    host's pid (the worker dies with it)."""
+    return [sys.executable, "-m", "autotune._calibration.entry", str(os.getpid())]
 
 
 #: the worker started early, and when: at most one, until a Worker takes it

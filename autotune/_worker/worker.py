@@ -3,7 +3,7 @@
 Never ``fork``: a child forked after the host ran ``backward()`` or initialised CUDA fails or deadlocks
 (PyTorch wiki, "Autograd and Fork"; "Cannot re-initialize CUDA in forked subprocess"), and
 ``multiprocessing``'s spawn would re-import the app's ``__main__``. The worker
-is ``python -m autotune._calibration.child``; the host sends it one :class:`Job` line per family and reads
+is ``python -m autotune._calibration.entry``; the host sends it one :class:`Job` line per family and reads
 protocol events back. Results stream per candidate, so a native crash (SIGABRT from an MPS assertion, a
 segfault), a hang or an OOM loses only the candidate in flight: it is recorded with its class and a fresh
 worker measures the rest of that family and the families after it. The host kills the worker's process
