@@ -15,14 +15,14 @@ import pytest
 
 from autotune._worker import _posix as _proc_posix
 from autotune._worker import _windows as _proc_windows
-from autotune._worker import launch, process
+from autotune._worker import launch
 
 POSIX = pytest.mark.skipif(os.name != "posix", reason="process groups are POSIX")
 
 
 def test_the_platform_module_is_chosen_once_by_sys_platform() -> None:
     expected = _proc_windows if sys.platform == "win32" else _proc_posix
-    assert launch.ProcessTree is expected.ProcessTree and process.ProcessTree is launch.ProcessTree
+    assert launch.ProcessTree is expected.ProcessTree
 
 
 def _gone(pid: int) -> bool:

@@ -253,7 +253,7 @@ def test_the_worker_started_early_is_the_one_the_calibration_uses() -> None:
     from autotune._worker import launch
 
     launch.start_early()  # as ``python -m autotune`` does before the host imports torch
-    started = launch._early[0][0].proc.pid
+    started = launch._early[0].tree.proc.pid
     autotune.register_family("tiny", "families_for_tests:build_tiny")
     with Worker(isolation="subprocess", timeout_s=60) as worker:
         worker.start()
@@ -268,16 +268,31 @@ def test_a_worker_started_early_that_died_is_replaced_and_one_nobody_takes_is_ki
     from autotune._worker import launch
 
     launch.start_early()
-    dead = launch._early[0][0]
+    dead = launch._early[0].tree
     dead.kill()
     dead.proc.wait()
     with Worker(isolation="subprocess", timeout_s=60) as worker:
         worker.start()
         assert worker.pid not in (None, dead.proc.pid)
     launch.start_early()
-    unused = launch._early[0][0].proc.pid
+    unused = launch._early[0].tree.proc.pid
     launch.discard()
     assert not _alive(unused) and not launch._early
+
+
+@pytest.mark.usefixtures("early")
+def test_a_worker_started_early_gets_through_a_chatty_import_before_anyone_takes_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from autotune._calibration.protocol import EVENT, Ready
+    from autotune._worker import launch
+
+    monkeypatch.setenv("PYTHONVERBOSE", "1")  # the worker writes a line to stderr for each module it imports
+    launch.start_early()
+    early = launch._early[0]
+    line = early.lines.get(timeout=120)  # its stderr, far more than a pipe holds, was read meanwhile
+    assert line is not None and isinstance(EVENT.validate_json(line), Ready)
+    assert any("import" in tail for tail in early.stderr_tail)
 
 
 @pytest.mark.usefixtures("early")

@@ -5,17 +5,23 @@ autotune`` pays its own ``import torch`` before it knows what to measure; starte
 the worker's start overlaps the host's import instead of following it, and the first
 :class:`~autotune._worker.worker.Worker` that needs a process takes this one (:func:`take`). One nobody takes
 (every family was cached, a usage error) is killed when the command ends (:func:`discard`) or the host exits.
-This module imports nothing from torch, nor anything that does: it runs before torch is loaded.
+A worker's output is read from its start (:class:`Launched`), taken or not: a chatty import must not fill a pipe
+nobody reads (a few KiB on Windows) and stall the worker until the host takes it. This module imports nothing from torch, nor anything that does: it runs before torch is loaded.
 """
 
 from __future__ import annotations
 
 import atexit
+import collections
 import contextlib
 import os
+import queue
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
+from typing import TextIO
 
 from autotune import _env
 from autotune._cache.locks import held_elsewhere, measuring_lock
@@ -33,8 +39,27 @@ def worker_argv() -> list[str]:
     return [sys.executable, "-m", "autotune._calibration.entry", str(os.getpid())]
 
 
-#: the worker started early, and when: at most one, until a Worker takes it
-_early: list[tuple[ProcessTree, float]] = []
+class Launched:
+    """``argv`` started as a process tree (see ``ProcessTree``), when, and its output as it comes: stdout's lines
+    in ``lines`` (None at its end), the last lines of stderr in ``stderr_tail``."""
+
+    def __init__(self, argv: list[str]) -> None:
+        self.tree = ProcessTree(argv)
+        self.launched = time.perf_counter()
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        self.stderr_tail: collections.deque[str] = collections.deque(maxlen=20)
+        proc = self.tree.proc
+        self.readers = [
+            threading.Thread(target=_pump, args=(proc.stdout, self.lines.put, lambda: self.lines.put(None)),
+                             daemon=True),
+            threading.Thread(target=_pump, args=(proc.stderr, self.stderr_tail.append, lambda: None), daemon=True),
+        ]
+        for reader in self.readers:
+            reader.start()
+
+
+#: the worker started early: at most one, until a Worker takes it
+_early: list[Launched] = []
 _registered: list[bool] = []  # the exit hook, once
 
 
@@ -51,7 +76,7 @@ def start_early() -> None:
     except ConfigurationError:
         return
     try:
-        _early.append((ProcessTree(worker_argv()), time.perf_counter()))
+        _early.append(Launched(worker_argv()))
     except OSError:
         return
     if not _registered:
@@ -59,16 +84,15 @@ def start_early() -> None:
         _registered.append(True)
 
 
-def take(argv: list[str]) -> tuple[ProcessTree, float] | None:
-    """The worker started early (its process and when it was launched), if it runs ``argv`` and is still
-    running; it is then the caller's."""
+def take(argv: list[str]) -> Launched | None:
+    """The worker started early, if it runs ``argv`` and is still running; it is then the caller's."""
     try:
         early = _early.pop()
     except IndexError:  # none, or another thread's Worker took it
         return None
-    if argv == worker_argv() and early[0].proc.poll() is None:
+    if argv == worker_argv() and early.tree.proc.poll() is None:
         return early
-    _stop(early[0])
+    _stop(early)
     return None
 
 
@@ -79,7 +103,7 @@ def discard(owner: int | None = None) -> None:
         return
     with contextlib.suppress(IndexError):
         while True:
-            _stop(_early.pop()[0])
+            _stop(_early.pop())
 
 
 def _cores() -> int:
@@ -88,14 +112,24 @@ def _cores() -> int:
     return len(affinity(0)) if affinity is not None else os.cpu_count() or 1
 
 
-def _stop(tree: ProcessTree) -> None:
+def _pump(stream: TextIO | None, sink: Callable[[str], object], at_end: Callable[[], object]) -> None:
+    if stream is not None:
+        for line in stream:
+            sink(line)
+    at_end()
+
+
+def _stop(launched: Launched) -> None:
+    tree = launched.tree
     tree.kill()
     with contextlib.suppress(subprocess.TimeoutExpired):
         tree.proc.wait(timeout=5)
+    for reader in launched.readers:
+        reader.join(timeout=5)
     for stream in (tree.proc.stdin, tree.proc.stdout, tree.proc.stderr):
         if stream is not None:
             with contextlib.suppress(OSError):
                 stream.close()
 
 
-__all__ = ["ProcessTree", "discard", "start_early", "take", "worker_argv"]
+__all__ = ["Launched", "ProcessTree", "discard", "start_early", "take", "worker_argv"]

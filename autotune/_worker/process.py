@@ -10,17 +10,14 @@ worker that dies is classified from its exit status and the tail of its stderr (
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import logging
 import queue
 import signal
 import subprocess
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TextIO
 
 from pydantic import ValidationError
 
@@ -41,7 +38,7 @@ from autotune._calibration.protocol import (
     TraceJob,
 )
 from autotune._models import Candidate, Failure
-from autotune._worker.launch import ProcessTree, take
+from autotune._worker.launch import Launched, take
 
 log = logging.getLogger("autotune")
 
@@ -64,27 +61,21 @@ class Attempt:
 class Process:
     """A running worker process: its protocol lines, its stderr tail, when it started and was ready."""
 
-    def __init__(self, tree: ProcessTree, launched: float | None = None) -> None:
-        self.tree = tree
-        self.proc = proc = tree.proc
-        self.lines: queue.Queue[str | None] = queue.Queue()
-        self.stderr_tail: collections.deque[str] = collections.deque(maxlen=20)
-        self.launched = time.perf_counter() if launched is None else launched
+    def __init__(self, launched: Launched) -> None:
+        self.tree = launched.tree
+        self.proc = launched.tree.proc
+        self.lines = launched.lines
+        self.stderr_tail = launched.stderr_tail
+        self.launched = launched.launched
         self.ready_at: float | None = None
-        self.threads = [
-            threading.Thread(target=_pump, args=(proc.stdout, self.lines.put, lambda: self.lines.put(None)),
-                             daemon=True),
-            threading.Thread(target=_pump, args=(proc.stderr, self.stderr_tail.append, lambda: None), daemon=True),
-        ]
-        for thread in self.threads:
-            thread.start()
+        self.threads = launched.readers
 
     @classmethod
     def spawn(cls, argv: list[str]) -> Process:
         """Start ``argv`` as a process tree of its own (or take the one ``launch`` started early for it);
         raises OSError when it cannot start."""
         early = take(argv)
-        return cls(*early) if early is not None else cls(ProcessTree(argv))
+        return cls(early if early is not None else Launched(argv))
 
     def run(self, job: Job | TraceJob | CheckJob | MemoryProbeJob, attempt: Attempt, timeout_s: float,
             progress: Progress | None, until: tuple[type[Event], ...] = (Done,)) -> bool:
@@ -165,13 +156,6 @@ def _last_words(stderr_tail: list[str]) -> str:
         if "most recent call first" in line and index + 1 < len(lines) and lines[index + 1].startswith("File "):
             return lines[index + 1]
     return next((line for line in reversed(lines) if not line.startswith("Extension modules:")), "")
-
-
-def _pump(stream: TextIO | None, sink: Callable[[str], object], at_end: Callable[[], object]) -> None:
-    if stream is not None:
-        for line in stream:
-            sink(line)
-    at_end()
 
 
 def _crash_failure(returncode: int, stderr_tail: list[str]) -> Failure:
