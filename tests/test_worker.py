@@ -281,6 +281,39 @@ def test_a_worker_started_early_that_died_is_replaced_and_one_nobody_takes_is_ki
 
 
 @pytest.mark.usefixtures("early")
+def test_a_worker_started_early_that_dies_before_its_first_job_is_replaced_once(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+) -> None:
+    from autotune._errors import CalibrationError
+    from autotune._worker import launch
+
+    autotune.register_family("tiny", "families_for_tests:build_tiny")
+    launch.start_early()
+    with Worker(isolation="subprocess", timeout_s=60) as worker:
+        worker.start()  # takes the worker started early
+        taken = worker.pid
+        assert taken is not None
+        os.killpg(taken, signal.SIGKILL)  # dies after take(), before its first job
+        result = worker.run_family(get_family("tiny"), SETTINGS)
+        assert worker.starts == 2 and worker.pid != taken
+    assert any(r.usable for r in result.candidates)
+
+    dying = tmp_path / "dying"  # a replacement that dies as its interpreter starts: a second death
+    dying.mkdir()
+    (dying / "sitecustomize.py").write_text("import os\nos._exit(7)\n")
+    launch.start_early()
+    with Worker(isolation="subprocess", timeout_s=60) as worker:
+        worker.start()
+        taken = worker.pid
+        assert taken is not None
+        monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(dying), *filter(None, [os.environ.get("PYTHONPATH")])]))
+        os.killpg(taken, signal.SIGKILL)
+        with pytest.raises(CalibrationError, match="status 7"):
+            worker.run_family(get_family("tiny"), SETTINGS)
+        assert worker.starts == 2
+
+
+@pytest.mark.usefixtures("early")
 def test_a_worker_started_early_gets_through_a_chatty_import_before_anyone_takes_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

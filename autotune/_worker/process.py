@@ -61,7 +61,7 @@ class Attempt:
 class Process:
     """A running worker process: its protocol lines, its stderr tail, when it started and was ready."""
 
-    def __init__(self, launched: Launched) -> None:
+    def __init__(self, launched: Launched, *, early: bool = False) -> None:
         self.tree = launched.tree
         self.proc = launched.tree.proc
         self.lines = launched.lines
@@ -69,17 +69,22 @@ class Process:
         self.launched = launched.launched
         self.ready_at: float | None = None
         self.threads = launched.readers
+        #: started by ``launch`` before anyone asked for it
+        self.early = early
+        #: jobs sent so far
+        self.jobs = 0
 
     @classmethod
     def spawn(cls, argv: list[str]) -> Process:
         """Start ``argv`` as a process tree of its own (or take the one ``launch`` started early for it);
         raises OSError when it cannot start."""
         early = take(argv)
-        return cls(early if early is not None else Launched(argv))
+        return cls(early, early=True) if early is not None else cls(Launched(argv))
 
     def run(self, job: Job | TraceJob | CheckJob | MemoryProbeJob, attempt: Attempt, timeout_s: float,
             progress: Progress | None, until: tuple[type[Event], ...] = (Done,)) -> bool:
         """Send ``job`` and record its events up to one of ``until``; True when the worker is still alive."""
+        self.jobs += 1
         try:
             assert self.proc.stdin is not None
             self.proc.stdin.write(job.model_dump_json() + "\n")

@@ -241,12 +241,15 @@ class Worker:
     def _send(self, job: Job | TraceJob | CheckJob | MemoryProbeJob, attempt: Attempt, progress: Progress | None, *,
               until: tuple[type[Event], ...]) -> Process | None:
         """Run ``job`` in the worker (started if needed) up to one of ``until``; the process it ran in, or None
-        when no worker could start. A worker that died is forgotten (the next job starts a fresh one); on any
+        when no worker could start. A worker that died is forgotten (the next job starts a fresh one); one started
+        early that died before it said a word about its first job is replaced at once, as it would have been had
+        it died before it was taken (the job is not to blame: the fresh worker's death would be). On any
         exception, ``KeyboardInterrupt`` and an app's cancel included, it is killed before the wait unwinds."""
         self.start()
         process = self._process
         if process is None:
             return None
+        first_of_early = process.early and process.jobs == 0
         try:
             alive = process.run(job, attempt, self.timeout_s, progress, until=until)
         except BaseException:
@@ -255,6 +258,11 @@ class Worker:
             raise
         if not alive:
             self._process = None
+            if first_of_early and not attempt.events and not self._cancelled.is_set():
+                log.info("the worker started early stopped before its first job (%s); starting another",
+                         attempt.ended.detail if attempt.ended else "no detail")
+                attempt.ended = None
+                return self._send(job, attempt, progress, until=until)
         return process
 
     def _attempt(self, job: Job, attempt: Attempt, progress: Progress | None, *, since: float) -> float:
