@@ -14,7 +14,14 @@ from dataclasses import dataclass
 
 from autotune import _env, _stats
 from autotune._cache import lookup as _cached
-from autotune._cache.freshness import family_key, key_change, now_utc, reference_failure, stale_reason
+from autotune._cache.freshness import (
+    family_key,
+    key_change,
+    now_utc,
+    reference_failure,
+    rules_digest,
+    stale_reason,
+)
 from autotune._cache.locks import acquire, held_elsewhere, measuring, measuring_lock
 from autotune._cache.store import Store
 from autotune._calibration.measure import MeasureSettings
@@ -217,10 +224,11 @@ def measure(
             progress(CalibrationProgress(family.name, label, (index + shown) / total))
 
     log.info("calibrating %s on this machine", family.name)
-    # Stamped with what it was measured for: ``key`` read the same variables as the settings above.
+    # Stamped with what it was measured for (``key`` read the same variables as the settings above) and by which
+    # rules (the worker runs this same installation).
     with measuring(cancelled=lambda: worker.cancelled):
         measured = worker.run_family(family, settings, progress=on_progress)
-    result = measured.model_copy(update={"key": key})
+    result = measured.model_copy(update={"key": key, "rules": rules_digest()})
     log.info("calibrated %s in %.1f s", family.name, result.wall_s)
     if result.noisy:
         drift = _stats.drift(result.control_ms)

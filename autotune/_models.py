@@ -195,6 +195,9 @@ class FamilyResult(Record):
 
     model_kind: str
     key: FamilyKey | None = Field(default=None, description="what it was measured for; None: an older record")
+    rules: str | None = Field(default=None, description=(
+        "digest of the rules it was measured and pruned by (settings, margins, looks, tolerances); None: an "
+        "older record"))
     measured_at: str
     autotune_version: str
     wall_s: float

@@ -1,10 +1,13 @@
-"""What makes stored measurements stale: a family's key (build, version=, search, budget, schema) and transient
-failures after their cool-off. Real calibrations, in-process and with the smallest search, to stay fast."""
+"""What makes stored measurements stale: a family's key (build, version=, search, budget, schema), the rules they
+were measured by, and transient failures after their cool-off. Real calibrations, in-process and with the
+smallest search, to stay fast."""
 
 from __future__ import annotations
 
 import datetime as dt
 import logging
+import subprocess
+import sys
 
 import pytest
 from samples import failed, family, timed
@@ -17,6 +20,7 @@ from autotune._cache.freshness import (
     TRANSIENT,
     family_key,
     retry_at,
+    rules_digest,
     stale_reason,
 )
 from autotune._cache.lookup import store
@@ -166,3 +170,34 @@ def test_a_family_this_version_cannot_read_is_measured_again_and_the_other_keeps
         autotune.best_config("tiny")
     assert "calibrating tiny" in caplog.text and "setting them aside" in caplog.text
     assert _measured_at("tiny") != before["tiny"] and _measured_at("other") == before["other"]
+
+
+def test_the_rules_digest_is_derived_from_the_settings_and_the_rule_constants(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from autotune import _rules
+    from autotune._calibration import looks, protocol
+
+    digest = rules_digest()
+    code = "from autotune._cache.freshness import rules_digest; print(rules_digest())"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True).stdout.strip() == digest, "the same in every process"
+    with monkeypatch.context() as patched:
+        patched.setattr(_rules, "MARGIN", 0.04)
+        assert rules_digest() != digest, "a changed constant"
+    with monkeypatch.context() as patched:
+        patched.setattr(looks, "STOP_EARLY", True, raising=False)
+        assert rules_digest() != digest, "a new constant"
+
+    class LongerVerification(protocol.CalibrationSettings):
+        verify_steps: int = 9
+
+    with monkeypatch.context() as patched:
+        patched.setattr(protocol, "CalibrationSettings", LongerVerification)
+        assert rules_digest() != digest, "a settings default"
+    assert rules_digest() == digest
+
+
+def test_a_calibration_records_the_rules_it_measured_by(tiny_family: str) -> None:
+    autotune.calibrate([tiny_family])
+    assert cached_families([tiny_family])[tiny_family].rules == rules_digest()

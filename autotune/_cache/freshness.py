@@ -12,7 +12,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
+import hashlib
+import importlib
+import json
+import types
+from typing import TypeVar
+
+from pydantic import BaseModel
 
 from autotune import _env
 from autotune._families import Family
@@ -32,6 +40,14 @@ RETRY_AFTER = dt.timedelta(days=1)
 TRANSIENT: frozenset[FailureKind] = frozenset({"timeout", "crashed", "oom"})
 
 _REFERENCE = Candidate(device="cpu", precision="fp32")
+#: the modules whose public constants shape what a calibration measures and how it prunes: the margins and the
+#: sequential test's looks, the plan, the step, verification, the probe and the staged search
+_RULE_MODULES = (
+    "autotune._rules", "autotune._stats", "autotune._calibration.plan", "autotune._calibration.prepare",
+    "autotune._calibration.step", "autotune._calibration.verify", "autotune._calibration.probe",
+    "autotune._calibration.roster", "autotune._calibration.measure", "autotune._calibration.looks",
+    "autotune._calibration.session",
+)
 
 
 def family_key(family: Family) -> FamilyKey:
@@ -40,6 +56,38 @@ def family_key(family: Family) -> FamilyKey:
         reference=family.ref, version=family.version, search=_env.SEARCH.get(), budget_s=_env.BUDGET_S.get(),
         measurement_version=MEASUREMENT_VERSION,
     )
+
+
+def rules_digest() -> str:
+    """What this autotune measures and prunes by, as a digest (e.g. ``'5c1f0e9a2b7d4e60'``): the default
+    calibration settings (the measurement's knobs, the verification window) and every public UPPER_CASE
+    constant of the rule modules (the margin, the looks, the tolerances, a rule's own version). Derived from
+    them, never maintained by hand, so a changed or added constant cannot be forgotten."""
+    from autotune._calibration.protocol import CalibrationSettings
+
+    constants = {
+        f"{module}.{name}": value
+        for module in _RULE_MODULES
+        for name, value in vars(importlib.import_module(module)).items()
+        if name.isupper() and not name.startswith("_") and not callable(value)
+        and not isinstance(value, (types.ModuleType, TypeVar))
+    }
+    rules = {"settings": CalibrationSettings().model_dump(mode="json"), "constants": constants}
+    canonical = json.dumps(rules, sort_keys=True, separators=(",", ":"), default=_plain)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def _plain(value: object) -> object:
+    """A rule constant JSON cannot write as it is, as plain data; TypeError for anything without a stable form."""
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    if isinstance(value, (set, frozenset)):
+        return sorted(json.dumps(item, sort_keys=True, default=_plain) for item in value)
+    if type(value).__module__ == "torch":  # a dtype, a memory format: named by their str
+        return str(value)
+    raise TypeError(f"a rule constant of type {type(value).__name__} has no stable form to digest")
 
 
 def retry_at(measured: FamilyResult, result: CandidateResult) -> dt.datetime | None:
@@ -112,5 +160,6 @@ __all__ = [
     "now_utc",
     "reference_failure",
     "retry_at",
+    "rules_digest",
     "stale_reason",
 ]
