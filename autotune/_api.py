@@ -26,6 +26,7 @@ from autotune._cache.freshness import (
     key_change,
     now_utc,
     retry_at,
+    rules_change,
     stale_reason,
 )
 from autotune._cache.locks import held_elsewhere
@@ -114,6 +115,10 @@ def config_for(family: Family, *, prefer: Prefer = "auto", expected_steps: int |
     if measured.origin is not None:
         config = config.model_copy(update={"reason": f"{config.reason} Measured on another machine with exactly "
                                                      f"this configuration; {measured.origin}."})
+    older = rules_change(measured)
+    if older is not None:  # still a measurement of this machine; the next calibration replaces it
+        config = config.model_copy(update={"reason": f"{config.reason} {older[0].upper()}{older[1:]}; the next "
+                                                     "calibrate() or `python -m autotune` measures it again."})
     # A transient failure's retry is due later: the memo answers until then, so a long-running app retries too.
     _cached.decisions[memo] = (config, fresh_until(measured) if may_measure else None)
     return config
@@ -259,7 +264,7 @@ def cached_families(model_kinds: Iterable[str] | None = None, *, fresh_only: boo
     """The stored measurements of this machine, without measuring anything.
 
     ``fresh_only``: leave out what the next calibration would measure again (another build, version, search or
-    budget; a transient failure due for a retry).
+    budget; older rules; a transient failure due for a retry).
     """
     stored = _cached.store().load(fingerprint().digest)
     if stored is None:

@@ -68,8 +68,9 @@ def calibrate(
     """Measure each family (default: the built-ins) on this machine, for an app's first launch.
 
     Families already measured on this machine for the same key (build, ``version=``, search, budget) are reused
-    unless ``force=True``, or unless they were measured while the machine was busy (``noisy``): those are
-    measured again (``best_config`` serves them meanwhile). A candidate that timed out, crashed or ran out of
+    unless ``force=True``, or unless they were measured while the machine was busy (``noisy``) or under older
+    rules (an upgrade changed the search, its margins or the verification): those are measured again
+    (``best_config`` serves them meanwhile). A candidate that timed out, crashed or ran out of
     memory more than a day ago is tried again. ``progress`` receives a :class:`CalibrationProgress` as each
     candidate starts, for a progress bar. A failure of the fp32 CPU reference raises CalibrationError (after
     the other families) and is not stored. To calibrate without blocking, see :func:`autotune.start_calibration`.
@@ -104,8 +105,8 @@ def run_calibration(
         result = None if force else _cached.known(fp, store, family.name)
         if result is None:
             continue
-        # A noisy result serves best_config, but is measured again here; so is one measured for another key
-        # or holding a transient failure due for a retry.
+        # A noisy result serves best_config, but is measured again here; so is one measured for another key or
+        # under older rules, or holding a transient failure due for a retry.
         why = "it was measured on a busy machine" if result.noisy else stale_reason(result, keys[family.name], now)
         if why is None:
             cached[family.name] = result
@@ -177,7 +178,7 @@ def calibrate_one(
         stored = store.load(fp.digest)
         existing = stored.families.get(family.name) if stored is not None else None
         # A result written while we waited is the one we asked for, forced or not; a noisy one is not final,
-        # nor one measured for another key or holding a transient failure due for a retry.
+        # nor one measured for another key or under older rules, or holding a transient failure due for a retry.
         if existing is not None and key_change(existing, key) is None and (
             existing.measured_at >= asked_at
             or not (force or existing.noisy or stale_reason(existing, key, now_utc()) is not None)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 
-from autotune._cache.freshness import family_key
+from autotune._cache.freshness import family_key, rules_digest
 from autotune._families import family_names, get_family
 from autotune._models import Candidate, CandidateResult, Failure, FamilyResult, Numerics, Timing
 
@@ -41,10 +41,11 @@ def failed(device: str, precision: str, kind: str, detail: str) -> CandidateResu
 
 def family(kind: str, *results: CandidateResult, notes: dict[str, str] | None = None,
            noisy: bool = False) -> FamilyResult:
-    """A record of ``kind``; keyed as the current settings would key it when the kind is registered here
-    (a cache test's record then serves as fresh), unkeyed otherwise (another app's kind)."""
-    key = family_key(get_family(kind)) if kind in family_names() else None
+    """A record of ``kind``; keyed as the current settings and rules would key it when the kind is registered
+    here (a cache test's record then serves as fresh), unkeyed otherwise (another app's kind)."""
+    registered = kind in family_names()
     return FamilyResult(
         model_kind=kind, measured_at="2026-11-30T00:00:00+00:00", autotune_version="test", wall_s=1.0,
-        budget_s=1.0, candidates=list(results), backend_notes=notes or {}, noisy=noisy, key=key,
+        budget_s=1.0, candidates=list(results), backend_notes=notes or {}, noisy=noisy,
+        key=family_key(get_family(kind)) if registered else None, rules=rules_digest() if registered else None,
     )

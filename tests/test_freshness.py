@@ -138,7 +138,7 @@ def test_only_transient_kinds_have_a_retry_time(kind: str) -> None:
     measured = dt.datetime.fromisoformat(result.measured_at)
     assert at == (measured + RETRY_AFTER if kind in TRANSIENT else None)
     key = family_key(get_family("tiny_mlp"))
-    keyed = result.model_copy(update={"key": key})
+    keyed = result.model_copy(update={"key": key, "rules": rules_digest()})
     later = measured + dt.timedelta(days=2)
     assert (stale_reason(keyed, key, later) is not None) is (kind in TRANSIENT)
 
@@ -201,3 +201,35 @@ def test_the_rules_digest_is_derived_from_the_settings_and_the_rule_constants(
 def test_a_calibration_records_the_rules_it_measured_by(tiny_family: str) -> None:
     autotune.calibrate([tiny_family])
     assert cached_families([tiny_family])[tiny_family].rules == rules_digest()
+
+
+
+def test_a_result_measured_under_older_rules_serves_best_config_and_the_next_calibrate_measures_it_again(
+    tiny_family: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:
+    from autotune import _rules
+
+    stored = _stored(tiny_family, hours_ago=1, failure_kind="numerics")
+    monkeypatch.setattr(_rules, "MARGIN", 0.04)  # an upgrade changed the margin
+    config = autotune.best_config(tiny_family)
+    assert config.source == "measured" and _measured_at(tiny_family) == stored.measured_at, "served, not measured"
+    assert "It was measured under older rules (by autotune test)" in config.reason
+    assert "the next calibrate() or `python -m autotune` measures it again" in config.reason
+    with caplog.at_level(logging.INFO, logger="autotune"):
+        autotune.calibrate([tiny_family])
+    assert "measuring tiny again: it was measured under older rules" in caplog.text
+    assert _measured_at(tiny_family) != stored.measured_at
+    assert cached_families([tiny_family])[tiny_family].rules == rules_digest()
+
+
+def test_a_result_under_these_rules_is_kept_and_one_stored_before_results_recorded_their_rules_is_not(
+    tiny_family: str,
+) -> None:
+    autotune.register_family("other", "families_for_tests:build_tiny_with_sgd")
+    older = _stored(tiny_family, hours_ago=1, failure_kind="numerics").model_copy(update={"rules": None})
+    store().save(autotune.fingerprint(), older)
+    kept = _stored("other", hours_ago=1, failure_kind="numerics")
+    assert "older rules" not in autotune.best_config("other").reason
+    autotune.calibrate([tiny_family, "other"])
+    assert _measured_at(tiny_family) != older.measured_at
+    assert _measured_at("other") == kept.measured_at

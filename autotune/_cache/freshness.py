@@ -3,6 +3,9 @@
 - A family's measurements hold for one :class:`FamilyKey`: its build reference, the app's ``version=``, the
   search mode, the budget and the measurement schema. Any change measures that family again; the other
   families keep serving.
+- Measurements made under other rules (:func:`rules_digest`: an upgrade changed the search, its looks or
+  margins, the verification) are still measurements of this machine: they serve ``best_config``, whose
+  reason says so, and the next calibration measures them again, as it does a noisy one.
 - Failures that can be transient (``timeout``, ``crashed``, ``oom``: another app held the GPU, the machine
   was swapping) are retried by the first calibration after a cool-off of a day. ``unsupported``, ``numerics``,
   ``error`` and ``too_slow`` stay until the fingerprint or the key changes, or the user recalibrates.
@@ -112,6 +115,14 @@ def key_change(measured: FamilyResult, key: FamilyKey) -> str | None:
     return None
 
 
+def rules_change(measured: FamilyResult) -> str | None:
+    """Why ``measured`` no longer follows this autotune's rules, e.g. "it was measured under older rules (by
+    autotune 0.1.0)"; None when it does."""
+    if measured.rules == rules_digest():
+        return None
+    return f"it was measured under older rules (by autotune {measured.autotune_version})"
+
+
 def due_retries(measured: FamilyResult, now: dt.datetime) -> list[CandidateResult]:
     """The transient failures of ``measured`` whose cool-off is over at ``now``."""
     return [r for r in measured.candidates if (at := retry_at(measured, r)) is not None and at <= now]
@@ -119,7 +130,7 @@ def due_retries(measured: FamilyResult, now: dt.datetime) -> list[CandidateResul
 
 def stale_reason(measured: FamilyResult, key: FamilyKey, now: dt.datetime) -> str | None:
     """Why a calibration at ``now`` measures ``measured`` again for ``key``; None while it still answers."""
-    changed = key_change(measured, key)
+    changed = key_change(measured, key) or rules_change(measured)
     if changed is not None:
         return changed
     due = due_retries(measured, now)
@@ -160,6 +171,7 @@ __all__ = [
     "now_utc",
     "reference_failure",
     "retry_at",
+    "rules_change",
     "rules_digest",
     "stale_reason",
 ]
