@@ -6,13 +6,18 @@
   results file still load, with every family that finished, and are temp files cleaned by the next save?
 - ``single_flight``: N cold processes ask for the same family at once; how many calibrations ran, and did
   they all get the same answer?
+- ``app_kills`` (#28): an app that has imported torch runs ``calibrate(['tiny_mlp', 'mlp'], force=True)`` and is
+  SIGKILLed at a uniformly random moment, again and again in one cache directory; does every results file
+  still load, is any corrupt or quarantined, are temp files left, and is any of its workers alive 1 s later?
 
-    python benchmarks/fault_injection.py [--hung 10] [--kills 50] [--processes 8]
+    python benchmarks/fault_injection.py [--hung 10] [--kills 50] [--processes 8] [--app-kills 50]
+                                         [--only hung_host_killed|random_kills|single_flight|app_kills]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -24,6 +29,8 @@ import time
 from pathlib import Path
 
 from _common import emit
+
+from autotune._cache.records import Parsed, parse
 
 TESTS = str(Path(__file__).parent.parent / "tests")
 LINUX = sys.platform.startswith("linux")
@@ -138,16 +145,77 @@ def single_flight(processes: int) -> None:
           "calibrations": sum(a["calibrated"] for a in answers), "distinct_answers": len(configs)})
 
 
+APP = "import torch\nimport autotune\nautotune.calibrate(['tiny_mlp', 'mlp'], force=True)\n"
+
+
+def _marked(mark: str) -> list[int]:
+    """Live processes whose environment holds ``mark`` (inherited from the app: its workers, and theirs)."""
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            marked = mark.encode() + b"\0" in Path(f"/proc/{entry}/environ").read_bytes()
+        except OSError:  # gone meanwhile, or another user's
+            continue
+        if marked and _alive(int(entry)):
+            found.append(int(entry))
+    return found
+
+
+def _loads(cache: Path) -> bool:
+    """Every results file in ``cache`` reads as a results file, each family valid (nothing is moved aside)."""
+    for path in cache.glob("*.json"):
+        parsed = parse(path.read_bytes())
+        if not isinstance(parsed, Parsed) or parsed.invalid:
+            return False
+    return True
+
+
+def app_kills(kills: int, seed: int = 0) -> None:
+    rng = random.Random(seed)
+    cache = Path(tempfile.mkdtemp())
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-c", APP], check=True, env=_env(str(cache)), capture_output=True)
+    full_s = time.perf_counter() - started
+    loaded = temp_after_kill = workers_left = 0
+    for kill in range(kills):
+        token = f"{os.getpid()}-{seed}-{kill}"
+        app = subprocess.Popen([sys.executable, "-c", APP], env={**_env(str(cache)), "FAULT_INJECTION_APP": token},
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(rng.uniform(0.0, full_s))
+        app.send_signal(signal.SIGKILL)
+        app.wait()
+        time.sleep(1.0)
+        left = _marked(f"FAULT_INJECTION_APP={token}")
+        workers_left += len(left)
+        for pid in left:  # the next app starts on a quiet machine
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        loaded += _loads(cache)
+        temp_after_kill += sum(1 for p in cache.iterdir() if p.name.endswith(".tmp"))
+    subprocess.run([sys.executable, "-c", APP], check=True, env=_env(str(cache)), capture_output=True)
+    emit({"benchmark": "fault_injection", "what": "app_kills", "kills": kills, "full_calibration_s": round(full_s, 1),
+          "loads_ok": loaded, "corrupt": kills - loaded, "quarantined": sum(1 for _ in cache.glob("*.corrupt-*")),
+          "temp_files_seen_after_a_kill": temp_after_kill,
+          "temp_files_left": sum(1 for p in cache.iterdir() if p.name.endswith(".tmp")),
+          "workers_alive_1s_after_the_kill": workers_left})
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--hung", type=int, default=10)
     parser.add_argument("--kills", type=int, default=50)
     parser.add_argument("--processes", type=int, default=8)
+    parser.add_argument("--app-kills", type=int, default=50)
+    parser.add_argument("--only", choices=["hung_host_killed", "random_kills", "single_flight", "app_kills"])
     args = parser.parse_args()
-    if LINUX:
+    if LINUX and args.only in (None, "hung_host_killed"):
         hung_host_killed(args.hung)
-    random_kills(args.kills)
-    single_flight(args.processes)
+    if args.only in (None, "random_kills"):
+        random_kills(args.kills)
+    if args.only in (None, "single_flight"):
+        single_flight(args.processes)
+    if LINUX and args.only in (None, "app_kills"):
+        app_kills(args.app_kills)
 
 
 if __name__ == "__main__":
