@@ -20,12 +20,13 @@ import datetime as dt
 import hashlib
 import importlib
 import json
+import pkgutil
 import types
 from typing import TypeVar
 
 from pydantic import BaseModel
 
-from autotune import _env
+from autotune import _env, _rules, _stats
 from autotune._families import Family
 from autotune._models import (
     Candidate,
@@ -43,14 +44,10 @@ RETRY_AFTER = dt.timedelta(days=1)
 TRANSIENT: frozenset[FailureKind] = frozenset({"timeout", "crashed", "oom"})
 
 _REFERENCE = Candidate(device="cpu", precision="fp32")
-#: the modules whose public constants shape what a calibration measures and how it prunes: the margins and the
-#: sequential test's looks, the plan, the step, verification, the probe and the staged search
-_RULE_MODULES = (
-    "autotune._rules", "autotune._stats", "autotune._calibration.plan", "autotune._calibration.prepare",
-    "autotune._calibration.step", "autotune._calibration.verify", "autotune._calibration.probe",
-    "autotune._calibration.roster", "autotune._calibration.measure", "autotune._calibration.looks",
-    "autotune._calibration.session",
-)
+#: the calibration package's modules whose constants do not shape a calibration: the other tools' jobs (``check``,
+#: ``memory``, ``trace``), the worker's plumbing (``child``, ``entry``; ``protocol``'s settings count by their
+#: defaults) and the simulator of truth profiles. Every other module of it counts, a new one included.
+_NOT_RULES = frozenset({"check", "child", "entry", "memory", "protocol", "simulate", "trace"})
 
 
 def family_key(family: Family) -> FamilyKey:
@@ -69,15 +66,24 @@ def rules_digest() -> str:
     from autotune._calibration.protocol import CalibrationSettings
 
     constants = {
-        f"{module}.{name}": value
-        for module in _RULE_MODULES
-        for name, value in vars(importlib.import_module(module)).items()
+        f"{module.__name__}.{name}": value
+        for module in _rule_modules()
+        for name, value in vars(module).items()
         if name.isupper() and not name.startswith("_") and not callable(value)
         and not isinstance(value, (types.ModuleType, TypeVar))
     }
     rules = {"settings": CalibrationSettings().model_dump(mode="json"), "constants": constants}
     canonical = json.dumps(rules, sort_keys=True, separators=(",", ":"), default=_plain)
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def _rule_modules() -> list[types.ModuleType]:
+    """The margins and the sequential test's looks, then each step of the calibration: the plan, the step,
+    verification, the probe, the staged search and its timing."""
+    import autotune._calibration as package
+
+    names = sorted(m.name for m in pkgutil.iter_modules(package.__path__) if m.name not in _NOT_RULES)
+    return [_rules, _stats, *(importlib.import_module(f"{package.__name__}.{name}") for name in names)]
 
 
 def _plain(value: object) -> object:
