@@ -6,7 +6,8 @@ the worker's start overlaps the host's import instead of following it, and the f
 :class:`~autotune._worker.worker.Worker` that needs a process takes this one (:func:`take`). One nobody takes
 (every family was cached, a usage error) is killed when the command ends (:func:`discard`) or the host exits.
 A worker's output is read from its start (:class:`Launched`), taken or not: a chatty import must not fill a pipe
-nobody reads (a few KiB on Windows) and stall the worker until the host takes it. This module imports nothing from torch, nor anything that does: it runs before torch is loaded.
+nobody reads (a few KiB on Windows) and stall the worker until the host takes it. This module imports nothing
+from torch, nor anything that does: it runs before torch is loaded.
 """
 
 from __future__ import annotations
