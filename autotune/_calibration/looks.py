@@ -3,7 +3,9 @@
 The method is successive elimination with an indifference zone (Even-Dar, Mannor & Mansour 2006; Kim & Nelson
 2001 for paired rounds): every look tests each candidate against its group's leader (and, in the final
 comparison, each group's leader against the fastest), with intervals whose error is split over the looks and
-over the pairs of the look (Bonferroni), so the whole decision, not one pair, is wrong at most ``ALPHA``.
+over the pairs of the look (Bonferroni): a claim that a gain crosses a margin is wrong at most ``ALPHA`` per
+decision, not per pair. Between settings of the same math (no margin) the leader's side is chosen by the
+data, so a "faster" between near-equal settings is likelier than that; it costs no speed.
 
 - a candidate clearly slower than its group's leader (by more than the pair's margin) is *dropped* and keeps
   that evidence: it counts as clearly slower in every later decision;
