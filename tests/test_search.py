@@ -72,7 +72,8 @@ def test_cpu_thread_counts_are_tried_below_the_usable_cores() -> None:
 def test_precision_only_search_tries_no_variants(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AUTOTUNE_SEARCH", "precision")
     measured = _measure("build_tiny_cnn")
-    assert _variants(measured) == [] and measured.search_notes == []
+    # No stage ran (a stage leaves a note); a close final comparison on a busy machine may leave its own.
+    assert _variants(measured) == [] and not [n for n in measured.search_notes if n.startswith("stage")]
 
 
 def test_extended_search_compiles_and_counts_compile_time_as_set_up(monkeypatch: pytest.MonkeyPatch) -> None:
