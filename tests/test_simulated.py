@@ -81,19 +81,24 @@ def test_rivals_just_under_the_margin_with_heavy_tails_are_rarely_declared() -> 
 
 @pytest.mark.parametrize("gain", [1.045, 1.06], ids=["4.5pct", "6pct"])
 def test_a_gain_past_the_margin_is_found_under_drift_and_heavy_tails(gain: float) -> None:
+    # A pick past the margin in at most 5% of calibrations. At 4.5% (1.5% past the margin, at the edge of what
+    # the final comparison's cap can resolve under these tails) the rate sits close to that: 100 seeds.
     truth = gpu_machine(20.0, 20.0 / gain, ramp_per_s=0.01, outlier_rate=0.05, switch_penalty=0.03)
-    assert picks(truth, seeds=range(40)).count(("cuda:0", "bf16-mixed")) >= 38
+    assert picks(truth, seeds=range(100)).count(("cuda:0", "bf16-mixed")) >= 95
 
 
-def test_a_same_math_gain_of_4_5pct_is_found_at_8pct_noise() -> None:
+@pytest.mark.parametrize("precisions", [("fp32", "bf16-mixed"), ("fp32", "bf16-mixed", "fp16-mixed")],
+                         ids=["bf16", "bf16-equal-to-fp16"])
+def test_a_same_math_gain_of_4_5pct_is_found_at_8pct_noise(precisions: tuple[str, ...]) -> None:
     # The transformer's question: the fused optimizer 4.5% faster, a step after another candidate's 3% slower,
-    # warm-up transients after set-up. No margin for the same math: it must not be given away to a tie.
-    truth = Truth(name="fused", candidates={_c("cpu", "fp32"): CandidateTruth(60.0),
-                                            _c("cpu", "bf16-mixed"): CandidateTruth(40.0)},
+    # warm-up transients after set-up. No margin for the same math: it must not be given away to a tie, also
+    # when fp16 as fast as bf16 leads the search by chance and the tie goes to bf16.
+    truth = Truth(name="fused", candidates={_c("cpu", p): CandidateTruth(60.0 if p == "fp32" else 40.0)
+                                            for p in precisions},
                   variant_factors={"1 thread": 3.0, "4 threads": 1.5, "fused-optimizer": 1 / 1.045},
                   noise=0.057, switch_penalty=0.03, warmup_penalty=0.3)
     found = [decide(simulate(truth, seed)[0], digest="sim").optimizer == "fused" for seed in range(40)]
-    assert sum(found) >= 36
+    assert sum(found) >= 38
 
 
 def test_a_clear_gain_is_found() -> None:
@@ -117,11 +122,11 @@ def test_a_cheap_steps_gain_gets_the_rounds_it_needs() -> None:
 def test_a_busy_machine_rarely_costs_a_clear_gain_and_says_so_when_it_may_have() -> None:
     # bf16 40% faster, but another program takes the cores: 35% of the steps 4x slower, one step a round.
     truth = gpu_machine(20.0, 20.0 / 1.4, outlier_rate=0.35, outlier_factor=4.0)
-    results = [simulate(truth, seed)[0] for seed in range(40)]
+    results = [simulate(truth, seed)[0] for seed in range(100)]
     wrong = [r for r in results if decide(r, digest="sim").precision != "bf16-mixed"]
     # Past the trimming cap (a quarter of the rounds) every interval is wide: most wrong picks are flagged.
-    assert len(wrong) <= 8
-    assert sum(not r.noisy for r in wrong) <= 3
+    assert len(wrong) <= 20
+    assert sum(not r.noisy for r in wrong) <= 10
 
 
 def test_a_gpu_no_faster_than_the_cpu_loses_the_tie_and_says_so() -> None:

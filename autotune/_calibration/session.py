@@ -1,8 +1,8 @@
 """One family's search: set-up, pruning stages, and the final paired comparison that decisions use.
 
 Stage 1 times every device x precision; stage 2 the layout and optimizer variants of *each device's* leader;
-stage 3 the combinations that helped, fewer CPU threads, and the leader's settings in each other precision
-still alive on its device (with those precisions timed again), once they proved faster than the leader's plain
+stage 3 the combinations that helped, fewer CPU threads, and the leader's settings in each simpler precision
+still alive on its device (with those precisions timed again), once they pay over the leader's plain
 precision. Stages 2 and 3 time each device on its own, sharing the stage's budget; a device far behind another
 is refined too when its variants fit that budget, so ``prefer=`` gets its best configuration (it keeps its far-
 behind evidence). Each stage interleaves its candidates and only *prunes*: a candidate clearly slower than its
@@ -258,12 +258,26 @@ class Session:
         return timing.round_ms if timing is not None else []
 
     def _rivals(self, alive: list[Candidate], leader: Candidate, stage: int) -> list[Candidate]:
-        """In the last stage, the device's other live precisions, once the leader's variant settings proved
-        clearly faster than its plain precision: each is timed again next to those settings in its own
-        precision, so the tie rule meets the best of every precision."""
-        if stage != self._last_stage or leader.base in alive:
-            return []  # the leader's variant settings beat nothing yet: the rivals' own best stays comparable
-        return [c for c in alive if c.device == leader.device and c.precision != leader.precision]
+        """In the last stage, the device's other live precisions that a tie would go to, once the leader's
+        variant settings pay (:meth:`_settings_pay`): each is timed again next to those settings in its own
+        precision, so the tie rule meets the best of every precision, not a plain one the settings would beat
+        by more than its margin allows."""
+        if stage != self._last_stage or not self._settings_pay(alive, leader):
+            return []  # the rivals' own best stays comparable
+        return [c for c in alive if c.device == leader.device and c.precision != leader.precision
+                and _rules.tie_winner(c, leader) == c]
+
+    def _settings_pay(self, alive: list[Candidate], leader: Candidate) -> bool:
+        """The leader's variant settings beat its plain precision: clearly (it was dropped), or by an estimate
+        past the indifference. Waiting for "clearly" gave a same-math gain of a few percent away to the tie
+        rule whenever its stage ended before it was proven; a settings gain within the indifference costs a
+        tie's pick less than the zone allows, and not asking saves a rival's rounds."""
+        if leader == leader.base:
+            return False
+        if leader.base not in alive or not self._rounds(leader.base):
+            return True
+        estimate, _, _ = _stats.ratio_interval(self._rounds(leader.base), self._rounds(leader))
+        return estimate > 1 + _rules.INDIFFERENCE
 
     def _variants(self, alive: list[Candidate], stage: int) -> list[Candidate]:
         found: list[Candidate] = []
