@@ -74,11 +74,19 @@ class Truth:
     #: everything, the control included, runs ``burst_factor`` times slower during (start_s, end_s)
     burst: tuple[float, float] | None = None
     burst_factor: float = 2.0
+    #: a plain candidate's own variant factors, over ``variant_factors``: a gain that depends on the device and
+    #: precision, e.g. ``{Candidate(device="cuda:0", precision="fp16-mixed"): {"channels_last": 0.79}}``
+    candidate_variant_factors: Mapping[Candidate, Mapping[str, float]] = field(default_factory=dict)
+
+    def factors(self, base: Candidate) -> Mapping[str, float]:
+        """The step-time factor of each variant setting on the plain candidate ``base``."""
+        return {**self.variant_factors, **self.candidate_variant_factors.get(base, {})}
 
     def step_ms(self, candidate: Candidate) -> float:
         """The candidate's true median step time: its plain candidate's, times each variant's factor."""
         base = self.candidates[candidate.base].step_ms
-        return base * math.prod(self.variant_factors.get(word, 1.0) for word in candidate.variants)
+        factors = self.factors(candidate.base)
+        return base * math.prod(factors.get(word, 1.0) for word in candidate.variants)
 
 
 class FakeClock:
@@ -268,10 +276,21 @@ def true_score(truth: Truth, candidate: Candidate, expected_steps: int | None = 
 
 def truth_from_record(measured: FamilyResult, **weather: object) -> Truth:
     """A recorded family (e.g. ``fixtures/machines/*.json``) read as a truth profile: each plain
-    candidate's recorded median step time, set-up time, failure and GradScaler facts become its truth."""
+    candidate's recorded median step time, set-up time, failure and GradScaler facts become its truth, and each
+    one-setting variant's median over its plain candidate's becomes that candidate's factor for the setting.
+
+    A recorded channels_last result means the workload had 4-D inputs: the facts say so unless ``facts`` is
+    given."""
     candidates: dict[Candidate, CandidateTruth] = {}
+    plain_ms = {r.candidate: r.timing.median_ms for r in measured.candidates
+                if r.candidate == r.candidate.base and r.timing is not None}
+    factors: dict[Candidate, dict[str, float]] = {}
     for result in measured.candidates:
         if result.candidate != result.candidate.base:
+            base_ms = plain_ms.get(result.candidate.base)
+            if len(result.candidate.variants) == 1 and result.timing is not None and base_ms is not None:
+                word = result.candidate.variants[0]
+                factors.setdefault(result.candidate.base, {})[word] = result.timing.median_ms / base_ms
             continue
         numerics = result.numerics
         candidates[result.candidate] = CandidateTruth(
@@ -281,7 +300,10 @@ def truth_from_record(measured: FamilyResult, **weather: object) -> Truth:
             init_scale=numerics.init_scale if numerics is not None else None,
             default_scale_skipped=numerics.default_scale_skipped if numerics is not None else None,
         )
-    return Truth(name=measured.model_kind, candidates=candidates, **weather)  # type: ignore[arg-type]
+    if "facts" not in weather and any("channels_last" in words for words in factors.values()):
+        weather["facts"] = Facts(image_inputs=True, default_optimizer=True)
+    return Truth(name=measured.model_kind, candidates=candidates, candidate_variant_factors=factors,
+                 **weather)  # type: ignore[arg-type]
 
 
 __all__ = [
