@@ -164,14 +164,14 @@ def run(name: str, truth: Truth, expected_steps: int | None, runs: int) -> dict[
 
 def space_best(truth: Truth, expected_steps: int | None) -> float:
     """The true best score of the whole space: each usable plain candidate with the best of every variant the
-    truth has on its device (a thread count on the CPU only, channels_last for image inputs only)."""
-    factors = truth.variant_factors
-    threads = min([1.0, *(f for word, f in factors.items() if word.endswith(("thread", "threads")))])
-    layout = min(1.0, factors.get("channels_last", 1.0)) if truth.facts.image_inputs else 1.0
-    fused = min(1.0, factors.get("fused-optimizer", 1.0)) if truth.facts.default_optimizer else 1.0
+    truth has for it (a thread count on the CPU only, channels_last for image inputs only)."""
     scores = []
     for candidate, one in truth.candidates.items():
         if one.failure is None:
+            factors = truth.factors(candidate)
+            threads = min([1.0, *(f for word, f in factors.items() if word.endswith(("thread", "threads")))])
+            layout = min(1.0, factors.get("channels_last", 1.0)) if truth.facts.image_inputs else 1.0
+            fused = min(1.0, factors.get("fused-optimizer", 1.0)) if truth.facts.default_optimizer else 1.0
             step = one.step_ms * layout * fused * (threads if candidate.device == "cpu" else 1.0)
             scores.append(step if expected_steps is None else 1000 * one.setup_s + expected_steps * step)
     return min(scores)
