@@ -14,6 +14,7 @@ from autotune._cache.store import SCHEMA_VERSION, StoreFile
 from autotune._calibration.simulate import simulate, truth_from_record
 from autotune._config import Config
 from autotune._decide import decide
+from autotune._models import Candidate
 
 MACHINES = Path(__file__).parent.parent / "fixtures" / "machines"
 
@@ -36,6 +37,21 @@ def test_every_fixture_is_a_valid_results_file_that_says_where_it_comes_from(pat
     assert stored.fingerprint.accelerators
 
 
+def test_a_recorded_variant_gain_reaches_the_truth_of_its_own_candidate_only() -> None:
+    truth = truth_from_record(machine("rtx-3090-i9").families["cnn"], default_threads=8)
+    fp16, fp32 = Candidate(device="cuda:0", precision="fp16-mixed"), Candidate(device="cuda:0", precision="fp32")
+    cpu = Candidate(device="cpu", precision="fp32")
+    # timm's RTX 3090 AMP training benchmark, resnet18: 146.713 ms/step channels_last vs 184.877 contiguous
+    assert truth.step_ms(fp16.model_copy(update={"memory_format": "channels_last"})) == pytest.approx(
+        truth.step_ms(fp16) * 146.713 / 184.877)
+    assert truth.step_ms(fp32.model_copy(update={"memory_format": "channels_last"})) == truth.step_ms(fp32)
+    # deepmd-kit's fused Adam: 892 vs 922 ms/step
+    fused = fp32.model_copy(update={"optimizer": "fused"})
+    assert truth.step_ms(fused) == pytest.approx(truth.step_ms(fp32) * 892 / 922)
+    assert truth.step_ms(cpu.model_copy(update={"optimizer": "fused"})) == truth.step_ms(cpu)
+    assert truth.facts.image_inputs  # a recorded channels_last result: the workload had 4-D inputs
+
+
 def test_m1_trains_the_tiny_mlp_on_the_cpu() -> None:
     config = pick("apple-m1", "tiny_mlp")
     assert (config.device, config.precision) == ("cpu", "fp32")
@@ -45,9 +61,10 @@ def test_m1_trains_the_tiny_mlp_on_the_cpu() -> None:
 def test_m1_trains_the_cnn_on_metal_in_fp32() -> None:
     config = pick("apple-m1", "cnn")
     assert (config.device, config.precision) == ("mps", "fp32")
-    # fp16 is 1.06x slower: dropped with its evidence, or a tie the simpler fp32 wins
-    assert re.search(r"fp16-mixed clearly slower than mps fp32[a-z -]* \(1\.0\dx|fp16-mixed not faster by more than "
-                     r"the 3% margin \(.*1\.0\dx\)", config.reason)
+    # fp16 is 1.06x slower: dropped with its evidence, or a tie the simpler fp32 wins (measured against fp32 with
+    # the fused AdamW once that variant leads)
+    assert re.search(r"fp16-mixed clearly slower than mps fp32[a-z -]* \(1\.[01]\dx|fp16-mixed not faster by more "
+                     r"than the 3% margin \(.*1\.[01]\dx\)", config.reason)
     assert re.search(r"bf16-mixed clearly slower than mps fp32[a-z -]* \(1\.[67]\dx", config.reason)
 
 
