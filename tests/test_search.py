@@ -50,7 +50,8 @@ def test_variants_are_only_of_the_stage_leaders_and_every_one_is_verified() -> N
         # after as many steps.
         assert result.numerics is None or len(result.numerics.losses) == 4
         assert result.numerics is None or result.numerics.update_cosine > 0.9
-    assert [note.split(":")[0] for note in measured.search_notes] == ["stage 2", "stage 3"]
+    # (A close final comparison on a busy machine leaves a note of its own.)
+    assert [note.split(":")[0] for note in measured.search_notes if note.startswith("stage")] == ["stage 2", "stage 3"]
     # Every timed candidate ends either dropped with its evidence or in the final comparison.
     timings = [r.timing for r in measured.candidates if r.timing is not None]
     assert any(t.final for t in timings)

@@ -12,7 +12,9 @@ per precision:
 Gradient norms are noisier than losses (a relative error on a small norm is large), so their bound is wider.
 The update cosine catches gradients that are wrong in direction (roi_align's 3x-191x over-accumulation on
 MPS) even when the loss of the first steps still looks plausible. Adam normalises each coordinate, so
-coordinates whose gradient is near zero flip sign under rounding: reduced precisions get a looser cosine.
+coordinates whose gradient is near zero flip sign under rounding: reduced precisions get a looser cosine, and
+fp32 is not held to more than tf32 (another summation order, from channels_last kernels or fewer threads,
+flips them too: a tiny convnet's fp32 update after 4 steps came out at cosine 0.985 that way).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ class Tolerance:
 
 
 TOLERANCES: dict[Precision, Tolerance] = {
-    "fp32": Tolerance(loss=1e-3, grad=1e-2, cosine=0.99),
+    "fp32": Tolerance(loss=1e-3, grad=1e-2, cosine=0.95),
     "tf32": Tolerance(loss=1e-2, grad=5e-2, cosine=0.95),
     "fp16-mixed": Tolerance(loss=2e-2, grad=0.15, cosine=0.8),
     "bf16-mixed": Tolerance(loss=5e-2, grad=0.3, cosine=0.7),
