@@ -130,6 +130,9 @@ class Timing(Record):
     outpaced: Drop | None = Field(
         default=None, description="the evidence that another device is clearly faster: it loses the device choice"
     )
+    clock_mhz: list[float] = Field(
+        default_factory=list, description="the device's clock before each round's sample, where it reports one"
+    )
 
     @property
     def n(self) -> int:

@@ -16,6 +16,7 @@ with warnings.catch_warnings():
     import torch
 
 from autotune import _fp32
+from autotune._calibration.measure import per_step_s
 from autotune._calibration.plan import fewer_threads, plan
 from autotune._calibration.step import TrainStep
 from autotune._decide import finalists, pick_fastest
@@ -139,12 +140,10 @@ def picked(measured: FamilyResult) -> Candidate:
 
 
 def _block(runner: TrainStep, steps: int) -> float:
-    """Mean seconds per step over ``steps`` steps; the candidate's thread count is set outside the timing."""
+    """Mean seconds per step over ``steps`` steps, as a training loop sees them (``per_step_s``: on an
+    accelerator, a span between two synchronisations less a lone step); the thread count is set outside."""
     with runner.selected():
-        started = time.perf_counter()
-        for _ in range(steps):
-            runner.run()
-        return (time.perf_counter() - started) / steps
+        return statistics.fmean(per_step_s(runner, time.perf_counter, steps, spans=runner.asynchronous))
 
 
 def families_from_argv() -> list[str]:

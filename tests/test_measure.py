@@ -11,7 +11,17 @@ import pytest
 from autotune import _stats
 from autotune._calibration.check import answered, faster_by_margin
 from autotune._calibration.check import comparisons as canary_pairs
-from autotune._calibration.measure import Comparisons, Interleaved, MeasureSettings, Series, interleave, warm_up
+from autotune._calibration.measure import (
+    Comparisons,
+    Interleaved,
+    MeasureSettings,
+    Series,
+    interleave,
+    overlaps,
+    per_step_s,
+    timed,
+    warm_up,
+)
 from autotune._models import Candidate
 
 
@@ -26,15 +36,18 @@ class FakeClock:
 class FakeStep:
     """Advances the fake clock by its next step time: a deterministic stand-in for a training step."""
 
+    asynchronous = False
+
     def __init__(self, clock: FakeClock, times_s: Iterator[float]) -> None:
         self.clock = clock
         self.times_s = times_s
         self.steps = 0
         self.selections = 0
 
-    def run(self) -> None:
-        self.steps += 1
-        self.clock.now += next(self.times_s)
+    def run(self, steps: int = 1) -> None:
+        for _ in range(steps):
+            self.steps += 1
+            self.clock.now += next(self.times_s)
 
     def selected(self) -> contextlib.AbstractContextManager[None]:
         self.selections += 1
@@ -141,9 +154,9 @@ def test_each_round_runs_the_candidates_in_a_seeded_random_order() -> None:
                 super().__init__(clock, jittered(0.01, 0.3, phase="abc".index(name)))
                 self.name = name
 
-            def run(self) -> None:
+            def run(self, steps: int = 1) -> None:
                 ran.append(self.name)
-                super().run()
+                super().run(steps)
 
         steps = {name: Recording(name) for name in "abc"}  # noisy equals: open for many rounds
         interleave(steps, estimate_s=dict.fromkeys("abc", 0.01), control=FakeStep(clock, itertools.repeat(0.001)),
@@ -226,6 +239,55 @@ def test_warm_up_runs_until_three_steps_agree() -> None:
     times = warm_up(step, clock, [], MeasureSettings())
     assert times[-3:] == [pytest.approx(0.1)] * 3
     assert step.steps == 6
+
+
+def test_a_candidate_timed_again_warms_up_afresh_until_a_step_is_near_its_steady_time() -> None:
+    clock = FakeClock()
+    # Three steps that agree among themselves but sit 20% above the 0.1 s it ran at before (a GPU's clocks down
+    # after others ran): not warm yet. Its own earlier steps do not count.
+    step = FakeStep(clock, iter([0.12, 0.12, 0.12, 0.104, 0.1]))
+    times = warm_up(step, clock, [0.1, 0.1, 0.1], MeasureSettings(), steady_s=0.1)
+    assert times == [pytest.approx(t) for t in (0.12, 0.12, 0.12, 0.104)]
+
+
+class QueueStep:
+    """An accelerator's step on a fake clock: the host launches a step in ``launch_s``, the device runs it in
+    ``device_s`` once launched and once the step before it is done; a loop overlaps the two."""
+
+    asynchronous = True
+
+    def __init__(self, clock: FakeClock, launch_s: float, device_s: float) -> None:
+        self.clock, self.launch_s, self.device_s = clock, launch_s, device_s
+
+    def run(self, steps: int = 1) -> None:
+        launched = done = self.clock.now
+        for _ in range(steps):
+            launched += self.launch_s
+            done = max(done, launched) + self.device_s
+        self.clock.now = done
+
+    def selected(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+
+@pytest.mark.parametrize(("launch_s", "device_s"), [(0.0026, 0.002), (0.001, 0.004), (0.0029, 0.001)])
+def test_launch_bound_steps_are_timed_in_spans_at_a_loops_speed(launch_s: float, device_s: float) -> None:
+    clock = FakeClock()
+    step = QueueStep(clock, launch_s, device_s)
+    assert timed(step, clock) == pytest.approx(launch_s + device_s)  # synchronised alone, they add up
+    assert overlaps(step, clock, MeasureSettings())
+    # A loop's step takes the longer of the two; a span's mean would still carry a part of the shorter one.
+    assert per_step_s(step, clock, 4, spans=True) == [pytest.approx(max(launch_s, device_s))]
+
+
+def test_steps_whose_time_is_the_devices_anyway_are_timed_one_by_one() -> None:
+    clock = FakeClock()
+    assert not overlaps(QueueStep(clock, 0.0, 0.004), clock, MeasureSettings())
+    assert not overlaps(FakeStep(clock, itertools.repeat(0.004)), clock, MeasureSettings())  # not asynchronous
+    # A lone step disturbed three times in a row (interference only adds time) does not fake an overlap.
+    disturbed = FakeStep(clock, iter([0.008] * 3 + [0.004] * 100))
+    disturbed.asynchronous = True
+    assert not overlaps(disturbed, clock, MeasureSettings())
 
 
 def test_max_rounds_must_be_a_look() -> None:

@@ -101,6 +101,32 @@ def test_a_same_math_gain_of_4_5pct_is_found_at_8pct_noise(precisions: tuple[str
     assert sum(found) >= 38
 
 
+def test_launch_bound_gpu_steps_are_judged_at_a_loops_speed() -> None:
+    # fp32 takes 2.6 ms a step in a loop (launch-bound), bf16 2.9 ms; synchronised step by step 4.6 and 3.9 ms,
+    # which made bf16 "clearly faster". The fused optimizer launches a fifth less: fp32 fused is the best.
+    truth = Truth(name="launch", candidates={
+        _c("cpu", "fp32"): CandidateTruth(20.0),
+        _c("cuda:0", "fp32"): CandidateTruth(2.0, setup_s=3.0, launch_ms=2.6),
+        _c("cuda:0", "bf16-mixed"): CandidateTruth(1.0, setup_s=3.0, launch_ms=2.9)},
+        variant_factors={"1 thread": 3.0, "4 threads": 1.5}, variant_launch_factors={"fused-optimizer": 0.8})
+    configs = [decide(simulate(truth, seed)[0], digest="sim") for seed in SEEDS]
+    assert all((c.device, c.precision, c.optimizer) == ("cuda:0", "fp32", "fused") for c in configs)
+
+
+def test_a_gpu_throttling_in_the_final_comparison_is_flagged_noisy() -> None:
+    # The GPU is 16% faster than the CPU until its clock drops 25% midway through the final comparison (or just
+    # before it): the CPU control cannot see that, the device's clock can.
+    truth = Truth(name="sim", candidates={_c("cpu", "fp32"): CandidateTruth(10.0),
+                                          _c("cuda:0", "fp32"): CandidateTruth(8.6, setup_s=3.0)},
+                  clock_drop=(8.25, 20.0))
+    for seed in SEEDS:
+        measured, _ = simulate(truth, seed)
+        if decide(measured, digest="sim").device == "cpu":
+            assert measured.noisy and any("clock fell" in note for note in measured.search_notes)
+        gpu = next(r for r in measured.candidates if r.candidate.device == "cuda:0" and r.timing is not None)
+        assert gpu.timing is not None and gpu.timing.clock_mhz  # recorded with the result
+
+
 def test_a_clear_gain_is_found() -> None:
     assert picks(gpu_machine(20.0, 20.0 / 1.10)) == [("cuda:0", "bf16-mixed")] * len(SEEDS)
 

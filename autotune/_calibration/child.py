@@ -49,12 +49,14 @@ class Control:
     """A fixed pure-Python workload: no candidate, thread setting or device can change its speed."""
 
     last = 0
+    asynchronous = False
 
-    def run(self) -> None:
-        total = 0
-        for i in range(20_000):
-            total += i * i
-        self.last = total
+    def run(self, steps: int = 1) -> None:
+        for _ in range(steps):
+            total = 0
+            for i in range(20_000):
+                total += i * i
+            self.last = total
 
     def selected(self) -> contextlib.AbstractContextManager[None]:
         return contextlib.nullcontext()

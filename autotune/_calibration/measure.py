@@ -13,6 +13,11 @@ after each of the first look's rounds, then whenever that keeps it within ``cont
 it drifts, the budget is doubled (and no pair settles before twice the first look's rounds), and a result that
 stays noisy is flagged.
 
+On an asynchronous device (CUDA, XPU, MPS) a step synchronised on its own adds its launch time to its device
+time, where a training loop overlaps them: that would penalise the candidates with many small kernels (an
+unfused optimizer, autocast's casts). A candidate whose steps run faster in a span than alone (``overlaps``) is
+timed in spans between two synchronisations, as a loop runs them (``per_step_s``).
+
 The clock and the steps are injected, so tests and ``benchmarks/decision_sim.py`` run this exact algorithm on
 a fake clock against known truths.
 """
@@ -39,8 +44,12 @@ class Clock(Protocol):
 
 
 class Steppable(Protocol):
-    def run(self) -> None:
-        """One synchronised training step."""
+    #: steps are queued to a device and run while the host launches the next ones (CUDA, XPU, MPS): a training
+    #: loop synchronises rarely, so launch time and device time overlap
+    asynchronous: bool
+
+    def run(self, steps: int = 1) -> None:
+        """``steps`` training steps back to back, synchronised once after the last."""
 
     def selected(self) -> contextlib.AbstractContextManager[None]:
         """Process-wide settings of this candidate (its thread count), applied outside the timed steps."""
@@ -73,8 +82,18 @@ class MeasureSettings(BaseModel):
     #: past the first look, the control takes at most this share of the time: every round of heavy steps, every
     #: few of sub-millisecond steps, whose rounds it would otherwise almost double
     control_share: float = 0.25
+    #: on an asynchronous device a sample spans at least this many steps between two synchronisations, once a
+    #: span's steps proved this much faster than lone ones (``overlaps``)
+    span_steps: int = 4
+    overlap: float = 0.05
     warmup_max_steps: int = 8
     warmup_stable: float = 0.15
+    #: a candidate timed again, after others ran (their caches, a GPU's clocks gone down), warms up afresh: its
+    #: steady step time is known, so a fresh step must come this close to it
+    warmup_stable_again: float = 0.05
+    #: a device clock (where the device reports one) falling by more than this during the final comparison
+    #: (throttling, which the CPU control cannot see) makes the result noisy
+    clock_drop: float = 0.10
 
     @model_validator(mode="after")
     def _max_rounds_is_a_look(self) -> MeasureSettings:
@@ -95,16 +114,56 @@ class Interleaved(Generic[K]):
     unresolved_gap: bool = False
 
 
-def timed(step: Steppable, clock: Clock) -> float:
+def timed(step: Steppable, clock: Clock, steps: int = 1) -> float:
     started = clock()
-    step.run()
+    step.run(steps)
     return clock() - started
 
 
-def warm_up(step: Steppable, clock: Clock, recent_s: list[float], settings: MeasureSettings) -> list[float]:
-    """Run extra steps until the last three agree within ``warmup_stable`` (allocator, JIT, kernel choice)."""
-    times = list(recent_s)
+def per_step_s(step: Steppable, clock: Clock, steps: int, *, spans: bool) -> list[float]:
+    """Seconds per step, as a training loop sees them: each of ``steps`` steps on its own; or, ``spans``, a
+    single figure, ``steps`` steps' worth of a span of ``steps + 1`` less a lone step. A span of k steps takes
+    a + k x b (the queue's fill and drain, then one step's throughput b); the difference leaves b alone, where a
+    span's mean would still carry a / k of launch or compute that a loop hides."""
+    if not spans:
+        return [timed(step, clock) for _ in range(steps)]
+    one = timed(step, clock)
+    span = timed(step, clock, steps + 1)
+    return [(span - one) / steps if span > one else span / (steps + 1)]
+
+
+def overlaps(step: Steppable, clock: Clock, settings: MeasureSettings) -> bool:
+    """Does a loop hide part of a lone step's time (its launches overlap the device's work)? Then it is timed in
+    spans. A step whose time is the device's anyway is timed step by step: each its own sample, and a heavy
+    tail then hits one step, not a span. Judged on the best of three lone steps and of two spans (interference
+    only adds time), twice when the first says yes: a run of disturbed lone steps cannot fake an overlap."""
+    if not step.asynchronous:
+        return False
+
+    def faster_in_spans() -> bool:
+        lone_s = min(timed(step, clock) for _ in range(3))
+        span_s = min(timed(step, clock, settings.span_steps) for _ in range(2)) / settings.span_steps
+        return span_s < (1 - settings.overlap) * lone_s
+
     with step.selected():
+        return faster_in_spans() and faster_in_spans()
+
+
+def warm_up(step: Steppable, clock: Clock, recent_s: list[float], settings: MeasureSettings, *,
+            steady_s: float | None = None) -> list[float]:
+    """Run extra steps until the last three agree within ``warmup_stable`` (allocator, JIT, kernel choice).
+
+    A candidate timed before (``steady_s``: its step time then) warms up afresh, after other candidates ran
+    (their caches, their allocations, a GPU's clocks gone down while idle): fresh steps until one is within
+    ``warmup_stable_again`` of that steady time. Only a slower step is a warm-up, and a disturbed one is
+    followed by another, where three steps that must agree would keep a busy machine stepping."""
+    with step.selected():
+        if steady_s is not None:
+            times = [timed(step, clock)]
+            while times[-1] > (1 + settings.warmup_stable_again) * steady_s and len(times) < settings.warmup_max_steps:
+                times.append(timed(step, clock))
+            return times
+        times = list(recent_s)
         for _ in range(settings.warmup_max_steps):
             if len(times) >= 3 and _stats.relative_range(times[-3:]) <= settings.warmup_stable:
                 break
@@ -123,11 +182,14 @@ def interleave(
     on_round: Callable[[int, K | None], None] | None = None,
     settle: Callable[[float], None] = time.sleep,
     answered: Callable[[Mapping[K, Series[K]]], bool] | None = None,
+    spans: Mapping[K, bool] | None = None,
 ) -> Interleaved[K]:
     """Time ``steps`` in interleaved rounds until every pair is resolved or the budget is spent (or, at a look,
-    the caller's own question is ``answered``)."""
+    the caller's own question is ``answered``). ``spans``: the steps to time in spans (``overlaps``)."""
+    spans = {key: False for key in steps} if spans is None else spans
     series: dict[K, Series[K]] = {
-        key: Series(steps_per_round=max(1, math.ceil(settings.round_min_s / max(estimate_s[key], 1e-9))))
+        key: Series(steps_per_round=max(settings.span_steps if spans[key] else 1,
+                                        math.ceil(settings.round_min_s / max(estimate_s[key], 1e-9))))
         for key in steps
     }
     active = list(steps)
@@ -145,9 +207,9 @@ def interleave(
             if on_round is not None:
                 on_round(rounds, key)
             with steps[key].selected():
-                if paused and series[key].steps_per_round > 1:
+                if paused and series[key].steps_per_round > 1 and not spans[key]:
                     steps[key].run()  # cheap steps: one untimed step wakes the threads the control's pause put asleep
-                samples = [timed(steps[key], clock) for _ in range(series[key].steps_per_round)]
+                samples = per_step_s(steps[key], clock, series[key].steps_per_round, spans=spans[key])
             paused = False
             series[key].round_ms.append(1000 * _stats.median(samples))
         share = settings.control_share
@@ -193,5 +255,5 @@ def interleave(
 
 __all__ = [
     "Clock", "Comparisons", "Dropped", "Interleaved", "K", "MeasureSettings", "Series", "Steppable", "interleave",
-    "timed", "warm_up",
+    "overlaps", "per_step_s", "timed", "warm_up",
 ]

@@ -145,6 +145,10 @@ class TorchLab:
         except TooSlow as exc:
             raise failed(candidate, "too_slow", str(exc)) from None
 
+    def clock_mhz(self, device: str) -> float | None:
+        """The device's clock now, where its backend reads one (an NVIDIA GPU with NVML)."""
+        return backend_for(device).clock_mhz(device)
+
     def release(self, candidates: list[Candidate]) -> None:
         """The session dropped its steps: collect them and hand the devices' cached blocks back."""
         gc.collect()

@@ -33,6 +33,9 @@ class Lab(Protocol):
     def release(self, candidates: list[Candidate]) -> None:
         """Free what the lab holds for ``candidates`` (no longer timed): memory for the ones still to come."""
 
+    def clock_mhz(self, device: str) -> float | None:
+        """The device's clock now; None where it reports none (the CPU)."""
+
 
 class Roster:
     """What the session holds: candidates ready to time, their results so far, and whether it can go on."""

@@ -19,10 +19,19 @@ are injected: ``benchmarks/decision_sim.py`` runs this exact code on a fake cloc
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 
 from autotune import _rules, _stats
-from autotune._calibration.measure import Clock, Comparisons, MeasureSettings, Steppable, interleave, warm_up
+from autotune._calibration.measure import (
+    Clock,
+    Comparisons,
+    MeasureSettings,
+    Steppable,
+    interleave,
+    overlaps,
+    warm_up,
+)
 from autotune._calibration.plan import BASELINE, variants
 from autotune._calibration.protocol import Begin, CalibrationSettings, Checkpoint, Done, Planned
 from autotune._calibration.roster import Emit, Lab, Roster, evidence
@@ -52,6 +61,12 @@ class Session:
         self.timing_s = 0.0
         #: the final comparison ended with a gap beyond the margin unresolved: the result is not final (noisy)
         self.unresolved_gap = False
+        #: a device's clock fell during the final comparison: its speed there is not its steady speed (noisy)
+        self.throttled = False
+        #: the highest clock each device read so far (where it reports one)
+        self.clock_peak: dict[str, float] = {}
+        #: whether each candidate is timed in spans of steps (``measure.overlaps``)
+        self.spans: dict[Candidate, bool] = {}
         self._last_stage = 1
         self.excluded: set[Candidate] = set()
         #: devices far behind another one, with the evidence: it stays with the device when a later stage
@@ -98,7 +113,8 @@ class Session:
         self.emit(Done(
             results=self.roster.with_baseline_ratios(), control_ms=self.control_ms, search_notes=self.notes,
             # Judged over every stage's rounds together, the same series the warning quotes.
-            noisy=_stats.drift(self.control_ms) > self.settings.measure.noise_limit or self.unresolved_gap,
+            noisy=(_stats.drift(self.control_ms) > self.settings.measure.noise_limit or self.unresolved_gap
+                   or self.throttled),
         ))
 
     def _refine(self, alive: list[Candidate], new: list[Candidate], stage: int, span: float) -> list[Candidate]:
@@ -180,18 +196,32 @@ class Session:
         settings = self._stage_settings(stage, budget_share)
         final = stage == FINAL_STAGE
 
+        clocks: dict[Candidate, list[float]] = {c: [] for c in candidates}
+        by_device: dict[str, list[float]] = {}  # in the order read
+
         def on_round(round_index: int, key: Candidate | None) -> None:
             if key is not None:  # rounds or budget, whichever runs out first
                 done = max(round_index / settings.max_rounds, (self.clock() - started) / settings.budget_s)
                 fraction = share[0] + (share[1] - share[0]) * min(1.0, done)
                 self.emit(Begin(candidate=key, phase="timing", fraction=fraction))
+                reading = self.lab.clock_mhz(key.device)
+                if reading is not None:
+                    clocks[key].append(reading)
+                    by_device.setdefault(key.device, []).append(reading)
+            else:  # the end: a fall during the last round counts too
+                for device, readings in by_device.items():
+                    readings.append(self.lab.clock_mhz(device) or readings[-1])
 
-        estimates = {c: _stats.median(warm_up(self.roster.ready[c].step, self.clock, self._recent_s(c), settings)[-3:])
+        estimates = {c: _stats.median(warm_up(self.roster.ready[c].step, self.clock, self.roster.ready[c].recent_s,
+                                              settings, steady_s=self._steady_s(c))[-3:])
                      for c in candidates}
+        for c in candidates:
+            if c not in self.spans:  # once: a candidate's launches overlap its device's work or they do not
+                self.spans[c] = overlaps(self.roster.ready[c].step, self.clock, settings)
         started = self.clock()
         timed = interleave(
             {c: self.roster.ready[c].step for c in candidates}, estimate_s=estimates, control=self.control,
-            clock=self.clock, settings=settings, on_round=on_round, settle=self.settle,
+            clock=self.clock, settings=settings, on_round=on_round, settle=self.settle, spans=self.spans,
             comparisons=Comparisons(group=_device, margin=_rules.margin, tie_winner=_rules.tie_winner,
                                     across_groups=final, indifference=_rules.indifference),
         )
@@ -201,6 +231,10 @@ class Session:
             self.unresolved_gap = True
             self.notes.append(f"final comparison: a pair the pick rests on was still open after {timed.rounds} "
                               "rounds (a close call or a busy machine); measured again by the next calibration")
+        if final:
+            self._throttled(by_device, settings.clock_drop)
+        for device, readings in by_device.items():
+            self.clock_peak[device] = max([*readings, self.clock_peak.get(device, 0.0)])
         for candidate, series in timed.series.items():
             behind = evidence(series.outpaced)
             if behind is not None:
@@ -210,7 +244,7 @@ class Session:
                 round_ms=series.round_ms, steps_per_round=series.steps_per_round,
                 median_ms=_stats.median(series.round_ms), spread=_stats.spread(series.round_ms),
                 stage=stage, final=final, dropped=evidence(series.dropped),
-                outpaced=evidence(series.outpaced) or self.behind.get(candidate.device),
+                outpaced=evidence(series.outpaced) or self.behind.get(candidate.device), clock_mhz=clocks[candidate],
             )
             self.roster.results[candidate] = self.roster.results[candidate].model_copy(update={"timing": timing})
         return [c for c in candidates if timed.series[c].dropped is None]
@@ -247,11 +281,22 @@ class Session:
     def _outpaced(self, candidate: Candidate) -> bool:
         return candidate.device in self.behind
 
-    def _recent_s(self, candidate: Candidate) -> list[float]:
-        """The step times that count towards its warm-up: a candidate timed before, while other candidates
-        ran since (their caches, their allocations), needs at least one fresh step that agrees with them."""
-        recent = self.roster.ready[candidate].recent_s
-        return recent if self._stage(candidate) == 0 else recent[-2:]
+    def _throttled(self, clocks: dict[str, list[float]], limit: float) -> None:
+        """A device whose clock, during the final comparison, fell by more than ``limit`` below the highest it
+        read in this search throttled: its ratios to the CPU, and to rounds before the fall, are not its speed
+        (the CPU control cannot see it). Noisy."""
+        for device, readings in clocks.items():
+            peaks = itertools.accumulate(readings, max, initial=self.clock_peak.get(device, 0.0))
+            fall = max(1 - mhz / peak for mhz, peak in zip(readings, itertools.islice(peaks, 1, None), strict=True))
+            if fall > limit:
+                self.throttled = True
+                self.notes.append(f"final comparison: {device}'s clock fell by {fall:.0%} (to {min(readings):.0f} "
+                                  "MHz), throttling the CPU control cannot see; measured again by the next calibration")
+
+    def _steady_s(self, candidate: Candidate) -> float | None:
+        """Its step time when it was last timed (it warms up afresh, towards it); None if never timed."""
+        rounds = self._rounds(candidate)
+        return _stats.median(rounds) / 1000 if rounds else None
 
     def _rounds(self, candidate: Candidate) -> list[float]:
         timing = self.roster.results[candidate].timing

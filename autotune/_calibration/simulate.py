@@ -41,6 +41,9 @@ class CandidateTruth:
     #: this candidate's own heavy tail (share of its steps hit, how much slower), on top of the machine's
     outlier_rate: float = 0.0
     outlier_factor: float = 3.0
+    #: on an accelerator, the host's time to launch one step's kernels: a loop's launches overlap the device's
+    #: work, so a step there takes the longer of the two (``step_ms`` is the device's)
+    launch_ms: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,13 @@ class Truth:
     #: everything, the control included, runs ``burst_factor`` times slower during (start_s, end_s)
     burst: tuple[float, float] | None = None
     burst_factor: float = 2.0
+    #: launch-time factor of each variant setting, e.g. ``{"fused-optimizer": 0.3}`` (fewer kernels); default 1
+    variant_launch_factors: Mapping[str, float] = field(default_factory=dict)
+    #: during (start_s, end_s) every device but the CPU throttles: ``clock_drop_factor`` times slower, its clock
+    #: reading that much lower than ``clock_mhz``
+    clock_drop: tuple[float, float] | None = None
+    clock_drop_factor: float = 1.25
+    clock_mhz: float = 1800.0
     #: a plain candidate's own variant factors, over ``variant_factors``: a gain that depends on the device and
     #: precision, e.g. ``{Candidate(device="cuda:0", precision="fp16-mixed"): {"channels_last": 0.79}}``
     candidate_variant_factors: Mapping[Candidate, Mapping[str, float]] = field(default_factory=dict)
@@ -82,11 +92,26 @@ class Truth:
         """The step-time factor of each variant setting on the plain candidate ``base``."""
         return {**self.variant_factors, **self.candidate_variant_factors.get(base, {})}
 
-    def step_ms(self, candidate: Candidate) -> float:
-        """The candidate's true median step time: its plain candidate's, times each variant's factor."""
+    def compute_ms(self, candidate: Candidate) -> float:
+        """The device's time for one step of ``candidate``: its plain candidate's, times each variant's factor."""
         base = self.candidates[candidate.base].step_ms
         factors = self.factors(candidate.base)
         return base * math.prod(factors.get(word, 1.0) for word in candidate.variants)
+
+    def launch_ms(self, candidate: Candidate) -> float:
+        """The host's time to launch one step of ``candidate`` on an accelerator (0 on the CPU)."""
+        if candidate.device == "cpu":
+            return 0.0
+        base = self.candidates[candidate.base].launch_ms
+        return base * math.prod(self.variant_launch_factors.get(word, 1.0) for word in candidate.variants)
+
+    def step_ms(self, candidate: Candidate) -> float:
+        """The candidate's true median step time in a training loop: on an accelerator the longer of its launch
+        and its device time, which overlap."""
+        return max(self.compute_ms(candidate), self.launch_ms(candidate))
+
+    def throttled(self, now: float, device: str) -> bool:
+        return device != "cpu" and self.clock_drop is not None and self.clock_drop[0] <= now < self.clock_drop[1]
 
 
 class FakeClock:
@@ -129,20 +154,36 @@ class _Weather:
             value *= truth.burst_factor
         if self.stage_1_over and device != "cpu":
             value *= truth.slowdown_after_stage_1
+        if truth.throttled(now, device):
+            value *= truth.clock_drop_factor
         if self.rng.random() < truth.outlier_rate:
             value *= truth.outlier_factor
         return value
 
 
 class _FakeStep:
-    def __init__(self, step_s: float, device: str, weather: _Weather, own: CandidateTruth | None = None) -> None:
+    def __init__(self, step_s: float, device: str, weather: _Weather, own: CandidateTruth | None = None,
+                 launch_s: float = 0.0) -> None:
         self.step_s = step_s
         self.device = device
         self.weather = weather
         self.own = own
+        self.launch_s = launch_s
+        self.asynchronous = device != "cpu"
         self.steps = 0
 
-    def run(self) -> None:
+    def run(self, steps: int = 1) -> None:
+        """``steps`` steps, then a synchronisation. On an accelerator the host launches step i at i launch
+        times, and the device runs it once launched and once the step before it is done: a queue."""
+        clock = self.weather.clock
+        launched = done = clock.now
+        for _ in range(steps):
+            launched += self.launch_s
+            clock.now = max(done, launched)  # the weather of the moment the device starts it
+            done = clock.now + self._device_s()
+        clock.now = done
+
+    def _device_s(self) -> float:
         weather, truth = self.weather, self.weather.truth
         value = self.step_s * weather.factor(self.device)
         if self.own is not None:
@@ -153,9 +194,9 @@ class _FakeStep:
             value *= 1 + truth.warmup_penalty * 0.5 ** self.steps
             weather.last_step = self
         self.steps += 1
-        weather.clock.now += value
         if not weather.in_setup:
             weather.timed_steps += 1
+        return value
 
     def selected(self) -> contextlib.AbstractContextManager[None]:
         return contextlib.nullcontext()
@@ -173,6 +214,13 @@ class TruthLab:
     def release(self, candidates: list[Candidate]) -> None:
         """Nothing to free on a fake clock."""
 
+    def clock_mhz(self, device: str) -> float | None:
+        """An accelerator's clock: nominal, or lower by the drop's factor once it throttles."""
+        if device == "cpu":
+            return None
+        throttled = self.truth.throttled(self.weather.clock.now, device)
+        return self.truth.clock_mhz / (self.truth.clock_drop_factor if throttled else 1.0)
+
     def set_up(self, candidate: Candidate) -> Prepared:
         truth = self.truth.candidates[candidate.base]
         clock = self.weather.clock
@@ -181,7 +229,8 @@ class TruthLab:
         clock.now += truth.setup_s
         if truth.failure is not None:
             raise CandidateFailed(CandidateResult(candidate=candidate, failure=truth.failure, setup_s=truth.setup_s))
-        step = _FakeStep(self.truth.step_ms(candidate) / 1000, candidate.device, self.weather, truth)
+        step = _FakeStep(self.truth.compute_ms(candidate) / 1000, candidate.device, self.weather, truth,
+                         launch_s=self.truth.launch_ms(candidate) / 1000)
         recent_s = []
         self.weather.in_setup = True
         verify_steps = (self.settings.verify_steps if candidate == candidate.base

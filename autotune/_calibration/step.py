@@ -72,6 +72,7 @@ class TrainStep:
         self.candidate = candidate
         self.fp32 = _fp32.target(candidate.precision, fp32_host)
         self.backend = backend
+        self.asynchronous = backend.asynchronous
         self.device = torch.device(candidate.device)
         started = time.perf_counter()
         torch.manual_seed(seed)
@@ -120,11 +121,12 @@ class TrainStep:
         with threads_context(self.candidate.num_threads):
             yield
 
-    def run(self) -> None:
-        """One training step, synchronised (inside ``selected()``)."""
-        self._forward_backward()
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
+    def run(self, steps: int = 1) -> None:
+        """``steps`` training steps, synchronised after the last (inside ``selected()``)."""
+        for _ in range(steps):
+            self._forward_backward()
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
         self.backend.synchronize(self.candidate.device)
 
     def run_checked(self) -> tuple[float, float, bool]:

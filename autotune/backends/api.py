@@ -39,6 +39,9 @@ class Backend(ABC):
     #: whether a copy from pinned host memory to this device is stream-ordered and keeps its source alive, so a
     #: batch may be copied ``non_blocking``
     async_copies: ClassVar[bool] = False
+    #: whether work is queued to the device and runs while the host launches more: a training loop's launches
+    #: then overlap its device time, and a timed sample must span several steps between two synchronisations
+    asynchronous: ClassVar[bool] = False
     #: ``lightning.Trainer(accelerator=...)`` for this device; None where Lightning has no built-in accelerator
     lightning_accelerator: ClassVar[str | None]
     #: environment variables that choose which of its devices a process sees, and in which order
@@ -66,6 +69,10 @@ class Backend(ABC):
 
     def synchronize(self, device: str) -> None:  # noqa: B027 - a default: the CPU has nothing to wait for
         """Wait for queued work; a no-op on the CPU."""
+
+    def clock_mhz(self, device: str) -> float | None:
+        """The device's clock now, e.g. 1755.0 (a throttled GPU reads lower); None where it does not say."""
+        return None
 
     def release_cached_memory(self, device: str) -> None:  # noqa: B027 - a default: the CPU has no cache
         """Return the caching allocator's free blocks to the device, so the next candidate starts clean."""

@@ -179,6 +179,7 @@ class CudaBackend(Backend):
     title = "CUDA"
     device_type = "cuda"
     async_copies = True
+    asynchronous = True
     lightning_accelerator = "cuda"
     visible_device_variables = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "HIP_VISIBLE_DEVICES",
                                 "ROCR_VISIBLE_DEVICES")
@@ -264,6 +265,13 @@ class CudaBackend(Backend):
 
     def synchronize(self, device: str) -> None:
         torch.cuda.synchronize(torch.device(device))
+
+    def clock_mhz(self, device: str) -> float | None:
+        """The SM clock through NVML (amdsmi on ROCm), where the optional ``pynvml`` / ``amdsmi`` is installed."""
+        try:
+            return float(torch.cuda.clock_rate(torch.device(device)))
+        except Exception:  # no NVML library, no permission, a driver without the query: no reading
+            return None
 
     def release_cached_memory(self, device: str) -> None:
         torch.cuda.empty_cache()

@@ -21,6 +21,7 @@ class MpsBackend(Backend):
     name = "mps"
     title = "Apple Metal (MPS)"
     device_type = "mps"
+    asynchronous = True
     lightning_accelerator = "mps"
 
     def __init__(self) -> None:

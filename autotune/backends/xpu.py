@@ -66,6 +66,7 @@ class XpuBackend(Backend):
     title = "Intel XPU"
     device_type = "xpu"
     async_copies = True
+    asynchronous = True
     lightning_accelerator = None
     visible_device_variables = ("ZE_AFFINITY_MASK",)
 
