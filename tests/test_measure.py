@@ -274,20 +274,23 @@ class QueueStep:
 def test_launch_bound_steps_are_timed_in_spans_at_a_loops_speed(launch_s: float, device_s: float) -> None:
     clock = FakeClock()
     step = QueueStep(clock, launch_s, device_s)
-    assert timed(step, clock) == pytest.approx(launch_s + device_s)  # synchronised alone, they add up
-    assert overlaps(step, clock, MeasureSettings())
+    lone_s = [timed(step, clock) for _ in range(3)]
+    assert lone_s == [pytest.approx(launch_s + device_s)] * 3  # synchronised alone, they add up
+    assert overlaps(step, clock, lone_s, MeasureSettings())
     # A loop's step takes the longer of the two; a span's mean would still carry a part of the shorter one.
     assert per_step_s(step, clock, 4, spans=True) == [pytest.approx(max(launch_s, device_s))]
 
 
 def test_steps_whose_time_is_the_devices_anyway_are_timed_one_by_one() -> None:
     clock = FakeClock()
-    assert not overlaps(QueueStep(clock, 0.0, 0.004), clock, MeasureSettings())
-    assert not overlaps(FakeStep(clock, itertools.repeat(0.004)), clock, MeasureSettings())  # not asynchronous
-    # A lone step disturbed three times in a row (interference only adds time) does not fake an overlap.
-    disturbed = FakeStep(clock, iter([0.008] * 3 + [0.004] * 100))
+    assert not overlaps(QueueStep(clock, 0.0, 0.004), clock, [0.004] * 3, MeasureSettings())
+    assert not overlaps(FakeStep(clock, itertools.repeat(0.004)), clock, [0.008] * 3, MeasureSettings())  # CPU
+    # Warm-up steps disturbed three times in a row (interference only adds time) do not fake an overlap.
+    disturbed = FakeStep(clock, itertools.repeat(0.004))
     disturbed.asynchronous = True
-    assert not overlaps(disturbed, clock, MeasureSettings())
+    assert not overlaps(disturbed, clock, [0.008] * 3, MeasureSettings())
+    # A long step keeps the device busy while its own kernels launch: not worth the steps a check costs.
+    assert not overlaps(QueueStep(clock, 0.04, 0.03), clock, [0.07] * 3, MeasureSettings())
 
 
 def test_max_rounds_must_be_a_look() -> None:

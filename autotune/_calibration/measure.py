@@ -74,7 +74,7 @@ class MeasureSettings(BaseModel):
     #: ... and one this many times slower than another group's fastest is outpaced (no longer timed)
     far_behind_device: float = 4.0
     #: how far past its budget the final comparison may go to resolve the pick's open pairs (the cap)
-    overrun: float = 3.0
+    overrun: float = 4.0
     #: ... and the fewest rounds it gives them before that cap applies (a step of seconds: a few rounds)
     decisive_rounds: int = 10
     #: pause before each control measurement
@@ -86,6 +86,8 @@ class MeasureSettings(BaseModel):
     #: span's steps proved this much faster than lone ones (``overlaps``)
     span_steps: int = 4
     overlap: float = 0.05
+    #: ... for steps shorter than this (``overlaps``)
+    span_check_s: float = 0.05
     warmup_max_steps: int = 8
     warmup_stable: float = 0.15
     #: a candidate timed again, after others ran (their caches, a GPU's clocks gone down), warms up afresh: its
@@ -132,21 +134,23 @@ def per_step_s(step: Steppable, clock: Clock, steps: int, *, spans: bool) -> lis
     return [(span - one) / steps if span > one else span / (steps + 1)]
 
 
-def overlaps(step: Steppable, clock: Clock, settings: MeasureSettings) -> bool:
+def overlaps(step: Steppable, clock: Clock, lone_s: list[float], settings: MeasureSettings) -> bool:
     """Does a loop hide part of a lone step's time (its launches overlap the device's work)? Then it is timed in
     spans. A step whose time is the device's anyway is timed step by step: each its own sample, and a heavy
-    tail then hits one step, not a span. Judged on the best of three lone steps and of two spans (interference
-    only adds time), twice when the first says yes: a run of disturbed lone steps cannot fake an overlap."""
-    if not step.asynchronous:
+    tail then hits one step, not a span.
+
+    ``lone_s``: its last lone steps (the warm-up's). A step of ``span_check_s`` or more keeps the device busy
+    while its own kernels launch, and is not checked (a check costs steps). The best of those lone steps
+    against one span; a yes is checked again on the best of three fresh lone steps and of two spans
+    (interference only adds time, so a run of disturbed lone steps cannot fake an overlap)."""
+    if not step.asynchronous or not lone_s or min(lone_s[-3:]) >= settings.span_check_s:
         return False
-
-    def faster_in_spans() -> bool:
-        lone_s = min(timed(step, clock) for _ in range(3))
-        span_s = min(timed(step, clock, settings.span_steps) for _ in range(2)) / settings.span_steps
-        return span_s < (1 - settings.overlap) * lone_s
-
+    k = settings.span_steps
     with step.selected():
-        return faster_in_spans() and faster_in_spans()
+        if timed(step, clock, k) / k >= (1 - settings.overlap) * min(lone_s[-3:]):
+            return False
+        fresh_s = min(timed(step, clock) for _ in range(3))
+        return min(timed(step, clock, k) for _ in range(2)) / k < (1 - settings.overlap) * fresh_s
 
 
 def warm_up(step: Steppable, clock: Clock, recent_s: list[float], settings: MeasureSettings, *,

@@ -212,12 +212,12 @@ class Session:
                 for device, readings in by_device.items():
                     readings.append(self.lab.clock_mhz(device) or readings[-1])
 
-        estimates = {c: _stats.median(warm_up(self.roster.ready[c].step, self.clock, self.roster.ready[c].recent_s,
-                                              settings, steady_s=self._steady_s(c))[-3:])
-                     for c in candidates}
+        warm = {c: warm_up(self.roster.ready[c].step, self.clock, self.roster.ready[c].recent_s, settings,
+                           steady_s=self._steady_s(c)) for c in candidates}
+        estimates = {c: _stats.median(times[-3:]) for c, times in warm.items()}
         for c in candidates:
             if c not in self.spans:  # once: a candidate's launches overlap its device's work or they do not
-                self.spans[c] = overlaps(self.roster.ready[c].step, self.clock, settings)
+                self.spans[c] = overlaps(self.roster.ready[c].step, self.clock, warm[c], settings)
         started = self.clock()
         timed = interleave(
             {c: self.roster.ready[c].step for c in candidates}, estimate_s=estimates, control=self.control,
