@@ -39,7 +39,8 @@ _WHERE = {
     "Family": "_families", "Workload": "_families", "get_family": "_families", "register_family": "_families",
     "Fingerprint": "_fingerprint", "fingerprint": "_fingerprint",
     "max_batch_report": "_max_batch", "max_batch_size": "_max_batch",
-    **dict.fromkeys(["MaxBatchReport", "MemoryLine", "MemoryProbe", "OperatorTime", "TraceReport"], "_models"),
+    **dict.fromkeys(["Evidence", "MaxBatchReport", "MemoryLine", "MemoryProbe", "OperatorTime", "Rival",
+                     "TraceReport"], "_models"),
 }
 
 
@@ -66,7 +67,7 @@ if TYPE_CHECKING:
     from autotune._families import Family, Workload, get_family, register_family
     from autotune._fingerprint import Fingerprint, fingerprint
     from autotune._max_batch import max_batch_report, max_batch_size
-    from autotune._models import MaxBatchReport, MemoryLine, MemoryProbe, OperatorTime, TraceReport
+    from autotune._models import Evidence, MaxBatchReport, MemoryLine, MemoryProbe, OperatorTime, Rival, TraceReport
 else:  # type checkers see the imports above: a misspelt name stays an error there
 
     def __getattr__(name: str) -> object:
@@ -93,6 +94,7 @@ __all__ = [
     "CalibrationReport",
     "Config",
     "ConfigurationError",
+    "Evidence",
     "Family",
     "FamilyRegistrationError",
     "Fingerprint",
@@ -103,6 +105,7 @@ __all__ = [
     "MemoryLine",
     "MemoryProbe",
     "OperatorTime",
+    "Rival",
     "TraceError",
     "TraceReport",
     "UnknownFamilyError",

@@ -3,7 +3,8 @@ without a measurement, and the cache's tools (cached decisions, export / import,
 
 It is also the one internal entry of the command line (``_cli``), for what the public API does not offer: the
 cached measurements and decisions without measuring, the registered kinds, ``--doctor``'s findings, and the
-helpers that word a pick, a retry and an amount of memory; and of the tests, to reset this process's state.
+helpers that word a pick, a retry, an amount of memory, a ratio and a time; and of the tests, to reset this
+process's state.
 """
 
 from __future__ import annotations
@@ -36,12 +37,23 @@ from autotune._calibrate import calibrate_one, measuring_elsewhere, new_worker, 
 from autotune._calibration.protocol import TraceJob
 from autotune._check import CheckResult
 from autotune._config import Config
-from autotune._decide import PREFERENCES, Prefer, decide, picked
+from autotune._decide import PREFERENCES, Prefer, decide, picked, reason, restate
 from autotune._doctor import Finding, diagnose
 from autotune._errors import CalibrationError, ConfigurationError
 from autotune._families import Family, builtin_family_names, family_names, get_family, reset_registry
 from autotune._fingerprint import Fingerprint, fingerprint
-from autotune._models import CandidateResult, FamilyResult, TraceReport, mib_words
+from autotune._models import (
+    Candidate,
+    CandidateResult,
+    Difference,
+    Evidence,
+    FamilyResult,
+    SimilarMachine,
+    TraceReport,
+    mib_words,
+    ratio_words,
+    time_words,
+)
 
 log = logging.getLogger("autotune")
 
@@ -97,7 +109,7 @@ def config_for(family: Family, *, prefer: Prefer = "auto", expected_steps: int |
     if measured is None or (may_measure and due_retries(measured, now)):
         if not may_measure:
             why = _why_unmeasured(family.name, fp, store) if not wait else \
-                "calibration was not allowed (calibrate_on_miss=False)"
+                "calibration not allowed by calibrate_on_miss=False"
             return fallback(family.name, fp, store, why, prefer=prefer, expected_steps=expected_steps)
         with new_worker() as worker:
             # Its interpreter start overlaps taking the lock; not while another process measures this family:
@@ -107,24 +119,19 @@ def config_for(family: Family, *, prefer: Prefer = "auto", expected_steps: int |
             measured = calibrate_one(family, key, fp, store, force=False, progress=None, index=0, total=1,
                                       worker=worker)
         if measured is None:
-            return fallback(family.name, fp, store, "another process is still calibrating and the wait timed out "
-                            f"after {_env.LOCK_TIMEOUT_S.get():g} s (AUTOTUNE_LOCK_TIMEOUT_S)",
+            return fallback(family.name, fp, store, "another process is still calibrating after "
+                            f"AUTOTUNE_LOCK_TIMEOUT_S={_env.LOCK_TIMEOUT_S.get():g} s of waiting",
                             prefer=prefer, expected_steps=expected_steps)
         memo = (*memo[:-1], store.stamp(fp.digest))
     config = decide(measured, prefer=prefer, expected_steps=expected_steps, forced_device=forced, digest=fp.digest)
-    if measured.origin is not None:
-        config = config.model_copy(update={"reason": f"{config.reason} Measured on another machine with exactly "
-                                                     f"this configuration; {measured.origin}."})
-    older = rules_change(measured)
-    if older is not None:  # still a measurement of this machine; the next calibration replaces it
-        config = config.model_copy(update={"reason": f"{config.reason} {older[0].upper()}{older[1:]}; the next "
-                                                     "calibrate() or `python -m autotune` measures it again."})
+    if rules_change(measured) is not None:  # still a measurement of this machine; the next calibration replaces it
+        config = restate(config, older_rules=measured.autotune_version)
     # A transient failure's retry is due later: the memo answers until then, so a long-running app retries too.
     _cached.decisions[memo] = (config, fresh_until(measured) if may_measure else None)
     return config
 
 
-_NOT_YET = "not measured yet; wait=False never measures"
+_NOT_YET = "wait=False never measures"
 
 
 def _why_unmeasured(kind: str, fp: Fingerprint, store: Store) -> str:
@@ -154,13 +161,14 @@ def fallback(kind: str, fp: Fingerprint, store: Store, why: str, *, prefer: Pref
         except CalibrationError:
             config = None
         if config is not None:
-            reason = (f"No measurement of this machine configuration ({why}): using the pick measured on the "
-                      f"same hardware ({similar.then_and_now()}). There: {config.reason}")
-            config = config.model_copy(update={"source": "heuristic", "reason": reason})
+            there = SimilarMachine(measured_at=similar.result.measured_at, differences=[
+                Difference(name=name, then=then, now=now) for name, then, now in similar.differences])
+            config = restate(config.model_copy(update={"source": "heuristic"}), unmeasured=why, similar=there)
     if config is None:
-        reason = f"No measurement of this machine configuration ({why}): using fp32 on the CPU, which always trains."
-        config = Config(model_kind=kind, device="cpu", precision="fp32", source="heuristic", reason=reason,
-                        fingerprint_digest=fp.digest)
+        fp32 = Candidate(device="cpu", precision="fp32")
+        evidence = Evidence(unmeasured=why)
+        config = Config(**fp32.model_dump(), model_kind=kind, source="heuristic", evidence=evidence,
+                        reason=reason(fp32, evidence, measured_at=None), fingerprint_digest=fp.digest)
     log.warning("%s: %s", kind, config.reason)
     _cached.decisions[memo] = (config, None)
     return config
@@ -306,8 +314,10 @@ __all__ = [
     "import_results",
     "mib_words",
     "picked",
+    "ratio_words",
     "reset_state",
     "retry_at",
     "similar_record",
+    "time_words",
     "trace",
 ]

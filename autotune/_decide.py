@@ -19,18 +19,31 @@ Rules, in order:
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
-from typing import Literal
+from collections.abc import Sequence
 
 from autotune import _stats
 from autotune._config import Config
 from autotune._errors import CalibrationError
-from autotune._models import Candidate, CandidateResult, FamilyResult, Precision
-from autotune._rules import complexity, margin, preference
+from autotune._models import (
+    Candidate,
+    CandidateResult,
+    Choice,
+    Evidence,
+    FailureKind,
+    FamilyResult,
+    Interval,
+    Precision,
+    Prefer,
+    Rival,
+    Role,
+    Verdict,
+    ratio_words,
+    time_words,
+)
+from autotune._rules import margin, preference
 
 log = logging.getLogger("autotune")
 
-Prefer = Literal["auto", "gpu", "cpu"]
 PREFERENCES: tuple[Prefer, ...] = ("auto", "gpu", "cpu")
 
 
@@ -51,53 +64,62 @@ def decide(
 ) -> Config:
     """The Config for ``measured.model_kind``; raises CalibrationError when nothing can train it."""
     usable = finalists(measured)
-    failed = [r for r in measured.candidates if r.failure is not None]
     if not usable:
         raise _untrainable(measured)
-    notes: list[str] = []
-    source: Literal["measured", "forced"] = "measured"
+    no_gpu = None
     if forced_device is not None:
-        source = "forced"
         pool = [r for r in usable if r.candidate.device == forced_device]
         if not pool:
             return _unmeasured_forced(measured, forced_device, digest)
-        notes.append(f"Device forced by AUTOTUNE_DEVICE={forced_device}.")
     elif prefer == "cpu":
         pool = [r for r in usable if is_cpu(r)]
     elif prefer == "gpu":
         pool = [r for r in usable if not is_cpu(r)]
         if not pool:
             pool = [r for r in usable if is_cpu(r)]
-            why = no_gpu_words(measured)
-            log.warning("%s: GPU requested but %s; training on the CPU", measured.model_kind, why)
-            notes.append(f"GPU requested, but {why}.")
+            no_gpu = no_gpu_words(measured)
+            log.warning("%s: GPU requested but %s; training on the CPU", measured.model_kind, no_gpu)
     else:
         pool = usable
 
     alpha = decision_alpha(usable)
     pick = pick_fastest(pool, expected_steps, alpha=alpha)
-    device_sentence, precision_sentence = explain(pick, pool, usable, failed, measured, prefer, expected_steps,
-                                                  alpha=alpha)
-    reason = " ".join([*notes, device_sentence, precision_sentence]).strip()
+    numerics = pick.numerics
+    evidence = Evidence(
+        device_name=pick.device_name,
+        rivals=[rival(pick, other, expected_steps, alpha=alpha) for other in measured.candidates if other is not pick],
+        prefer=prefer, expected_steps=expected_steps, forced=forced_device, no_gpu=no_gpu,
+        default_scale_skipped=numerics.default_scale_skipped if numerics is not None else None,
+        verified_steps=len(numerics.losses) if numerics is not None else None,
+        noisy=measured.noisy, origin=measured.origin,
+    )
     baseline = next((r for r in measured.candidates if r.usable and r.candidate == r.candidate.base
                      and is_cpu(r) and r.candidate.precision == "fp32"), None)
     config = Config(
         **pick.candidate.model_dump(),
         model_kind=measured.model_kind,
-        source=source,
-        reason=reason,
+        source="forced" if forced_device is not None else "measured",
+        reason=reason(pick.candidate, evidence, measured_at=measured.measured_at),
+        evidence=evidence,
         step_ms=step_ms(pick),
         setup_s=pick.setup_s,
         speedup_vs_fp32_cpu=step_ms(baseline) / step_ms(pick) if baseline else None,
-        init_scale=pick.numerics.init_scale if pick.numerics else None,
+        init_scale=numerics.init_scale if numerics else None,
         peak_memory_mb=pick.peak_bytes / 2**20 if pick.peak_bytes is not None else None,
         noisy=measured.noisy,
         fingerprint_digest=digest,
         measured_at=measured.measured_at,
     )
-    log.info("Training device for %s: %s", measured.model_kind, device_sentence)
-    log.info("Precision for %s: %s", measured.model_kind, precision_sentence)
+    log.info("%s: %s", measured.model_kind, config.reason)
+    log.debug("%s: the evidence: %s", measured.model_kind, evidence.model_dump_json())
     return config
+
+
+def restate(config: Config, **flags: object) -> Config:
+    """``config`` with ``flags`` set on its evidence (e.g. ``older_rules="0.1.0"``) and its reason worded again."""
+    evidence = (config.evidence or Evidence()).model_copy(update=flags)
+    return config.model_copy(update={"evidence": evidence, "reason": reason(
+        config.candidate, evidence, measured_at=config.measured_at)})
 
 
 def picked(measured: FamilyResult) -> Candidate:
@@ -143,13 +165,15 @@ def pick_fastest(pool: Sequence[CandidateResult], expected_steps: int | None, *,
 
 
 def _unmeasured_forced(measured: FamilyResult, device: str, digest: str) -> Config:
-    reason = (
-        f"Device forced by AUTOTUNE_DEVICE={device}, which calibration did not measure here "
-        f"(measured: {', '.join(dict.fromkeys(r.candidate.device for r in measured.candidates))}); using fp32."
-    )
-    log.warning("%s: %s", measured.model_kind, reason)
-    return Config(model_kind=measured.model_kind, device=device, precision="fp32", source="forced",
-                  reason=reason, fingerprint_digest=digest, measured_at=measured.measured_at)
+    devices = ", ".join(dict.fromkeys(r.candidate.device for r in measured.candidates))
+    evidence = Evidence(forced=device, unmeasured=f"calibration did not measure {device} here (measured: {devices})",
+                        noisy=measured.noisy, origin=measured.origin)
+    chosen = Candidate(device=device, precision="fp32")
+    config = Config(**chosen.model_dump(), model_kind=measured.model_kind, source="forced",
+                    reason=reason(chosen, evidence, measured_at=None), evidence=evidence,
+                    fingerprint_digest=digest, measured_at=measured.measured_at)
+    log.warning("%s: %s", measured.model_kind, config.reason)
+    return config
 
 
 # -- comparisons: step medians on shared final rounds, paired ratios -------------------------------------------
@@ -222,154 +246,246 @@ def clearly_faster(fast: CandidateResult, slow: CandidateResult, expected_steps:
     return fast_high_ms * (1 + margin(fast.candidate, slow.candidate)) < score_ms(slow, expected_steps)
 
 
-# -- the reason --------------------------------------------------------------------------------------------------
-
-_PRECISION_WORDS: dict[Precision, str] = {
-    "fp32": "in fp32",
-    "tf32": "in fp32 with TF32 matmuls",
-    "bf16-mixed": "with bf16 mixed precision",
-    "fp16-mixed": "with fp16 mixed precision",
-}
+# -- the evidence: every other candidate against the pick -------------------------------------------------------
 
 
-def _device_words(result: CandidateResult) -> str:
-    device = result.candidate.device
-    name = result.device_name or device
-    return f"CPU ({name})" if device == "cpu" else f"{device} ({name})"
+def rival(pick: CandidateResult, other: CandidateResult, expected_steps: int | None, *,
+          alpha: float = _stats.ALPHA_PER_LOOK) -> Rival:
+    """``other`` against ``pick``: its verdict and its numbers (paired with the pick, or the evidence it stopped on)."""
+    mine, theirs = pick.candidate, other.candidate
+    role: Role = "device" if theirs.device != mine.device else "precision" if theirs.precision != mine.precision \
+        else "variant"
+    timing = other.timing
+    facts = Rival(candidate=theirs, role=role, verdict="untimed", setup_s=other.setup_s, margin=margin(theirs, mine),
+                  step_ms=timing.median_ms if timing is not None else None)
+    if other.failure is not None:
+        return facts.model_copy(update={"verdict": "failed", "failure": other.failure})
+    if timing is None:
+        return facts
+    stopped = timing.dropped or (timing.outpaced if theirs.device != mine.device else None)
+    if stopped is not None:
+        return facts.model_copy(update={
+            "verdict": "dropped" if timing.dropped else "outpaced", "against": stopped.by, "ratio": stopped.ratio,
+            "rounds": stopped.rounds, "far_behind": stopped.far_behind})
+    estimate, low, high = step_ratio(other, pick, alpha=alpha)
+    verdict: Verdict
+    if high == float("inf"):
+        verdict = "unpaired"
+    elif (expected_steps is not None and estimate < 1
+          and score_ms(other, expected_steps) > score_ms(pick, expected_steps)):
+        verdict = "finishes later"
+    elif clearly_faster(pick, other, expected_steps, alpha=alpha):
+        verdict = "slower"
+    elif clearly_faster(other, pick, expected_steps, alpha=alpha):
+        verdict = "faster"
+    else:
+        verdict = "tie"
+    return facts.model_copy(update={"verdict": verdict, "against": mine, "rounds": _paired_rounds(other, pick),
+                                    "ratio": Interval(estimate=estimate, low=low, high=high)})
 
 
-def _failure_words(result: CandidateResult) -> str:
-    failure = result.failure
-    assert failure is not None
-    if failure.kind == "too_slow":
-        return f"{result.candidate.label} too slow: {failure.detail}"
-    if failure.kind == "numerics":
-        return f"{result.candidate.label} rejected: {failure.detail}"
-    return f"{result.candidate.label} {failure.kind.replace('_', ' ')} on this machine ({failure.detail})"
+def _paired_rounds(a: CandidateResult, b: CandidateResult) -> int | None:
+    """The rounds behind :func:`step_ratio`'s interval of ``a`` over ``b``; None where they were never paired."""
+    assert a.timing is not None and b.timing is not None
+    for slow, fast in ((a, b), (b, a)):
+        outpaced = slow.timing.outpaced if slow.timing is not None else None
+        if outpaced is not None and outpaced.by.device == fast.candidate.device:
+            return outpaced.rounds
+    if a.timing.stage == b.timing.stage and min(a.timing.n, b.timing.n) >= 2:
+        return min(a.timing.n, b.timing.n)
+    return None
 
 
 def no_gpu_words(measured: FamilyResult) -> str:
+    """Why a GPU the user preferred cannot answer, e.g. "there is no usable GPU (cuda: not built)"."""
     gpu_failures = [r for r in measured.candidates if not is_cpu(r) and r.failure is not None]
     if gpu_failures:
-        return "every GPU candidate failed (" + "; ".join(_failure_words(r) for r in gpu_failures) + ")"
+        return "every GPU candidate failed (" + "; ".join(
+            f"{r.candidate.label} {r.failure.kind}: {r.failure.detail}" for r in gpu_failures if r.failure) + ")"
     notes = "; ".join(f"{name}: {why}" for name, why in measured.backend_notes.items() if name != "cpu")
     return f"there is no usable GPU ({notes})" if notes else "there is no usable GPU"
 
 
-def explain(
-    pick: CandidateResult, pool: Sequence[CandidateResult], usable: Sequence[CandidateResult],
-    failed: Sequence[CandidateResult], measured: FamilyResult, prefer: Prefer, expected_steps: int | None, *,
-    alpha: float = _stats.ALPHA_PER_LOOK,
-) -> tuple[str, str]:
-    device_sentence = f"{_device_words(pick)} {_PRECISION_WORDS[pick.candidate.precision]}" + "".join(
-        f", {word}" for word in pick.candidate.variants)
-    device_parts = [_against_device(pick, other, pool, measured.model_kind, prefer, expected_steps, alpha)
-                    for other in _best_per(usable, lambda r: r.candidate.device, exclude=pick.candidate.device)]
-    if device_parts:
-        device_sentence += " (" + "; ".join(device_parts) + ")"
-    device_sentence += "."
+# -- the reason: one sentence from the evidence ------------------------------------------------------------------
 
-    # Precision sentence: the pick against each other precision on its device, then against its own plain
-    # configuration, with numbers; a candidate dropped earlier is described by its drop evidence.
-    same = [r for r in measured.candidates if r.usable and r.candidate.device == pick.candidate.device]
-    parts = [_against_precision(pick, other, alpha)
-             for other in _best_per(same, lambda r: r.candidate.precision, exclude=pick.candidate.precision)]
-    plain = next((r for r in same if r.candidate == pick.candidate.base and r is not pick), None)
-    if plain is not None:
-        parts.append(_against_simpler(pick, plain, pick.candidate.variant_words.strip(), alpha))
-    if len(pick.candidate.variants) > 1:  # each variant on its own: the pick without it
-        base = pick.candidate.base
-        for field in Candidate.model_fields:
-            if getattr(pick.candidate, field) == getattr(base, field):
-                continue
-            without = pick.candidate.model_copy(update={field: getattr(base, field)})
-            simpler = next((r for r in same if r.candidate == without), None)
-            if simpler is not None:
-                word = next(w for w in pick.candidate.variants if w not in without.variants)
-                parts.append(_against_simpler(pick, simpler, word, alpha))
-    if pick.numerics is not None and pick.numerics.default_scale_skipped:
-        parts.append(
-            f"GradScaler starts at init_scale {pick.numerics.init_scale:g}: the default 65536 skipped "
-            f"{pick.numerics.default_scale_skipped} of {len(pick.numerics.losses)} steps"
-        )
-    parts += [_failure_words(r) for r in failed if r.candidate.device == pick.candidate.device
-              and r.candidate == r.candidate.base]
-    described = f"{pick.candidate.precision}{pick.candidate.variant_words} at {step_ms(pick):.3g} ms/step"
-    precision_sentence = f"{described}: " + "; ".join(parts) + "." if parts else f"{described}."
-    return device_sentence, precision_sentence
+#: the longest reason: one line of a log or a status bar; the evidence holds the rest
+REASON_CHARS = 160
+
+_PRECISION_WORDS: dict[Precision, str] = {
+    "fp32": "fp32",
+    "tf32": "TF32",
+    "bf16-mixed": "bf16 mixed precision",
+    "fp16-mixed": "fp16 mixed precision",
+}
+_VARIANT_WORDS = {"fused-optimizer": "the fused optimizer", "foreach-optimizer": "the foreach optimizer",
+                  "compiled": "torch.compile"}
+_FAILURE_WORDS: dict[FailureKind, str] = {
+    "crashed": "crashed", "timeout": "timed out", "oom": "ran out of memory", "error": "failed",
+    "unsupported": "is unsupported", "numerics": "failed verification", "too_slow": "was too slow",
+}
 
 
-def _best_per(results: Sequence[CandidateResult], key: Callable[[CandidateResult], str],
-              exclude: str) -> list[CandidateResult]:
-    """One representative per key (device or precision): the fastest finalist, else the plain candidate."""
-    best: dict[str, CandidateResult] = {}
-    ranked = sorted(results, key=lambda r: (not (r.timing is not None and r.timing.final),
-                                            r.candidate != r.candidate.base, step_ms(r)))
-    for result in ranked:
-        if key(result) != exclude:
-            best.setdefault(key(result), result)
-    return list(best.values())
+def answer_words(choice: Choice) -> str:
+    """e.g. ``'bf16 mixed precision with channels_last and the fused optimizer on the CPU'``"""
+    extras = [_VARIANT_WORDS.get(word, word) for word in choice.variants]
+    listed = ", ".join(extras[:-1]) + " and " + extras[-1] if len(extras) > 1 else "".join(extras)
+    return (_PRECISION_WORDS[choice.precision] + (f" with {listed}" if listed else "")
+            + f" on {_where(choice.device)}")
 
 
-def _numbers(pick: CandidateResult, other: CandidateResult) -> str:
-    return f"{step_ms(pick):.3g} vs {step_ms(other):.3g} ms/step"
+def _where(device: str) -> str:
+    return "the CPU" if device == "cpu" else device
 
 
-def _against_device(pick: CandidateResult, other: CandidateResult, pool: Sequence[CandidateResult], kind: str,
-                    prefer: Prefer, expected_steps: int | None, alpha: float) -> str:
-    where = "the CPU" if is_cpu(other) else other.candidate.device
-    estimate, low, high = step_ratio(other, pick, alpha=alpha)
-    slower_overall = expected_steps is not None and score_ms(other, expected_steps) > score_ms(pick, expected_steps)
-    if expected_steps is not None and estimate < 1 and slower_overall:
-        return (f"for {expected_steps} steps it finishes first: {where}'s set-up {other.setup_s or 0:.1f} s "
-                f"outweighs its {step_ms(pick) - step_ms(other):.1f} ms/step advantage")
-    if is_cpu(pick) and other in pool and not clearly_faster(pick, other, expected_steps, alpha=alpha):
-        return (f"{where} was no faster ({_numbers(pick, other)}, its time over the CPU's {estimate:.2f}x, interval "
-                f"{low:.2f}-{high:.2f}): on a tie the CPU wins, with no driver, no device memory held, no copies")
-    if estimate >= 1:
-        return f"{estimate:.1f}x faster than {where}"
-    if other not in pool:
-        return f"{prefer.upper()} as requested; {where} is {1 / estimate:.1f}x faster for {kind}"
-    return f"{where} is {1 / estimate:.1f}x faster"
+def _named(candidate: Candidate, pick: Candidate) -> str:
+    """A rival in the fewest words that tell it from the pick, e.g. ``'cuda:0'``, ``'fp32'``, ``'plain bf16 mixed
+    precision'``, ``'bf16 mixed precision with channels_last'``."""
+    if candidate.device != pick.device:
+        return _where(candidate.device)
+    precision = _PRECISION_WORDS[candidate.precision]
+    if candidate.variants:
+        return f"{precision} with " + ", ".join(_VARIANT_WORDS.get(w, w) for w in candidate.variants)
+    return f"plain {precision}" if candidate.precision == pick.precision else precision
 
 
-def _against_precision(pick: CandidateResult, other: CandidateResult, alpha: float) -> str:
-    label = other.candidate.precision + other.candidate.variant_words
-    if other.timing is not None and other.timing.dropped is not None:
-        return f"{label} {other.timing.dropped.describe()}"
-    estimate, low, high = step_ratio(other, pick, alpha=alpha)
-    numbers = f"{_numbers(pick, other)}, interval {low:.2f}-{high:.2f}"
-    if complexity(other.candidate) < complexity(pick.candidate):
-        return f"{estimate:.2f}x faster than {label} ({numbers}x)"
-    if clearly_faster(pick, other, None, alpha=alpha):
-        return f"{label} is {estimate:.2f}x slower ({numbers})"
-    within = f"{margin(pick.candidate, other.candidate):.0%} margin"
-    return f"{label} not faster by more than the {within} ({numbers}: {estimate:.2f}x); on a tie the simpler wins"
+def _device_claim(pick: Candidate, evidence: Evidence) -> str | None:
+    """The device choice in words: the pick against another device that was faster (the user's choice or a short
+    job kept the pick), else one that tied, else the closest one behind."""
+    timed = [r for r in evidence.rivals if r.role == "device" and r.ratio is not None
+             and r.verdict in ("slower", "tie", "faster", "finishes later", "outpaced")]
+    if not timed:
+        return None
+    rank = {"faster": 0, "finishes later": 0, "tie": 1}
+    best = min(timed, key=lambda r: (rank.get(r.verdict, 2), r.ratio.estimate if r.ratio else 0.0))
+    times = _times_over(best, pick, evidence) or (best.ratio.estimate if best.ratio else 1.0)
+    where = _where(best.candidate.device)
+    if best.verdict == "finishes later":
+        return (f"finishes {evidence.expected_steps} steps first: {where}'s set-up of "
+                f"{time_words(1000 * (best.setup_s or 0.0))} outweighs its faster steps")
+    if best.verdict == "faster":
+        if evidence.forced is not None:
+            return f"{where} is {ratio_words(1 / times)} faster"
+        return f"as requested, though {where} is {ratio_words(1 / times)} faster"
+    if best.verdict == "tie":
+        return f"{where} was no faster" + (", and on a tie the CPU wins" if pick.device == "cpu" else "")
+    return f"{ratio_words(times)} faster than {where}"
 
 
-def _against_simpler(pick: CandidateResult, simpler: CandidateResult, words: str, alpha: float) -> str:
-    """Why the pick's variant ``words`` beat ``simpler``, the pick without them: its drop evidence, or numbers."""
-    name = (f"{simpler.candidate.precision}{simpler.candidate.variant_words}" if simpler.candidate.variants
-            else f"plain {simpler.candidate.precision}")
-    if simpler.timing is not None and simpler.timing.dropped is not None:
-        return f"{words}: {name} {simpler.timing.dropped.describe()}"
-    estimate, low, high = step_ratio(simpler, pick, alpha=alpha)
-    return f"{words} {estimate:.2f}x faster than {name} ({_numbers(pick, simpler)}, interval {low:.2f}-{high:.2f}x)"
+def _precision_claim(pick: Candidate, evidence: Evidence) -> str | None:
+    """The pick against plain fp32 on its device, or (a plain fp32 pick) against the other precisions."""
+    same = [r for r in evidence.rivals if r.role != "device"]
+    fp32 = next((r for r in same if r.candidate == Candidate(device=pick.device, precision="fp32")), None)
+    if fp32 is not None and fp32.verdict != "failed":
+        return _against(fp32, pick, evidence)
+    if fp32 is not None or pick.variants or pick.precision != "fp32":
+        return None
+    timed = [r for r in same if r.role == "precision" and r.verdict not in ("failed", "untimed", "unpaired")]
+    if timed:
+        return _against(min(timed, key=lambda r: _times_over(r, pick, evidence) or float("inf")), pick, evidence)
+    failed = [r for r in same if r.role == "precision" and r.failure is not None]
+    if failed:
+        return "; ".join(f"{_named(r.candidate, pick)} {_FAILURE_WORDS[r.failure.kind]}" for r in failed if r.failure)
+    return "the only candidate measured" if not evidence.rivals else None
+
+
+def _times_over(found: Rival, pick: Candidate, evidence: Evidence, seen: frozenset[Candidate] = frozenset()
+                ) -> float | None:
+    """``found``'s step time over the pick's, from paired evidence: its ratio to the pick, or to what it stopped
+    against times that one's to the pick (a chain of drops); None where the chain breaks."""
+    if found.ratio is None or found.against is None:
+        return None
+    if found.against == pick:
+        return found.ratio.estimate
+    via = next((r for r in evidence.rivals if r.candidate == found.against), None)
+    if via is None or via.candidate in seen:
+        return None
+    rest = _times_over(via, pick, evidence, seen | {found.candidate})
+    return None if rest is None else found.ratio.estimate * rest
+
+
+def _against(found: Rival, pick: Candidate, evidence: Evidence) -> str:
+    name = _named(found.candidate, pick)
+    times = _times_over(found, pick, evidence)
+    if found.verdict in ("dropped", "slower", "outpaced") and (times is None or times < 1):
+        return f"{name} was clearly slower"
+    if found.verdict not in ("dropped", "slower", "outpaced") or times is None or times < 1:
+        return f"{name} was no faster"
+    return f"{ratio_words(times)} faster than {name}"
+
+
+def reason(pick: Candidate, evidence: Evidence, *, measured_at: str | None) -> str:
+    """One sentence of at most :data:`REASON_CHARS`: the answer, then its strongest evidence, or what it falls
+    back to and why; where the whole does not fit, the weaker parts are left to ``evidence``."""
+    answer = answer_words(pick)
+    if evidence.unmeasured is not None:
+        return _fallback(answer, evidence)
+    lead = []
+    if evidence.forced is not None:
+        lead.append(f"forced by AUTOTUNE_DEVICE={evidence.forced}")
+    if evidence.no_gpu is not None:
+        lead.append("GPU requested, but " + ("every GPU candidate failed" if evidence.no_gpu.startswith("every")
+                                               else "there is no usable GPU"))
+    claims = [c for c in (_device_claim(pick, evidence), _precision_claim(pick, evidence)) if c]
+    flags = [word for flag, word in ((evidence.noisy, "on a busy machine"),
+                                     (evidence.older_rules is not None, "under older rules")) if flag]
+    when = " ".join([f"measured {measured_at[:10]}" if measured_at else "measured", ", ".join(flags)]).strip()
+    again = "; the next calibration measures it again" if flags else ""
+    origin = f", {evidence.origin}" if evidence.origin else ""
+    short_origin = f", {evidence.origin.split()[0]}" if evidence.origin else ""
+    return _fitting(answer, [
+        _said([*lead, ", ".join(claims)], f"({when}{again}){origin}"),
+        _said([*lead, ", ".join(claims)], f"({when}){origin}"),
+        _said([*lead, *claims[:1]], f"({when}){origin}"),
+        _said([*lead, *claims[:1]], f"({when}){short_origin}"),
+        _said(lead[:1], f"({when}){short_origin}"),
+    ])
+
+
+def _said(parts: Sequence[str], tail: str) -> str:
+    """What follows the answer: ``': part; part (tail)'``, or only ``' (tail)'``."""
+    body = "; ".join(part for part in parts if part)
+    return f": {body} {tail}" if body else f" {tail}"
+
+
+def _fallback(answer: str, evidence: Evidence) -> str:
+    why = evidence.unmeasured or ""
+    if evidence.forced is not None:
+        return _fitting(answer, [f": forced by AUTOTUNE_DEVICE={evidence.forced}; {why}",
+                                 f": forced by AUTOTUNE_DEVICE={evidence.forced}, which calibration did not measure"])
+    if evidence.similar is None:
+        return _fitting(answer, [f", which always trains: no measurement of this machine yet ({why})",
+                                 f": not measured here yet ({why})", ": not measured here yet"])
+    differences = evidence.similar.differences
+    then = ", ".join(f"{d.name} {d.then}" for d in differences)
+    first = f"{differences[0].name} {differences[0].then}" if differences else "other software"
+    return _fitting(answer, [f": the pick measured with {then} on the same hardware; not measured here yet ({why})",
+                             f": the pick measured with {first} on the same hardware; not measured here yet ({why})",
+                             f": the pick measured with {first} on the same hardware; not measured here yet",
+                             ": the pick measured on the same hardware with other software"])
+
+
+def _fitting(answer: str, forms: Sequence[str]) -> str:
+    """``answer`` and the first (most detailed) of ``forms`` that fits in :data:`REASON_CHARS`, else the last."""
+    return next((answer + form for form in forms if len(answer + form) <= REASON_CHARS), answer + forms[-1])
 
 
 __all__ = [
     "PREFERENCES",
+    "REASON_CHARS",
     "Prefer",
+    "answer_words",
     "clearly_faster",
     "decide",
     "decision_alpha",
-    "explain",
     "finalists",
     "is_cpu",
     "no_gpu_words",
     "pick_fastest",
     "picked",
     "ranking",
+    "reason",
+    "restate",
+    "rival",
     "score_ms",
     "step_ms",
     "step_ratio",

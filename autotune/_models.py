@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 Precision = Literal["fp32", "tf32", "bf16-mixed", "fp16-mixed"]
 PRECISIONS: tuple[Precision, ...] = ("fp32", "tf32", "bf16-mixed", "fp16-mixed")
 
+Prefer = Literal["auto", "gpu", "cpu"]
 FailureKind = Literal["crashed", "timeout", "oom", "error", "unsupported", "numerics", "too_slow"]
 MemoryFormat = Literal["contiguous", "channels_last"]
 OptimizerImpl = Literal["default", "foreach", "fused"]
@@ -222,6 +223,93 @@ class FamilyResult(Record):
         return next((r for r in self.candidates if r.candidate == candidate), None)
 
 
+Role = Literal["device", "precision", "variant"]
+Verdict = Literal["slower", "tie", "faster", "finishes later", "dropped", "outpaced", "unpaired", "failed", "untimed"]
+
+
+class Rival(Record):
+    """Another candidate of the calibration against the pick, e.g. ``Rival(candidate=Candidate(device="cpu",
+    precision="fp32"), role="precision", verdict="slower", against=<the pick>, ratio=Interval(estimate=1.7,
+    low=1.2, high=2.3), rounds=8, step_ms=98.6, margin=0.03)``.
+
+    ``role``: another device, another precision on the pick's device, or the pick's device and precision with
+    other variants. ``verdict``: ``slower``; ``tie`` (not faster by more than ``margin`` at the decision's
+    confidence: the tie rule chose); ``faster`` (the user's preference or ``AUTOTUNE_DEVICE`` chose the pick);
+    ``finishes later`` (faster steps, but its set-up outweighs them for the expected steps); ``dropped`` (a
+    search stage found it clearly slower than ``against``); ``outpaced`` (its device clearly slower than
+    ``against``'s); ``unpaired`` (timed, never in the same rounds as the pick: no confidence either way, the
+    preferred one wins); ``failed`` (``failure`` says why); ``untimed``.
+    """
+
+    candidate: Candidate
+    role: Role
+    verdict: Verdict
+    against: Candidate | None = Field(
+        default=None, description="what ``ratio`` divides by: the pick, or what it was dropped or outpaced against")
+    ratio: Interval | None = Field(default=None, description=(
+        "its step time over ``against``'s, paired by round; an unbounded interval where the two were never paired"))
+    rounds: int | None = Field(default=None, description="the paired rounds behind ``ratio``")
+    far_behind: bool = Field(default=False, description="dropped after one round, too far behind for an interval")
+    step_ms: float | None = None
+    setup_s: float | None = None
+    margin: float | None = Field(default=None, description="the gain over the pick it needed to win, e.g. 0.03")
+    failure: Failure | None = None
+
+
+class Difference(Record):
+    """A software fingerprint field that differs from this machine's, e.g. ``Difference(name="torch",
+    then="2.12.0", now="2.13.0")``."""
+
+    name: str
+    then: str
+    now: str
+
+
+class SimilarMachine(Record):
+    """The record a fallback answered from: the same hardware with other software, measured at ``measured_at``."""
+
+    differences: list[Difference]
+    measured_at: str
+
+
+class Evidence(Record):
+    """What a decision rests on, as data (``--explain`` renders it, ``--json`` carries it): every other candidate
+    against the pick, and what qualifies the answer, e.g. ``Evidence(device_name="Intel Xeon, 2 threads",
+    rivals=[Rival(...), ...], noisy=True)``."""
+
+    device_name: str | None = Field(default=None, description="the picked device as torch names it")
+    rivals: list[Rival] = Field(default_factory=list)
+    prefer: Prefer = "auto"
+    expected_steps: int | None = None
+    forced: str | None = Field(default=None, description="AUTOTUNE_DEVICE, when it chose the device")
+    no_gpu: str | None = Field(default=None, description="why a GPU the user preferred could not answer")
+    default_scale_skipped: int | None = Field(default=None, description=(
+        "fp16: verification steps GradScaler's default init_scale skipped, of ``verified_steps``"))
+    verified_steps: int | None = None
+    noisy: bool = Field(default=False, description="measured while the machine was busy")
+    older_rules: str | None = Field(default=None, description=(
+        "the autotune version that measured it, when its rules differ from this one's"))
+    origin: str | None = Field(default=None, description="measured on another machine with this fingerprint: where "
+                               "it came from, e.g. 'shipped in results.json'")
+    unmeasured: str | None = Field(default=None, description=(
+        "why no measurement of this machine configuration answers (a fallback), e.g. 'calibration running in "
+        "this process'"))
+    similar: SimilarMachine | None = Field(default=None, description="the record of the same hardware it used")
+
+
+def ratio_words(ratio: float) -> str:
+    """A ratio for people, to 2 significant digits, e.g. ``'2.5x'``, ``'0.55x'``, ``'24x'``."""
+    rounded = float(f"{ratio:.2g}")
+    return (f"{rounded:.1f}" if 1 <= rounded < 10 else f"{rounded:g}") + "x"
+
+
+def time_words(ms: float) -> str:
+    """A time for people, in ms or s as fits, e.g. ``'0.42 ms'``, ``'58 ms'``, ``'592 ms'``, ``'4.1 s'``."""
+    if ms >= 999.5:
+        return f"{float(f'{ms / 1000:.2g}') if ms < 9950 else round(ms / 1000):g} s"
+    return f"{float(f'{ms:.2g}') if ms < 99.5 else round(ms):g} ms"
+
+
 class OperatorTime(Record):
     """One operator's share of a traced step, e.g. ``OperatorTime(name="aten::convolution_backward", ...)``.
 
@@ -320,7 +408,9 @@ __all__ = [
     "Candidate",
     "CandidateResult",
     "Choice",
+    "Difference",
     "Drop",
+    "Evidence",
     "Failure",
     "FailureKind",
     "FamilyKey",
@@ -334,8 +424,15 @@ __all__ = [
     "OperatorTime",
     "OptimizerImpl",
     "Precision",
+    "Prefer",
     "ProbeOutcome",
+    "Rival",
+    "Role",
+    "SimilarMachine",
     "Timing",
     "TraceReport",
+    "Verdict",
     "mib_words",
+    "ratio_words",
+    "time_words",
 ]

@@ -9,8 +9,9 @@ from __future__ import annotations
 import itertools
 
 from autotune._cache.freshness import family_key, rules_digest
+from autotune._config import Config
 from autotune._families import family_names, get_family
-from autotune._models import Candidate, CandidateResult, Failure, FamilyResult, Numerics, Timing
+from autotune._models import Candidate, CandidateResult, Failure, FamilyResult, Numerics, Rival, Timing
 
 # Seven values for six rounds: consecutive series get different noise, as real interleaved rounds do.
 _noise = itertools.cycle([1.0, 1.01, 0.99, 1.005, 0.995, 1.0, 1.008])
@@ -49,3 +50,11 @@ def family(kind: str, *results: CandidateResult, notes: dict[str, str] | None = 
         budget_s=1.0, candidates=list(results), backend_notes=notes or {}, noisy=noisy,
         key=family_key(get_family(kind)) if registered else None, rules=rules_digest() if registered else None,
     )
+
+
+def rival(config: Config, label: str) -> Rival:
+    """The evidence on the candidate labelled ``label`` (e.g. ``'cpu fp32'``) against ``config``'s pick."""
+    assert config.evidence is not None
+    found = [r for r in config.evidence.rivals if r.candidate.label == label]
+    assert found, f"{label} is not among the rivals: {[r.candidate.label for r in config.evidence.rivals]}"
+    return found[0]

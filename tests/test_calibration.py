@@ -22,12 +22,28 @@ def test_end_to_end_calibration_of_builtin_tiny_mlp(isolated_autotune: Path) -> 
     assert config.precision in ("fp32", "bf16-mixed", "fp16-mixed")
     assert config.step_ms is not None and config.step_ms > 0
     assert config.fingerprint_digest == autotune.fingerprint().digest
-    assert "CPU (" in config.reason and "ms/step" in config.reason
+    assert " on the CPU: " in config.reason and len(config.reason) <= 160
     stored = Store(isolated_autotune).load(config.fingerprint_digest)
     assert stored is not None
     measured = stored.families["tiny_mlp"]
     labels = [r.candidate.label for r in measured.candidates]
     assert labels[0] == "cpu fp32" and "cpu bf16-mixed" in labels
+    # Every other candidate of the record is in the evidence: with its ratio, interval and rounds, or why it stopped.
+    assert config.evidence is not None and config.evidence.device_name
+    rivals = {r.candidate.label: r for r in config.evidence.rivals}
+    assert set(rivals) == set(labels) - {config.candidate.label}
+    for result in measured.candidates:
+        if result.candidate == config.candidate:
+            continue
+        found = rivals[result.candidate.label]
+        if result.failure is not None:
+            assert (found.verdict, found.failure) == ("failed", result.failure)
+        else:
+            assert found.ratio is not None and found.against is not None and found.rounds is not None
+            assert found.verdict != "untimed" and found.step_ms == result.timing.median_ms  # type: ignore[union-attr]
+        if result.timing is not None and result.timing.dropped is not None:
+            assert (found.verdict, found.ratio, found.rounds) == (
+                "dropped", result.timing.dropped.ratio, result.timing.dropped.rounds)
     baseline = measured.candidates[0]
     assert baseline.timing is not None
     assert baseline.timing.n >= 3 or baseline.timing.dropped is not None  # timed to a verdict, or far behind
@@ -101,7 +117,10 @@ def test_calibrate_rejects_unknown_names_before_measuring(isolated_autotune: Pat
 def test_calibrate_on_miss_false_answers_heuristically(tiny_family: str) -> None:
     config = autotune.best_config(tiny_family, calibrate_on_miss=False)
     assert (config.source, config.device, config.precision) == ("heuristic", "cpu", "fp32")
-    assert "calibrate_on_miss=False" in config.reason
+    assert config.reason == ("fp32 on the CPU, which always trains: no measurement of this machine yet (calibration "
+                             "not allowed by calibrate_on_miss=False)")
+    assert config.evidence is not None
+    assert config.evidence.unmeasured == "calibration not allowed by calibrate_on_miss=False"
 
 
 @pytest.mark.usefixtures("in_process")
@@ -117,6 +136,8 @@ def test_prefer_gpu_on_this_cpu_only_machine_says_there_is_no_usable_gpu(tiny_fa
     config = autotune.best_config(tiny_family, prefer="gpu")
     assert config.device == "cpu"
     assert "GPU requested, but there is no usable GPU" in config.reason
+    assert config.evidence is not None and config.evidence.no_gpu is not None
+    assert config.evidence.no_gpu.startswith("there is no usable GPU (cuda: ")
 
 
 @pytest.mark.parametrize(("kwargs", "name"), [

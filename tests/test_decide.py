@@ -1,10 +1,9 @@
 from __future__ import annotations
 
 import logging
-import re
 
 import pytest
-from samples import failed, family, timed
+from samples import failed, family, rival, timed
 
 from autotune import CalibrationError
 from autotune._decide import decide, picked
@@ -13,13 +12,16 @@ from autotune._models import Candidate, CandidateResult, Drop, Interval
 DIGEST = "0123456789abcdef"
 
 
-def test_clear_winner_is_picked_with_numbers_in_the_reason() -> None:
+def test_clear_winner_is_picked_with_its_numbers_in_the_reason_and_the_evidence() -> None:
     measured = family("cnn", timed("cpu", "fp32", 110.0), timed("cpu", "bf16-mixed", 58.6))
     config = decide(measured, digest=DIGEST)
     assert (config.device, config.precision, config.source) == ("cpu", "bf16-mixed", "measured")
-    assert re.search(r"bf16-mixed at 5\d\.\d ms/step: 1\.8\dx faster than fp32 "
-                     r"\(5\d\.\d vs 1\d\d ms/step, interval 1\.\d\d-\d\.\d\dx\)",
-                     config.reason)
+    assert config.reason == "bf16 mixed precision on the CPU: 1.9x faster than fp32 (measured 2026-11-30)"
+    fp32 = rival(config, "cpu fp32")
+    assert (fp32.role, fp32.verdict, fp32.against, fp32.rounds) == ("precision", "slower", config.candidate, 6)
+    assert fp32.ratio is not None and fp32.ratio.estimate == pytest.approx(110 / 58.6, rel=0.02)
+    assert 1 < fp32.ratio.low < fp32.ratio.estimate < fp32.ratio.high
+    assert fp32.step_ms == pytest.approx(110, rel=0.02) and fp32.margin == 0.03
     assert config.speedup_vs_fp32_cpu == pytest.approx(110 / 58.6, rel=0.02)
 
 
@@ -27,7 +29,9 @@ def test_a_difference_within_noise_is_a_tie_and_fp32_wins() -> None:
     measured = family("mlp", timed("cpu", "fp32", 10.0, jitter=4), timed("cpu", "bf16-mixed", 9.9, jitter=4))
     config = decide(measured, digest=DIGEST)
     assert config.precision == "fp32"
-    assert "bf16-mixed not faster by more than the 3% margin" in config.reason
+    assert config.reason == "fp32 on the CPU: bf16 mixed precision was no faster (measured 2026-11-30)"
+    bf16 = rival(config, "cpu bf16-mixed")
+    assert (bf16.verdict, bf16.margin, bf16.rounds) == ("tie", 0.03, 6)
 
 
 def test_a_3_percent_gap_is_not_a_win() -> None:
@@ -48,7 +52,10 @@ def test_failed_candidate_is_never_picked_and_is_named() -> None:
     )
     config = decide(measured, digest=DIGEST)
     assert config.precision == "fp32"
-    assert "cpu bf16-mixed crashed on this machine (SIGABRT)" in config.reason
+    assert config.reason == "fp32 on the CPU: bf16 mixed precision crashed (measured 2026-11-30)"
+    bf16 = rival(config, "cpu bf16-mixed")
+    assert bf16.verdict == "failed" and bf16.failure is not None
+    assert (bf16.failure.kind, bf16.failure.detail) == ("crashed", "SIGABRT")
 
 
 def test_all_failed_raises_with_each_failure() -> None:
@@ -64,7 +71,10 @@ def test_prefer_gpu_without_a_gpu_answers_cpu_and_says_why(caplog: pytest.LogCap
     with caplog.at_level(logging.WARNING, logger="autotune"):
         config = decide(measured, prefer="gpu", digest=DIGEST)
     assert config.device == "cpu"
-    assert "GPU requested, but there is no usable GPU (cuda: this torch build has no CUDA support" in config.reason
+    assert config.reason.startswith("fp32 on the CPU: GPU requested, but there is no usable GPU")
+    assert config.evidence is not None and config.evidence.prefer == "gpu"
+    assert config.evidence.no_gpu == "there is no usable GPU (cuda: this torch build has no CUDA support; NVIDIA " \
+                                     "driver found)"
     assert "GPU requested" in caplog.text
 
 
@@ -76,26 +86,35 @@ def test_a_dropped_candidate_never_wins_a_tie_and_its_evidence_is_the_reason() -
     fp32 = fp32.model_copy(update={"timing": fp32.timing.model_copy(update={"dropped": drop, "final": False})})
     config = decide(family("gap", fp32, timed("cpu", "bf16-mixed", 5.9)), digest=DIGEST)
     assert config.precision == "bf16-mixed"
-    assert "fp32 8.6x slower than cpu bf16-mixed after 1 round" in config.reason
+    assert config.reason == "bf16 mixed precision on the CPU: 8.6x faster than fp32 (measured 2026-11-30)"
+    evidence = rival(config, "cpu fp32")
+    assert (evidence.verdict, evidence.against, evidence.rounds, evidence.far_behind) == (
+        "dropped", drop.by, 1, True)
+    assert evidence.ratio == drop.ratio
 
 
 def test_forced_device_is_marked_forced() -> None:
     measured = family("cnn", timed("cpu", "fp32", 100.0), timed("cpu", "bf16-mixed", 50.0))
     config = decide(measured, forced_device="cpu", digest=DIGEST)
     assert (config.device, config.precision, config.source) == ("cpu", "bf16-mixed", "forced")
-    assert "AUTOTUNE_DEVICE=cpu" in config.reason
+    assert config.reason.startswith("bf16 mixed precision on the CPU: forced by AUTOTUNE_DEVICE=cpu; 2.0x faster")
+    assert config.evidence is not None and config.evidence.forced == "cpu"
 
 
 def test_forced_device_that_was_not_measured_uses_fp32_and_says_so() -> None:
     measured = family("cnn", timed("cpu", "fp32", 100.0))
     config = decide(measured, forced_device="cuda:1", digest=DIGEST)
     assert (config.device, config.precision, config.source) == ("cuda:1", "fp32", "forced")
-    assert "did not measure" in config.reason
+    assert config.reason == ("fp32 on cuda:1: forced by AUTOTUNE_DEVICE=cuda:1; calibration did not measure cuda:1 "
+                             "here (measured: cpu)")
+    assert config.evidence is not None and config.evidence.forced == "cuda:1" and not config.evidence.rivals
 
 
-def test_noisy_measurement_is_flagged_on_the_config() -> None:
+def test_noisy_measurement_is_flagged_on_the_config_and_in_the_reason() -> None:
     config = decide(family("cnn", timed("cpu", "fp32", 100.0), noisy=True), digest=DIGEST)
-    assert config.noisy
+    assert config.noisy and config.evidence is not None and config.evidence.noisy
+    assert config.reason == ("fp32 on the CPU: the only candidate measured (measured 2026-11-30 on a busy machine; "
+                             "the next calibration measures it again)")
 
 
 def test_fp16_pick_reports_the_lowered_init_scale() -> None:
@@ -104,7 +123,8 @@ def test_fp16_pick_reports_the_lowered_init_scale() -> None:
     measured = family("det", timed("cpu", "fp32", 30.0), fp16.model_copy(update={"numerics": numerics}))
     config = decide(measured, digest=DIGEST)
     assert (config.precision, config.init_scale) == ("fp16-mixed", 1024.0)
-    assert "init_scale 1024: the default 65536 skipped 3 of 8 steps" in config.reason
+    assert config.evidence is not None
+    assert (config.evidence.default_scale_skipped, config.evidence.verified_steps) == (3, 8)
     assert config.grad_scaler().get_scale() == 1024.0
 
 
@@ -127,9 +147,9 @@ def test_the_same_math_is_ranked_on_the_final_rounds_both_were_timed_in() -> Non
     assert config.memory_format == "contiguous"
 
 
-def test_each_variant_of_a_pick_says_why_on_its_own() -> None:
-    # fused AdamW and 1 thread: the reason says why each, not only why both beat plain fp32 (it said nothing
-    # of the thread count, which won by dropping torch's own)
+def test_each_variant_of_a_pick_has_its_own_evidence() -> None:
+    # fused AdamW and 1 thread: the evidence says why each, not only why both beat plain fp32 (the thread count
+    # won by dropping torch's own)
     def variant(result: CandidateResult, **settings: object) -> CandidateResult:
         return result.model_copy(update={"candidate": result.candidate.model_copy(update=settings)})
 
@@ -140,8 +160,14 @@ def test_each_variant_of_a_pick_says_why_on_its_own() -> None:
         by=pick.candidate, ratio=Interval(estimate=1.07, low=1.02, high=1.12), rounds=150)})})
     config = decide(family("tiny", timed("cpu", "fp32", 1.0), fused, pick), digest=DIGEST)
     assert config.num_threads == 1
-    assert ("1 thread: fp32 fused-optimizer clearly slower than cpu fp32 fused-optimizer 1 thread (1.07x, interval "
-            "1.02-1.12) after 150 rounds" in config.reason)
+    without_thread = rival(config, "cpu fp32 fused-optimizer")
+    assert (without_thread.role, without_thread.verdict, without_thread.against, without_thread.rounds) == (
+        "variant", "dropped", pick.candidate, 150)
+    assert without_thread.ratio == Interval(estimate=1.07, low=1.02, high=1.12)
+    plain = rival(config, "cpu fp32")
+    assert (plain.role, plain.verdict, plain.rounds) == ("variant", "slower", 6)
+    assert config.reason == ("fp32 with the fused optimizer and 1 thread on the CPU: 1.4x faster than plain fp32 "
+                             "(measured 2026-11-30)")
 
 
 @pytest.mark.parametrize("results", [

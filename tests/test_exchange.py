@@ -17,7 +17,7 @@ from autotune._cache import lookup as _cached
 from autotune._cache.store import Store
 from autotune._cli import main
 from autotune._fingerprint import Fingerprint
-from autotune._models import FamilyResult
+from autotune._models import Difference, FamilyResult
 
 
 def _measured() -> FamilyResult:
@@ -43,6 +43,8 @@ def test_export_import_serves_as_measured_without_calibrating(tmp_path: Path, is
     config = autotune.best_config("tiny_mlp", wait=False)
     assert config.source == "measured" and config.precision == "bf16-mixed"
     assert "imported from results.json" in config.reason
+    assert config.evidence is not None and config.evidence.origin is not None
+    assert config.evidence.origin.startswith("imported from results.json (exported 20")
     assert autotune.best_config("tiny_mlp").measured_at == _measured().measured_at  # wait=True: still no calibration
     summary = autotune.import_results(out)  # an imported record may be replaced by another import
     assert len(summary.imported) == 1 and summary.kept == []
@@ -103,7 +105,8 @@ def test_defaults_layer_serves_under_local_results(tmp_path: Path, isolated_auto
     _export_from(tmp_path / "vendor", shipped, autotune.fingerprint())
     monkeypatch.setenv("AUTOTUNE_DEFAULTS", str(shipped))
     config = autotune.best_config("tiny_mlp", wait=False)
-    assert config.source == "measured" and "shipped in shipped.json" in config.reason
+    assert config.source == "measured" and config.reason.endswith("), shipped in shipped.json")
+    assert config.evidence is not None and config.evidence.origin == "shipped in shipped.json"
     assert autotune.calibrate(["tiny_mlp"]).measurements["tiny_mlp"].origin == "shipped in shipped.json"
     assert list(isolated_autotune.glob("*.json")) == []  # read-only: nothing written to the user's cache
     local = family("tiny_mlp", timed("cpu", "fp32", 1.0), timed("cpu", "bf16-mixed", 3.0))
@@ -118,7 +121,12 @@ def test_same_hardware_other_torch_is_the_fallback_and_names_the_difference(isol
     _cached.store().save(_other_torch("2.12.0"), _measured())
     config = autotune.best_config("tiny_mlp", wait=False)
     assert config.source == "heuristic" and config.precision == "bf16-mixed"
-    assert f"measured with torch 2.12.0; this is {autotune.fingerprint().torch}" in config.reason
+    assert config.reason == ("bf16 mixed precision on the CPU: the pick measured with torch 2.12.0 on the same "
+                             "hardware; not measured here yet (wait=False never measures)")
+    assert config.evidence is not None and config.evidence.similar is not None
+    assert config.evidence.similar.differences == [Difference(name="torch", then="2.12.0",
+                                                              now=autotune.fingerprint().torch)]
+    assert config.evidence.unmeasured == "wait=False never measures" and config.evidence.rivals
     other_cpu = Fingerprint.model_validate({**_other_torch().model_dump(exclude={"digest"}), "cpu_brand": "Other"})
     autotune.clear_cache()
     _cached.store().save(other_cpu, _measured())

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from procs_for_tests import workers_of
+from samples import rival
 
 import autotune
 from autotune import CalibrationError
@@ -71,7 +72,9 @@ def test_crash_only_under_bf16_picks_fp32_and_names_the_crash() -> None:
     autotune.register_family("bf16_abort", "families_for_tests:build_abort_under_bf16")
     config = autotune.best_config("bf16_abort")
     assert config.precision in ("fp32", "fp16-mixed")
-    assert "cpu bf16-mixed crashed on this machine (SIGABRT" in config.reason
+    bf16 = rival(config, "cpu bf16-mixed")
+    assert bf16.verdict == "failed" and bf16.failure is not None
+    assert bf16.failure.kind == "crashed" and "SIGABRT" in bf16.failure.detail
     measured = cached_families(["bf16_abort"])["bf16_abort"]
     by_label = {r.candidate.label: r for r in measured.candidates}
     assert by_label["cpu bf16-mixed"].failure is not None
@@ -308,8 +311,8 @@ def test_lock_wait_timeout_answers_heuristically(isolated_autotune: Path, tiny_f
         holder.kill()
         holder.wait()
     assert config.source == "heuristic"
-    assert "another process is still calibrating" in config.reason
-    assert "AUTOTUNE_LOCK_TIMEOUT_S" in config.reason
+    assert config.reason == ("fp32 on the CPU, which always trains: no measurement of this machine yet (another "
+                             "process is still calibrating after AUTOTUNE_LOCK_TIMEOUT_S=0.5 s of waiting)")
     # Waiting for another process's result takes no worker (nor CPU from that process's measurement).
     assert seen == set()
 

@@ -213,8 +213,9 @@ def test_a_result_measured_under_older_rules_serves_best_config_and_the_next_cal
     monkeypatch.setattr(_rules, "MARGIN", 0.04)  # an upgrade changed the margin
     config = autotune.best_config(tiny_family)
     assert config.source == "measured" and _measured_at(tiny_family) == stored.measured_at, "served, not measured"
-    assert "It was measured under older rules (by autotune test)" in config.reason
-    assert "the next calibrate() or `python -m autotune` measures it again" in config.reason
+    assert config.reason.endswith(f"(measured {stored.measured_at[:10]} under older rules; the next calibration "
+                                  "measures it again)")
+    assert config.evidence is not None and config.evidence.older_rules == "test"
     with caplog.at_level(logging.INFO, logger="autotune"):
         autotune.calibrate([tiny_family])
     assert "measuring tiny again: it was measured under older rules" in caplog.text

@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
+from samples import rival
 
 from autotune._cache.store import SCHEMA_VERSION, StoreFile
 from autotune._calibration.simulate import simulate, truth_from_record
@@ -55,7 +56,8 @@ def test_a_recorded_variant_gain_reaches_the_truth_of_its_own_candidate_only() -
 def test_m1_trains_the_tiny_mlp_on_the_cpu() -> None:
     config = pick("apple-m1", "tiny_mlp")
     assert (config.device, config.precision) == ("cpu", "fp32")
-    assert re.search(r"[89]\.\dx faster than mps", config.reason)
+    assert re.search(r"on the CPU: [89]\.\dx faster than mps", config.reason)
+    assert rival(config, "mps fp32").verdict == "outpaced"
 
 
 def test_m1_trains_the_cnn_on_metal_in_fp32() -> None:
@@ -63,22 +65,27 @@ def test_m1_trains_the_cnn_on_metal_in_fp32() -> None:
     assert (config.device, config.precision) == ("mps", "fp32")
     # fp16 is 1.06x slower: dropped with its evidence, or a tie the simpler fp32 wins (measured against fp32 with
     # the fused AdamW once that variant leads)
-    assert re.search(r"fp16-mixed clearly slower than mps fp32[a-z -]* \(1\.[01]\dx|fp16-mixed not faster by more "
-                     r"than the 3% margin \(.*1\.[01]\dx\)", config.reason)
-    assert re.search(r"bf16-mixed clearly slower than mps fp32[a-z -]* \(1\.[67]\dx", config.reason)
+    fp16, bf16 = rival(config, "mps fp16-mixed"), rival(config, "mps bf16-mixed")
+    assert fp16.verdict in ("dropped", "tie") and fp16.ratio is not None and 1.0 <= fp16.ratio.estimate < 1.2
+    assert bf16.verdict == "dropped" and bf16.ratio is not None and 1.6 <= bf16.ratio.estimate < 1.8
+    assert bf16.against is not None and bf16.against.label.startswith("mps fp32")
 
 
 def test_m1_user_choosing_gpu_gets_metal_with_the_honest_reason() -> None:
     config = pick("apple-m1", "tiny_mlp", prefer="gpu")
     assert config.device == "mps"
-    assert re.search(r"GPU as requested; the CPU is [89]\.\dx faster for tiny_mlp", config.reason)
+    assert re.search(r"fp32 (with the fused optimizer )?on mps: as requested, though the CPU is [89]\.\dx faster",
+                     config.reason)
+    assert rival(config, "cpu fp32").verdict == "faster"
 
 
 def test_m1_short_detection_job_finishes_first_on_the_cpu() -> None:
     assert pick("apple-m1", "detector").device == "mps"
     config = pick("apple-m1", "detector", expected_steps=60)
     assert config.device == "cpu"
-    assert re.search(r"for 60 steps it finishes first: mps's set-up 6\d\.\d s outweighs", config.reason)
+    assert re.search(r"finishes 60 steps first: mps's set-up of 6\d s outweighs its faster steps", config.reason)
+    mps = rival(config, "mps fp32")
+    assert mps.verdict == "finishes later" and mps.setup_s is not None and 60 <= mps.setup_s < 70
 
 
 def test_3090_tiny_mlp_on_the_cpu_cnn_on_cuda_bf16() -> None:
@@ -93,27 +100,34 @@ def test_3090_tiny_mlp_on_the_cpu_cnn_on_cuda_bf16() -> None:
 def test_2070_never_picks_emulated_bf16(kind: str, prefer: str) -> None:
     config = pick("rtx-2070", kind, prefer=prefer)
     assert config.precision != "bf16-mixed"
-    # bf16 is named with its measured cost: 4.35x slower than fp32, more against fp16
-    assert re.search(r"bf16-mixed [4-9]\.\dx slower than cuda:0 f(p32|p16-mixed) after 1 round", config.reason)
+    # bf16 is in the evidence with its measured cost: 4.35x slower than fp32, more against fp16
+    bf16 = rival(config, "cuda:0 bf16-mixed")
+    assert (bf16.verdict, bf16.rounds, bf16.far_behind) == ("dropped", 1, True)
+    assert bf16.ratio is not None and 4 <= bf16.ratio.estimate < 10
+    assert bf16.against is not None and bf16.against.precision in ("fp32", "fp16-mixed")
 
 
 def test_2070_fp16_detector_starts_gradscaler_lower() -> None:
     config = pick("rtx-2070", "detector")
     assert (config.precision, config.init_scale) == ("fp16-mixed", 1024.0)
     # of its verification window: 8 steps for a plain candidate, 4 for a variant (here a fused optimizer)
-    assert re.search(r"the default 65536 skipped 4 of [48] steps", config.reason)
+    assert config.evidence is not None and config.evidence.default_scale_skipped == 4
+    assert config.evidence.verified_steps in (4, 8)
 
 
 def test_2070_transformer_with_fp16_rejected_uses_fp32_and_says_why() -> None:
     config = pick("rtx-2070", "transformer")
     assert (config.device, config.precision) == ("cuda:0", "fp32")
-    assert "fp16-mixed rejected" in config.reason
+    fp16 = rival(config, "cuda:0 fp16-mixed")
+    assert fp16.verdict == "failed" and fp16.failure is not None and fp16.failure.kind == "numerics"
 
 
 def test_3080_laptop_input_bound_mixed_precision_is_a_tie_and_fp32_wins() -> None:
     config = pick("rtx-3080-laptop", "classifier")
     assert (config.device, config.precision) == ("cuda:0", "fp32")
-    assert "bf16-mixed not faster by more than the 3% margin" in config.reason
+    assert re.search(r"on cuda:0: \d\.\dx faster than the CPU", config.reason)
+    bf16 = rival(config, "cuda:0 bf16-mixed")
+    assert (bf16.verdict, bf16.margin) == ("tie", 0.03)
 
 
 def test_3080_laptop_a_real_117x_gain_is_taken() -> None:
@@ -124,7 +138,9 @@ def test_3080_laptop_short_job_stays_on_the_cpu() -> None:
     assert pick("rtx-3080-laptop", "mlp").device == "cuda:0"
     config = pick("rtx-3080-laptop", "mlp", expected_steps=60)
     assert config.device == "cpu"
-    assert re.search(r"cuda:0's set-up 4\.1 s outweighs its 0\.\d ms/step advantage", config.reason)
+    assert re.search(r"cuda:0's set-up of 4\.1 s outweighs its faster steps", config.reason)
+    assert config.evidence is not None
+    assert "finishes later" in {r.verdict for r in config.evidence.rivals if r.candidate.device == "cuda:0"}
 
 
 def test_prefer_cpu_on_a_gpu_machine_is_respected(caplog: pytest.LogCaptureFixture) -> None:

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+from samples import rival
 
 import autotune
 from autotune._calibrate import measure_family
@@ -44,7 +45,9 @@ def test_a_regression_that_bf16_cannot_resolve_picks_fp32() -> None:
     autotune.register_family("regression", "families_for_tests:build_precision_sensitive_regression")
     config = autotune.best_config("regression")
     assert config.precision == "fp32"
-    assert "bf16-mixed rejected: bf16-mixed: loss after 8 steps" in config.reason
+    bf16 = rival(config, "cpu bf16-mixed")
+    assert bf16.verdict == "failed" and bf16.failure is not None and bf16.failure.kind == "numerics"
+    assert bf16.failure.detail.startswith("bf16-mixed: loss after 8 steps")
     measured = autotune._api.cached_families(["regression"])["regression"]
     bf16 = next(r for r in measured.candidates if r.candidate.precision == "bf16-mixed")
     assert bf16.numerics is not None and bf16.numerics.loss_error > 1.0
