@@ -21,6 +21,7 @@ import autotune
 
 if TYPE_CHECKING:
     from rich.console import Console
+    from rich.table import Table
 
     from autotune._api import CandidateResult, FamilyResult
 
@@ -160,7 +161,9 @@ def _decisions(args: argparse.Namespace) -> int:
         cached_configs,
         cached_families,
         family_names,
+        ratio_words,
         similar_record,
+        time_words,
     )
 
     kinds = [_register(value) for value in args.family] if args.family else builtin_family_names()
@@ -199,17 +202,17 @@ def _decisions(args: argparse.Namespace) -> int:
     out = console()
     out.print(f"[bold]Machine[/bold] {fp.summary()}  [dim](fingerprint {fp.digest})[/dim]")
     table = Table()
-    for column in ("kind", "device", "precision", "also", "ms/step", "vs fp32 CPU", "peak MiB", "source"):
+    for column in ("kind", "device", "precision", "also", "step", "vs fp32 CPU", "peak MiB", "source"):
         table.add_column(column, overflow="fold")
     for kind, config in configs.items():
-        speed = f"{config.speedup_vs_fp32_cpu:.2f}x" if config.speedup_vs_fp32_cpu else "-"
-        step = f"{config.step_ms:.3g}" if config.step_ms else "-"
+        speed = ratio_words(config.speedup_vs_fp32_cpu) if config.speedup_vs_fp32_cpu else "-"
+        step = time_words(config.step_ms) if config.step_ms else "-"
         marker = " [yellow](noisy)[/yellow]" if config.noisy else ""
         table.add_row(kind, config.device, config.precision + marker, ", ".join(config.variants) or "-", step,
                       speed, mib(config.peak_memory_mb), config.source)
     out.print(table)
-    for kind, config in configs.items():
-        out.print(f"[bold]{kind}[/bold]: {config.reason}", highlight=False)
+    for kind, config in configs.items():  # one line each, however narrow the console: the evidence is --explain's
+        out.print(f"[bold]{kind}[/bold]: {config.reason}", highlight=False, soft_wrap=True)
     for kind in unusable:
         out.print(f"[bold]{kind}[/bold]: measured here, but no candidate could train it "
                   f"(python -m autotune --explain {kind})", highlight=False)
@@ -341,8 +344,64 @@ def explain(kind: str, *, recalibrate: bool, as_json: bool) -> int:
         out.print(f"[dim]{note}[/dim]", highlight=False)
     for backend, why in measured.backend_notes.items():
         out.print(f"[dim]{backend}: {why}[/dim]")
-    out.print(f"decision: {cached_configs([kind])[kind].reason}")
+    config = cached_configs([kind])[kind]
+    out.print(f"decision: {config.reason}", highlight=False, soft_wrap=True)
+    if config.evidence is not None:
+        out.print(evidence_table(config))
+        for line in qualifiers(config):
+            out.print(f"[dim]{line}[/dim]", highlight=False)
     return 0
+
+
+def evidence_table(config: autotune.Config) -> Table:
+    """Every other candidate against the pick: its verdict, ratio, interval and rounds, or why it stopped."""
+    from rich.table import Table
+
+    from autotune._api import ratio_words  # loads torch: never before the early start
+
+    pick = config.candidate
+    table = Table(title=f"against the pick, {pick.label}")
+    for column in ("candidate", "differs in", "verdict", "time ratio", "interval", "rounds"):
+        table.add_column(column, no_wrap=True)  # one line per rival: what a reader scans for
+    table.add_column("against / why", overflow="fold")
+    for rival in config.evidence.rivals if config.evidence is not None else []:
+        ratio = rival.ratio
+        bounded = ratio is not None and ratio.high != float("inf") and not rival.far_behind
+        against = "the pick" if rival.against == pick else rival.against.label if rival.against else ""
+        why = f"{rival.failure.kind}: {rival.failure.detail}" if rival.failure else \
+            f"{against}, far behind after one round" if rival.far_behind else \
+            f"{against}, within its {rival.margin:.0%} margin" if rival.verdict == "tie" else against
+        table.add_row(rival.candidate.label, rival.role, rival.verdict,
+                      ratio_words(ratio.estimate) if ratio else "-",
+                      f"{ratio.low:.2f}-{ratio.high:.2f}" if ratio and bounded else
+                      "unpaired" if ratio and not rival.far_behind else "-",
+                      str(rival.rounds) if rival.rounds is not None else "-", why)
+    return table
+
+
+def qualifiers(config: autotune.Config) -> list[str]:
+    """What qualifies the answer besides its rivals, one line each: preference, forced device, GradScaler, flags."""
+    evidence = config.evidence
+    if evidence is None:
+        return []
+    lines = []
+    if evidence.prefer != "auto" or evidence.expected_steps is not None:
+        lines.append(f"asked for: prefer={evidence.prefer}, expected_steps={evidence.expected_steps}")
+    if evidence.forced is not None:
+        lines.append(f"device forced by AUTOTUNE_DEVICE={evidence.forced}")
+    if evidence.no_gpu is not None:
+        lines.append(f"GPU requested, but {evidence.no_gpu}")
+    if evidence.default_scale_skipped:
+        lines.append(f"GradScaler starts at init_scale {config.init_scale:g}: the default 65536 skipped "
+                     f"{evidence.default_scale_skipped} of {evidence.verified_steps} verification steps")
+    if evidence.noisy:
+        lines.append("measured while the machine was busy: the next calibration measures it again")
+    if evidence.older_rules is not None:
+        lines.append(f"measured under older rules (by autotune {evidence.older_rules}): the next calibration "
+                     "measures it again")
+    if evidence.origin is not None:
+        lines.append(f"measured on another machine with exactly this configuration: {evidence.origin}")
+    return lines
 
 
 def trace(kind: str, args: argparse.Namespace) -> int:

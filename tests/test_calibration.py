@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import autotune
-from autotune._api import cached_families
+from autotune._api import cached_configs, cached_families, ratio_words
 from autotune._cache.store import Store
 from autotune._calibrate import CalibrationProgress
 
@@ -216,6 +217,8 @@ def test_cli_json_in_a_subprocess(isolated_autotune: Path) -> None:
     assert data["fingerprint"]["digest"] == autotune.fingerprint().digest
     config = autotune.Config.model_validate(data["configs"]["tiny_mlp"])
     assert config.source == "measured"
+    assert config.evidence is not None and config.evidence.rivals  # the argument as data, read back by the model
+    assert config.evidence.model_dump(mode="json") == data["configs"]["tiny_mlp"]["evidence"]
     assert "NumPy" not in proc.stderr
 
 
@@ -240,7 +243,20 @@ def test_cli_explain_lists_every_candidate_with_its_outcome(tiny_family: str, ca
     out = capsys.readouterr().out
     assert "cpu fp32" in out and "cpu bf16-mixed" in out
     assert "stage 2:" in out and "final" in out
-    assert "decision:" in out
+    config = cached_configs([tiny_family])[tiny_family]
+    assert f"decision: {config.reason}\n" in out
+    # Every other candidate on a line of its own: its verdict, ratio, interval and rounds, or its failure.
+    assert config.evidence is not None and config.evidence.rivals
+    for rival in config.evidence.rivals:
+        cells = [rival.candidate.label, rival.role, rival.verdict]
+        if rival.failure is not None:
+            cells += ["-", "-", "-", f"{rival.failure.kind}: "]
+        else:
+            assert rival.ratio is not None and rival.rounds is not None
+            interval = "-" if rival.far_behind else f"{rival.ratio.low:.2f}-{rival.ratio.high:.2f}" \
+                if rival.ratio.high != float("inf") else "unpaired"
+            cells += [ratio_words(rival.ratio.estimate), interval, str(rival.rounds)]
+        assert re.search("│ " + " +│ ".join(map(re.escape, cells)), out), (cells, out)
 
 
 @pytest.mark.usefixtures("in_process")
@@ -250,6 +266,7 @@ def test_cli_table_and_doctor_in_process(tiny_family: str, capsys: pytest.Captur
     assert main(["--family", tiny_family]) == 0
     out = capsys.readouterr().out
     assert "Machine" in out and tiny_family in out and "measured" in out
+    assert out.endswith(f"\n{tiny_family}: {autotune.best_config(tiny_family).reason}\n")  # one line: the reason
     assert main(["--doctor"]) == 0
     doctor = capsys.readouterr().out
     assert doctor.strip()
