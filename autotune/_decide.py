@@ -415,29 +415,32 @@ def _against(found: Rival, pick: Candidate, evidence: Evidence) -> str:
 
 def reason(pick: Candidate, evidence: Evidence, *, measured_at: str | None) -> str:
     """One sentence of at most :data:`REASON_CHARS`: the answer, then its strongest evidence, or what it falls
-    back to and why; where the whole does not fit, the weaker parts are left to ``evidence``."""
+    back to and why; where the whole does not fit, the weaker parts are left to ``evidence``, down to the answer
+    and its qualifiers in a word each."""
     answer = answer_words(pick)
     if evidence.unmeasured is not None:
         return _fallback(answer, evidence)
-    lead = []
-    if evidence.forced is not None:
-        lead.append(f"forced by AUTOTUNE_DEVICE={evidence.forced}")
-    if evidence.no_gpu is not None:
-        lead.append("GPU requested, but " + ("every GPU candidate failed" if evidence.no_gpu.startswith("every")
-                                               else "there is no usable GPU"))
+    no_gpu = "every GPU candidate failed" if (evidence.no_gpu or "").startswith("every") else "there is no usable GPU"
+    lead = [*([f"forced by AUTOTUNE_DEVICE={evidence.forced}"] if evidence.forced is not None else []),
+            *([f"GPU requested, but {no_gpu}"] if evidence.no_gpu is not None else [])]
     claims = [c for c in (_device_claim(pick, evidence), _precision_claim(pick, evidence)) if c]
     flags = [word for flag, word in ((evidence.noisy, "on a busy machine"),
                                      (evidence.older_rules is not None, "under older rules")) if flag]
-    when = " ".join([f"measured {measured_at[:10]}" if measured_at else "measured", ", ".join(flags)]).strip()
+    when = f"measured {measured_at[:10]}" if measured_at else "measured"
+    if flags:
+        when += " " + ", ".join(flags)
     again = "; the next calibration measures it again" if flags else ""
     origin = f", {evidence.origin}" if evidence.origin else ""
     short_origin = f", {evidence.origin.split()[0]}" if evidence.origin else ""
+    marks = [word for word in ("forced" if evidence.forced else "", "no usable GPU" if evidence.no_gpu else "",
+                               *flags, short_origin[2:]) if word]
     return _fitting(answer, [
         _said([*lead, ", ".join(claims)], f"({when}{again}){origin}"),
         _said([*lead, ", ".join(claims)], f"({when}){origin}"),
         _said([*lead, *claims[:1]], f"({when}){origin}"),
         _said([*lead, *claims[:1]], f"({when}){short_origin}"),
         _said(lead[:1], f"({when}){short_origin}"),
+        _said([], f"({', '.join(marks or [when])})"),
     ])
 
 
@@ -461,7 +464,8 @@ def _fallback(answer: str, evidence: Evidence) -> str:
     return _fitting(answer, [f": the pick measured with {then} on the same hardware; not measured here yet ({why})",
                              f": the pick measured with {first} on the same hardware; not measured here yet ({why})",
                              f": the pick measured with {first} on the same hardware; not measured here yet",
-                             ": the pick measured on the same hardware with other software"])
+                             ": the pick measured on the same hardware; not measured here yet",
+                             ": as measured on the same hardware, not measured here yet"])
 
 
 def _fitting(answer: str, forms: Sequence[str]) -> str:

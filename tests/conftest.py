@@ -1,14 +1,15 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import re
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
 import torch
 
 import autotune
-from autotune import _api, _fp32
+from autotune import _api, _decide, _fp32
 
 
 @pytest.fixture(autouse=True)
@@ -42,3 +43,31 @@ def tiny_family() -> str:
     """A healthy, very small family registered from an importable test module."""
     autotune.register_family("tiny", "families_for_tests:build_tiny")
     return "tiny"
+
+
+def one_sentence_problem(reason: str) -> str | None:
+    """Why ``reason`` is not one sentence of at most ``_decide.REASON_CHARS`` characters; None when it is."""
+    if len(reason) > _decide.REASON_CHARS:
+        return f"{len(reason)} characters"
+    if "\n" in reason or re.search(r"[.!?]\s+[A-Z]", reason):
+        return "more than one sentence"
+    return None
+
+
+@pytest.fixture(autouse=True)
+def reasons(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """Every reason worded in this process during the test (all pass through ``_decide._fitting``: measured,
+    forced, heuristic, similar-machine, imported, shipped, noisy, older rules); the test fails when one is not
+    one sentence of at most 160 characters."""
+    worded: list[str] = []
+    fitting = _decide._fitting
+
+    def recorded(answer: str, forms: Sequence[str]) -> str:
+        sentence = fitting(answer, forms)
+        worded.append(sentence)
+        return sentence
+
+    monkeypatch.setattr(_decide, "_fitting", recorded)
+    yield worded
+    wrong = {reason: problem for reason in worded if (problem := one_sentence_problem(reason)) is not None}
+    assert not wrong, f"reasons that are not one sentence of at most {_decide.REASON_CHARS} characters: {wrong}"

@@ -1,0 +1,61 @@
+"""Every reason is one sentence of at most 160 characters, the answer first, whatever qualifies it; the suite's
+own reasons are checked by conftest's ``reasons`` fixture, these are the longest the wording can meet."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import one_sentence_problem
+from samples import family, timed
+
+from autotune._decide import answer_words, decide, restate
+from autotune._models import Difference, SimilarMachine
+
+DIGEST = "0123456789abcdef"
+LONG_WHY = "another process is still calibrating after AUTOTUNE_LOCK_TIMEOUT_S=86400 s of waiting"
+
+
+def _longest_pick() -> list:  # type: ignore[type-arg]
+    """A pick with every variant on an accelerator, against the CPU and plain fp32 on its device."""
+    best = timed("xpu:0", "bf16-mixed", 10.0)
+    best = best.model_copy(update={"candidate": best.candidate.model_copy(update={
+        "memory_format": "channels_last", "optimizer": "foreach", "compiled": True})})
+    return [timed("cpu", "fp32", 100.0), timed("xpu:0", "fp32", 30.0), best]
+
+
+@pytest.mark.parametrize("flags", [
+    {},
+    {"noisy": True},
+    {"noisy": True, "older_rules": "0.1.0"},
+    {"noisy": True, "older_rules": "0.1.0", "origin": "imported from results-of-the-whole-lab-2026.json "
+                                                      "(exported 2026-11-30)"},
+    {"origin": "shipped in results.json"},
+    {"unmeasured": LONG_WHY},
+    {"unmeasured": LONG_WHY, "similar": SimilarMachine(measured_at="2026-11-30", differences=[
+        Difference(name="torch", then="2.12.0", now="2.13.0"), Difference(name="python", then="3.11", now="3.12"),
+        Difference(name="NVIDIA GeForce RTX 3090 driver", then="550.54", now="560.35")])},
+], ids=["measured", "noisy", "noisy-older-rules", "noisy-older-rules-imported", "shipped", "heuristic",
+        "similar-machine"])
+@pytest.mark.parametrize("forced", [None, "xpu:0"], ids=["auto", "forced"])
+def test_the_longest_reasons_are_one_sentence_that_starts_with_the_answer(flags: dict[str, object],
+                                                                           forced: str | None) -> None:
+    config = decide(family("cnn", *_longest_pick()), forced_device=forced, digest=DIGEST)
+    config = restate(config, **flags)
+    assert one_sentence_problem(config.reason) is None, config.reason
+    assert config.reason.startswith(answer_words(config.candidate))
+    assert ("busy machine" in config.reason) == bool(flags.get("noisy"))
+    if forced is not None:
+        assert "forced" in config.reason
+    elif "unmeasured" in flags:
+        assert "not measured here" in config.reason or "no measurement of this machine" in config.reason
+
+
+def test_a_reason_that_fits_keeps_every_qualifier() -> None:
+    config = restate(decide(family("cnn", timed("cpu", "fp32", 20.0), timed("cpu", "bf16-mixed", 10.0)),
+                            digest=DIGEST), noisy=True, older_rules="0.1.0", origin="shipped in results.json")
+    assert config.reason == ("bf16 mixed precision on the CPU: 2.0x faster than fp32 (measured 2026-11-30 on a busy "
+                             "machine, under older rules), shipped in results.json")
+
+
+def test_the_suites_reasons_are_recorded(reasons: list[str]) -> None:
+    config = decide(family("cnn", timed("cpu", "fp32", 20.0), timed("cpu", "bf16-mixed", 10.0)), digest=DIGEST)
+    assert reasons == [config.reason]
