@@ -301,7 +301,13 @@ def plain_progress() -> Callable[[autotune.CalibrationProgress], None]:
 
 
 def explain(kind: str, *, recalibrate: bool, as_json: bool) -> int:
-    from autotune._api import cached_configs, cached_families, family_names  # loads torch: never before the early start
+    from autotune._api import (  # loads torch: never before the early start
+        cached_configs,
+        cached_families,
+        family_names,
+        ratio_words,
+        time_words,
+    )
 
     # A kind registered here is measured again when stale; one only another process registered is shown
     # as the cache holds it.
@@ -317,29 +323,30 @@ def explain(kind: str, *, recalibrate: bool, as_json: bool) -> int:
     out = console()
     out.print(f"[bold]{kind}[/bold] measured {measured.measured_at} in {measured.wall_s:.1f} s"
               + ("  [yellow]noisy[/yellow]" if measured.noisy else ""))
-    table = Table()
-    columns = ("candidate", "ms/step", "rounds", "time vs fp32 CPU", "set-up s", "peak MiB", "loss err", "update cos",
-               "outcome")
-    for column in columns:
+    table = Table(title="measured")
+    for column in ("candidate", "timed in", "step", "rounds", "time vs fp32 CPU", "set-up", "peak MiB", "loss err",
+                   "update cos"):
         table.add_column(column, overflow="fold")
     for r in measured.candidates:
         t, n = r.timing, r.numerics
         table.add_row(
             r.candidate.label,
-            f"{t.median_ms:.3g}" if t else (f"{r.first_step_ms:.3g} (1st)" if r.first_step_ms else "-"),
+            timed_in(r),
+            time_words(t.median_ms) if t else (f"{time_words(r.first_step_ms)} (1st)" if r.first_step_ms else "-"),
             f"{t.n} x {t.steps_per_round}" if t else "-",
-            t.vs_baseline.describe() if t and t.vs_baseline else "-",
-            f"{r.setup_s:.2f}" if r.setup_s is not None else "-",
+            f"{ratio_words(t.vs_baseline.estimate)} ({t.vs_baseline.low:.2f}-{t.vs_baseline.high:.2f})"
+            if t and t.vs_baseline else "-",
+            time_words(1000 * r.setup_s) if r.setup_s is not None else "-",
             mib(r.peak_bytes / 2**20 if r.peak_bytes is not None else None,
                  r.peak_reserved_bytes / 2**20 if r.peak_reserved_bytes is not None else None),
             f"{n.loss_error:.1e}" if n else "-",
             f"{n.update_cosine:.3f}" if n else "-",
-            outcome(r),
         )
     out.print(table)
     for r in measured.candidates:
         if r.failure is not None:
-            out.print(f"{r.candidate.label} {r.failure.kind}: {retry_words(measured, r)}", highlight=False)
+            out.print(f"{r.candidate.label} {r.failure.kind}: {r.failure.detail}; {retry_words(measured, r)}",
+                      highlight=False)
     for note in measured.search_notes:
         out.print(f"[dim]{note}[/dim]", highlight=False)
     for backend, why in measured.backend_notes.items():
@@ -354,24 +361,26 @@ def explain(kind: str, *, recalibrate: bool, as_json: bool) -> int:
 
 
 def evidence_table(config: autotune.Config) -> Table:
-    """Every other candidate against the pick: its verdict, ratio, interval and rounds, or why it stopped."""
+    """Every other candidate against the pick: its verdict, time ratio (to the pick, or to the candidate it
+    stopped against), interval and paired rounds, or its failure."""
     from rich.table import Table
 
     from autotune._api import ratio_words  # loads torch: never before the early start
 
     pick = config.candidate
     table = Table(title=f"against the pick, {pick.label}")
-    for column in ("candidate", "differs in", "verdict", "time ratio", "interval", "rounds"):
+    for column in ("candidate", "verdict", "time ratio", "interval", "rounds"):
         table.add_column(column, no_wrap=True)  # one line per rival: what a reader scans for
     table.add_column("against / why", overflow="fold")
     for rival in config.evidence.rivals if config.evidence is not None else []:
         ratio = rival.ratio
         bounded = ratio is not None and ratio.high != float("inf") and not rival.far_behind
         against = "the pick" if rival.against == pick else rival.against.label if rival.against else ""
-        why = f"{rival.failure.kind}: {rival.failure.detail}" if rival.failure else \
+        why = f"{rival.failure.kind} (above)" if rival.failure else \
             f"{against}, far behind after one round" if rival.far_behind else \
-            f"{against}, within its {rival.margin:.0%} margin" if rival.verdict == "tie" else against
-        table.add_row(rival.candidate.label, rival.role, rival.verdict,
+            f"{against}, not faster by more than {rival.margin:.0%}" if rival.verdict == "tie" and rival.margin else \
+            f"{against}, not confidently faster" if rival.verdict == "tie" else against
+        table.add_row(rival.candidate.label, rival.verdict,
                       ratio_words(ratio.estimate) if ratio else "-",
                       f"{ratio.low:.2f}-{ratio.high:.2f}" if ratio and bounded else
                       "unpaired" if ratio and not rival.far_behind else "-",
@@ -472,15 +481,13 @@ def mib(peak_mb: float | None, reserved_mb: float | None = None) -> str:
     return f"{peak_mb:.3g}" + (f" ({reserved_mb:.4g} reserved)" if reserved_mb is not None else "")
 
 
-def outcome(result: CandidateResult) -> str:
+def timed_in(result: CandidateResult) -> str:
+    """Where its timing comes from: ``'final'`` (the paired comparison), ``'stage 2'``, or its failure's kind."""
     if result.failure is not None:
-        return f"{result.failure.kind}: {result.failure.detail}"
+        return result.failure.kind
     if result.timing is None:
-        return "ok"
-    stage = "final" if result.timing.final else f"stage {result.timing.stage}"
-    if result.timing.dropped is not None:
-        return f"{stage}: {result.timing.dropped.describe()}"
-    return f"{stage}: finalist" if result.timing.final else f"{stage}: ok"
+        return "-"
+    return "final" if result.timing.final else f"stage {result.timing.stage}"
 
 
 def retry_words(measured: FamilyResult, result: CandidateResult) -> str:

@@ -248,9 +248,9 @@ def test_cli_explain_lists_every_candidate_with_its_outcome(tiny_family: str, ca
     # Every other candidate on a line of its own: its verdict, ratio, interval and rounds, or its failure.
     assert config.evidence is not None and config.evidence.rivals
     for rival in config.evidence.rivals:
-        cells = [rival.candidate.label, rival.role, rival.verdict]
+        cells = [rival.candidate.label, rival.verdict]
         if rival.failure is not None:
-            cells += ["-", "-", "-", f"{rival.failure.kind}: "]
+            cells += ["-", "-", "-", f"{rival.failure.kind} (above)"]
         else:
             assert rival.ratio is not None and rival.rounds is not None
             interval = "-" if rival.far_behind else f"{rival.ratio.low:.2f}-{rival.ratio.high:.2f}" \

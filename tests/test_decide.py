@@ -188,3 +188,14 @@ def test_picked_raises_like_decide_when_nothing_trains() -> None:
     measured = family("cnn", failed("cpu", "fp32", "error", "boom"))
     with pytest.raises(CalibrationError, match="boom"):
         picked(measured)
+
+
+def test_the_info_log_line_is_the_reason_and_debug_carries_the_evidence(caplog: pytest.LogCaptureFixture) -> None:
+    measured = family("cnn", timed("cpu", "fp32", 110.0), timed("cpu", "bf16-mixed", 58.6))
+    with caplog.at_level(logging.DEBUG, logger="autotune"):
+        config = decide(measured, digest=DIGEST)
+    info = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    debug = [r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG]
+    assert info == [f"cnn: {config.reason}"]
+    assert config.evidence is not None
+    assert debug == [f"cnn: the evidence: {config.evidence.model_dump_json()}"]
