@@ -81,7 +81,9 @@ def test_a_decided_config_dumps_every_key_it_always_had() -> None:
         "speedup_vs_fp32_cpu": dumped["speedup_vs_fp32_cpu"], "init_scale": None, "peak_memory_mb": 3.0,
         "num_threads": None, "memory_format": "channels_last", "optimizer": "fused", "compiled": False,
         "noisy": False, "fingerprint_digest": "d", "measured_at": "2026-11-30T00:00:00+00:00",
+        "evidence": dumped["evidence"],  # added, the decision's evidence
     }
+    assert config.evidence is not None and dumped["evidence"] == config.evidence.model_dump()
     assert 1.9 < dumped["speedup_vs_fp32_cpu"] < 2.1
     assert config.candidate == fast.candidate and config.variants == ["channels_last", "fused-optimizer"]
     assert Config.model_validate_json(config.model_dump_json()) == config
