@@ -123,11 +123,19 @@ def config_for(family: Family, *, prefer: Prefer = "auto", expected_steps: int |
                             f"AUTOTUNE_LOCK_TIMEOUT_S={_env.LOCK_TIMEOUT_S.get():g} s of waiting",
                             prefer=prefer, expected_steps=expected_steps)
         memo = (*memo[:-1], store.stamp(fp.digest))
-    config = decide(measured, prefer=prefer, expected_steps=expected_steps, forced_device=forced, digest=fp.digest)
-    if rules_change(measured) is not None:  # still a measurement of this machine; the next calibration replaces it
-        config = restate(config, older_rules=measured.autotune_version)
+    config = _decided(measured, prefer=prefer, expected_steps=expected_steps, forced=forced, digest=fp.digest)
     # A transient failure's retry is due later: the memo answers until then, so a long-running app retries too.
     _cached.decisions[memo] = (config, fresh_until(measured) if may_measure else None)
+    return config
+
+
+def _decided(measured: FamilyResult, *, prefer: Prefer, expected_steps: int | None, forced: str | None,
+             digest: str) -> Config:
+    """The decision on this machine's record; one measured under older rules says so (it still answers until the
+    next calibration replaces it)."""
+    config = decide(measured, prefer=prefer, expected_steps=expected_steps, forced_device=forced, digest=digest)
+    if rules_change(measured) is not None:
+        config = restate(config, older_rules=measured.autotune_version)
     return config
 
 
@@ -193,7 +201,7 @@ def cached_configs(
     forced = _env.DEVICE.get()
     digest = fingerprint().digest
     return {
-        kind: decide(measured, prefer=prefer, expected_steps=expected_steps, forced_device=forced, digest=digest)
+        kind: _decided(measured, prefer=prefer, expected_steps=expected_steps, forced=forced, digest=digest)
         for kind, measured in cached_families(model_kinds).items()
     }
 

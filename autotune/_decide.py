@@ -1,4 +1,5 @@
-"""From raw measurements to one Config with its reason. Pure: no device is touched here.
+"""From raw measurements to one Config, its evidence (every other candidate against the pick, as data) and its
+reason (one sentence from that evidence). Pure: no device is touched here.
 
 Rules, in order:
 1. Only candidates that were timed and passed the numerics gate can be picked, and only those timed in the
@@ -45,6 +46,7 @@ from autotune._rules import margin, preference
 log = logging.getLogger("autotune")
 
 PREFERENCES: tuple[Prefer, ...] = ("auto", "gpu", "cpu")
+_FP32_CPU = Candidate(device="cpu", precision="fp32")
 
 
 def finalists(measured: FamilyResult) -> list[CandidateResult]:
@@ -112,9 +114,6 @@ def decide(
     log.info("%s: %s", measured.model_kind, config.reason)
     log.debug("%s: the evidence: %s", measured.model_kind, evidence.model_dump_json())
     return config
-
-
-_FP32_CPU = Candidate(device="cpu", precision="fp32")
 
 
 def _speedup(pick: CandidateResult, baseline: CandidateResult, evidence: Evidence) -> float:
@@ -344,6 +343,7 @@ def answer_words(choice: Choice) -> str:
 
 
 def _where(device: str) -> str:
+    """e.g. ``'the CPU'``, ``'cuda:0'``"""
     return "the CPU" if device == "cpu" else device
 
 
@@ -414,6 +414,7 @@ def _times_over(found: Rival, pick: Candidate, evidence: Evidence, seen: frozens
 
 
 def _against(found: Rival, pick: Candidate, evidence: Evidence) -> str:
+    """e.g. ``'2.5x faster than fp32'``, ``'bf16 mixed precision was no faster'``."""
     name = _named(found.candidate, pick)
     times = _times_over(found, pick, evidence)
     if found.verdict in ("dropped", "slower", "outpaced") and (times is None or times < 1):
@@ -429,10 +430,9 @@ def reason(pick: Candidate, evidence: Evidence, *, measured_at: str | None) -> s
     and its qualifiers in a word each."""
     answer = answer_words(pick)
     if evidence.unmeasured is not None:
-        return _fallback(answer, evidence)
-    no_gpu = "every GPU candidate failed" if (evidence.no_gpu or "").startswith("every") else "there is no usable GPU"
+        return _fallback(pick, answer, evidence)
     lead = [*([f"forced by AUTOTUNE_DEVICE={evidence.forced}"] if evidence.forced is not None else []),
-            *([f"GPU requested, but {no_gpu}"] if evidence.no_gpu is not None else [])]
+            *([f"GPU requested, but {evidence.no_gpu.partition(' (')[0]}"] if evidence.no_gpu is not None else [])]
     claims = [c for c in (_device_claim(pick, evidence), _precision_claim(pick, evidence)) if c]
     flags = [word for flag, word in ((evidence.noisy, "on a busy machine"),
                                      (evidence.older_rules is not None, "under older rules")) if flag]
@@ -460,13 +460,15 @@ def _said(parts: Sequence[str], tail: str) -> str:
     return f": {body} {tail}" if body else f" {tail}"
 
 
-def _fallback(answer: str, evidence: Evidence) -> str:
+def _fallback(pick: Candidate, answer: str, evidence: Evidence) -> str:
+    """What an answer without a measurement of this machine falls back to, and why."""
     why = evidence.unmeasured or ""
     if evidence.forced is not None:
         return _fitting(answer, [f": forced by AUTOTUNE_DEVICE={evidence.forced}; {why}",
                                  f": forced by AUTOTUNE_DEVICE={evidence.forced}, which calibration did not measure"])
     if evidence.similar is None:
-        return _fitting(answer, [f", which always trains: no measurement of this machine yet ({why})",
+        always = ", which always trains" if pick == _FP32_CPU else ""
+        return _fitting(answer, [f"{always}: no measurement of this machine yet ({why})",
                                  f": not measured here yet ({why})", ": not measured here yet"])
     differences = evidence.similar.differences
     then = ", ".join(f"{d.name} {d.then}" for d in differences)

@@ -8,13 +8,13 @@ from conftest import one_sentence_problem
 from samples import family, timed
 
 from autotune._decide import answer_words, decide, restate
-from autotune._models import Difference, SimilarMachine
+from autotune._models import CandidateResult, Difference, SimilarMachine
 
 DIGEST = "0123456789abcdef"
 LONG_WHY = "another process is still calibrating after AUTOTUNE_LOCK_TIMEOUT_S=86400 s of waiting"
 
 
-def _longest_pick() -> list:  # type: ignore[type-arg]
+def _longest_pick() -> list[CandidateResult]:
     """A pick with every variant on an accelerator, against the CPU and plain fp32 on its device."""
     best = timed("xpu:0", "bf16-mixed", 10.0)
     best = best.model_copy(update={"candidate": best.candidate.model_copy(update={
