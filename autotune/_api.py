@@ -308,6 +308,7 @@ __all__ = [
     "CandidateResult",
     "FamilyResult",
     "Finding",
+    "Prefer",
     "best_config",
     "builtin_family_names",
     "cached_configs",

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from rich.console import Console
     from rich.table import Table
 
-    from autotune._api import CandidateResult, FamilyResult
+    from autotune._api import CandidateResult, FamilyResult, Prefer
 
 EPILOG = """\
 examples:
@@ -126,7 +126,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"imported {len(summary.imported)} record(s) from {args.import_file}{kept}", file=sys.stderr)
             return 0
         if args.explain:
-            return explain(_register(args.explain), recalibrate=args.recalibrate, as_json=args.json)
+            return explain(_register(args.explain), recalibrate=args.recalibrate, as_json=args.json,
+                           prefer=args.prefer, steps=args.steps)
         if args.trace:
             return trace(_register(args.trace), args)
         if args.max_batch:
@@ -300,7 +301,7 @@ def plain_progress() -> Callable[[autotune.CalibrationProgress], None]:
     return report
 
 
-def explain(kind: str, *, recalibrate: bool, as_json: bool) -> int:
+def explain(kind: str, *, recalibrate: bool, as_json: bool, prefer: Prefer = "auto", steps: int | None = None) -> int:
     from autotune._api import (  # loads torch: never before the early start
         cached_configs,
         cached_families,
@@ -351,7 +352,7 @@ def explain(kind: str, *, recalibrate: bool, as_json: bool) -> int:
         out.print(f"[dim]{note}[/dim]", highlight=False)
     for backend, why in measured.backend_notes.items():
         out.print(f"[dim]{backend}: {why}[/dim]")
-    config = cached_configs([kind])[kind]
+    config = cached_configs([kind], prefer=prefer, expected_steps=steps)[kind]
     out.print(f"decision: {config.reason}", highlight=False, soft_wrap=True)
     if config.evidence is not None:
         out.print(evidence_table(config))

@@ -257,6 +257,12 @@ def test_cli_explain_lists_every_candidate_with_its_outcome(tiny_family: str, ca
                 if rival.ratio.high != float("inf") else "unpaired"
             cells += [ratio_words(rival.ratio.estimate), interval, str(rival.rounds)]
         assert re.search("│ " + " +│ ".join(map(re.escape, cells)), out), (cells, out)
+    # --prefer and --steps decide as the table would, and say what was asked for.
+    assert main(["--explain", tiny_family, "--prefer", "gpu", "--steps", "60"]) == 0
+    out = capsys.readouterr().out
+    assert "asked for: prefer=gpu, expected_steps=60" in out
+    if not autotune.fingerprint().accelerators:
+        assert "GPU requested, but there is no usable GPU (" in out
 
 
 @pytest.mark.usefixtures("in_process")
