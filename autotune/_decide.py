@@ -382,13 +382,13 @@ def _device_claim(pick: Candidate, evidence: Evidence) -> str | None:
 
 
 def _precision_claim(pick: Candidate, evidence: Evidence) -> str | None:
-    """The pick against plain fp32 on its device, or (a plain fp32 pick) against the other precisions."""
+    """The pick against plain fp32 on its device; an fp32 pick whose settings did not clearly beat plain fp32
+    (the same math, a tie) against the other precisions instead: why not a lower one."""
     same = [r for r in evidence.rivals if r.role != "device"]
     fp32 = next((r for r in same if r.candidate == Candidate(device=pick.device, precision="fp32")), None)
-    if fp32 is not None and fp32.verdict != "failed":
-        return _against(fp32, pick, evidence)
-    if fp32 is not None or pick.variants or pick.precision != "fp32":
-        return None
+    gained = fp32 is not None and fp32.verdict in ("slower", "dropped", "outpaced")
+    if pick.precision != "fp32" or gained:
+        return _against(fp32, pick, evidence) if fp32 is not None and fp32.verdict != "failed" else None
     timed = [r for r in same if r.role == "precision" and r.verdict not in ("failed", "untimed", "unpaired")]
     if timed:
         return _against(min(timed, key=lambda r: _times_over(r, pick, evidence) or float("inf")), pick, evidence)
