@@ -25,12 +25,11 @@ from typing import Literal
 from autotune import _stats
 from autotune._config import Config
 from autotune._errors import CalibrationError
-from autotune._models import Candidate, CandidateResult, FamilyResult, Precision
+from autotune._models import Candidate, CandidateResult, FamilyResult, Precision, Prefer
 from autotune._rules import complexity, margin, preference
 
 log = logging.getLogger("autotune")
 
-Prefer = Literal["auto", "gpu", "cpu"]
 PREFERENCES: tuple[Prefer, ...] = ("auto", "gpu", "cpu")
 
 
