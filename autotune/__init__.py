@@ -32,12 +32,13 @@ _WHERE = {
     "Config": "_config",
     **dict.fromkeys([
         "AutotuneError", "BatchSizeUnsupportedError", "CalibrationCancelled", "CalibrationError",
-        "CalibrationPending", "ConfigurationError", "FamilyRegistrationError", "FrameworkError", "ImportFileError",
-        "MaxBatchError", "TraceError", "UnknownFamilyError",
+        "CalibrationPending", "ConfigMisbehaved", "ConfigurationError", "FamilyRegistrationError", "FrameworkError",
+        "ImportFileError", "MaxBatchError", "TraceError", "UnknownFamilyError",
     ], "_errors"),
     "use_defaults": "_cache.exchange",
     "Family": "_families", "Workload": "_families", "get_family": "_families", "register_family": "_families",
     "Fingerprint": "_fingerprint", "fingerprint": "_fingerprint",
+    "Guard": "_guard", "GuardCallback": "_lightning",
     "max_batch_report": "_max_batch", "max_batch_size": "_max_batch",
     **dict.fromkeys(["MaxBatchReport", "MemoryLine", "MemoryProbe", "OperatorTime", "TraceReport"], "_models"),
 }
@@ -55,6 +56,7 @@ if TYPE_CHECKING:
         CalibrationCancelled,
         CalibrationError,
         CalibrationPending,
+        ConfigMisbehaved,
         ConfigurationError,
         FamilyRegistrationError,
         FrameworkError,
@@ -65,6 +67,8 @@ if TYPE_CHECKING:
     )
     from autotune._families import Family, Workload, get_family, register_family
     from autotune._fingerprint import Fingerprint, fingerprint
+    from autotune._guard import Guard
+    from autotune._lightning import GuardCallback
     from autotune._max_batch import max_batch_report, max_batch_size
     from autotune._models import MaxBatchReport, MemoryLine, MemoryProbe, OperatorTime, TraceReport
 else:  # type checkers see the imports above: a misspelt name stays an error there
@@ -92,11 +96,14 @@ __all__ = [
     "CalibrationProgress",
     "CalibrationReport",
     "Config",
+    "ConfigMisbehaved",
     "ConfigurationError",
     "Family",
     "FamilyRegistrationError",
     "Fingerprint",
     "FrameworkError",
+    "Guard",
+    "GuardCallback",
     "ImportFileError",
     "MaxBatchError",
     "MaxBatchReport",
