@@ -139,9 +139,10 @@ def decided(measured: FamilyResult, *, prefer: Prefer, expected_steps: int | Non
     latest = demoted[-1]
     same_device = latest.candidate.device == config.device
     was = latest.candidate.precision if same_device else f"{latest.candidate.device} {latest.candidate.precision}"
-    now = f"{config.precision}{config.variant_words}" if same_device else config.candidate.label
-    reason = (f"{was} was demoted after {latest.words} at step {latest.step:,} of training on {latest.at[:10]}; "
-              f"using {now}")
+    now = config.precision if same_device else f"{config.device} {config.precision}"
+    reason = f"{was} was demoted after {latest.words} at step {latest.step:,} of training on {latest.at[:10]}; using "
+    # One sentence under 160 characters: the variants are named only where they fit (the Config lists them all).
+    reason += now + config.variant_words if len(reason + now + config.variant_words) < 160 else now
     log.info("%s: %s", measured.model_kind, reason)
     return config.model_copy(update={"reason": reason})
 

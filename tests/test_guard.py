@@ -359,3 +359,23 @@ def test_a_candidate_pruned_as_slower_than_the_demoted_one_is_the_answer_after_i
         guard.check()
     answer = _demoted_answer(tiny_family, "bf16-mixed", "NaN losses", 1, "fp32")
     assert answer.step_ms == fp32.timing.median_ms and guard.fallback() == answer
+
+
+def test_a_demoted_gpu_candidate_leaves_the_cpu_and_the_reason_stays_one_short_sentence(tiny_family: str) -> None:
+    variant = timed("cpu", "bf16-mixed", 50.0)
+    variant = variant.model_copy(update={"candidate": variant.candidate.model_copy(update={
+        "memory_format": "channels_last", "optimizer": "fused", "num_threads": 1, "compiled": True})})
+    record = family(tiny_family, timed("cuda:0", "fp16-mixed", 20.0), variant, timed("cpu", "fp32", 100.0))
+    _cached.store().save(autotune.fingerprint(), record)
+    config = autotune.best_config(tiny_family)
+    assert config.device == "cuda:0"
+    guard = config.guard()
+    with pytest.warns(ConfigMisbehaved):
+        for step in range(1, 1_004):
+            guard.step(float("nan") if step > 1_000 else 1.0)
+        guard.check()
+    answer = autotune.best_config(tiny_family)
+    assert answer.candidate == variant.candidate
+    assert answer.reason.startswith(f"cuda:0 fp16-mixed was demoted after NaN losses at step 1,001 of training on "
+                                    f"{TODAY}; using cpu bf16-mixed")
+    assert len(answer.reason) < 160 and answer.reason.count(". ") == 0
