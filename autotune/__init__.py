@@ -38,7 +38,10 @@ _WHERE = {
     "use_defaults": "_cache.exchange",
     "Family": "_families", "Workload": "_families", "get_family": "_families", "register_family": "_families",
     "Fingerprint": "_fingerprint", "fingerprint": "_fingerprint",
-    "Guard": "_guard", "GuardCallback": "_lightning",
+    "Guard": "_guard",
+    # Loads Lightning: reachable as autotune.GuardCallback, left out of __all__ so that `from autotune import *`
+    # never needs a framework the app may not have.
+    "GuardCallback": "_lightning",
     "max_batch_report": "_max_batch", "max_batch_size": "_max_batch",
     **dict.fromkeys(["MaxBatchReport", "MemoryLine", "MemoryProbe", "OperatorTime", "TraceReport"], "_models"),
 }
@@ -68,7 +71,7 @@ if TYPE_CHECKING:
     from autotune._families import Family, Workload, get_family, register_family
     from autotune._fingerprint import Fingerprint, fingerprint
     from autotune._guard import Guard
-    from autotune._lightning import GuardCallback
+    from autotune._lightning import GuardCallback as GuardCallback  # re-exported; not in __all__: it loads Lightning
     from autotune._max_batch import max_batch_report, max_batch_size
     from autotune._models import MaxBatchReport, MemoryLine, MemoryProbe, OperatorTime, TraceReport
 else:  # type checkers see the imports above: a misspelt name stays an error there
@@ -103,7 +106,6 @@ __all__ = [
     "Fingerprint",
     "FrameworkError",
     "Guard",
-    "GuardCallback",
     "ImportFileError",
     "MaxBatchError",
     "MaxBatchReport",
