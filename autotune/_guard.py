@@ -26,10 +26,10 @@ synchronization) and the rules run on the host. A finding needs evidence, not on
   that has given back more than ``GIVE_BACK`` of the progress from start to floor diverges; a finding is
   ``DIVERGED_BLOCKS`` in a row (a sustained rise, not one hard stretch of data). Judged once the loss has fallen
   by ``MIN_PROGRESS`` of its start: before that, the noise is the whole signal.
-- **speed** (no demotion): ``SLOW_BLOCKS`` reads in a row at ``SLOW_FACTOR`` times this run's fastest pace log a
-  WARNING that suggests ``python -m autotune --check`` (another workload, a throttled machine). The yardstick is the
-  run's own pace, not the measured step: the loop's step also holds what calibration does not time (data loading,
-  logging, the app's own model).
+- **speed** (no demotion): ``SLOW_BLOCKS`` reads in a row at ``SLOW_FACTOR`` times this run's fastest pace (reads
+  over at least ``PACE_MIN_READ_MS``) log a WARNING that suggests ``python -m autotune --check`` (another workload,
+  a throttled machine). The yardstick is the run's own pace, not the measured step: the loop's step also holds what
+  calibration does not time (data loading, logging, the app's own model).
 
 On a finding: a :class:`ConfigMisbehaved` warning (or exception, ``on_failure="raise"``) naming the step, what was
 seen and what to do; the finding is recorded for this machine, family and candidate (``_cache.demotions``), and
@@ -75,6 +75,8 @@ MIN_PROGRESS = 0.1
 DIVERGED_BLOCKS = 3
 SLOW_FACTOR = 2.0
 SLOW_BLOCKS = 5
+#: a read over less time than this is not judged for pace: at that scale the timer and the scheduler are the noise
+PACE_MIN_READ_MS = 20.0
 
 _ON_FAILURE: tuple[OnFailure, ...] = ("warn", "raise")
 
@@ -164,7 +166,7 @@ class Guard:
         assert self._buffer is not None
         losses, scales = self._buffer[:, :self._filled].tolist()
         now = time.perf_counter()
-        if timed:
+        if timed and (now - self._read_at) * 1000 >= PACE_MIN_READ_MS:
             self._pace((now - self._read_at) * 1000 / self._filled)
         self._read_at = now
         first = self.steps - self._filled + 1
@@ -275,6 +277,6 @@ def _number(values: list[float]) -> str:
 
 __all__ = [
     "BACKOFF_SKIPS", "BLOCK_STEPS", "DIVERGED_BLOCKS", "GIVE_BACK", "MIN_PROGRESS", "NON_FINITE_LOSSES",
-    "READ_EVERY_STEPS", "SETTLED_STEPS", "SKIPPED_STEPS", "SLOW_BLOCKS", "SLOW_FACTOR", "WINDOW_STEPS", "Guard",
-    "OnFailure", "is_reference",
+    "PACE_MIN_READ_MS", "READ_EVERY_STEPS", "SETTLED_STEPS", "SKIPPED_STEPS", "SLOW_BLOCKS", "SLOW_FACTOR",
+    "WINDOW_STEPS", "Guard", "OnFailure", "is_reference",
 ]
