@@ -331,10 +331,11 @@ def cached_families(model_kinds: Iterable[str] | None = None, *, fresh_only: boo
 
 def reset_state() -> None:
     """Forget what this process keeps between calls: its background calibrations (cancelled, waited for), the
-    decision memo and the stores, families it registered, and ``use_defaults``. Tests call it around each test,
-    which runs in a cache directory of its own."""
+    decision memo and the stores, demotions it could not write, families it registered, and ``use_defaults``.
+    Tests call it around each test, which runs in a cache directory of its own."""
     _background.cancel_all(timeout_s=60)
     _cached.reset()
+    _demotions.reset()
     _exchange.reset()
     reset_registry()
 

@@ -93,6 +93,13 @@ def forget(digest: str, kind: str) -> list[Demotion]:
     return removed
 
 
+def reset() -> None:
+    """Forget what this process keeps: demotions it could not write, and which warnings it gave."""
+    _unsaved.clear()
+    _warned.clear()
+    _changes[0] += 1
+
+
 def clear() -> list[str]:
     """Delete every machine configuration's demotions; returns the removed paths."""
     _unsaved.clear()
@@ -221,4 +228,4 @@ def _warn_once(key: str, message: str, *args: object) -> None:
         log.warning(message, *args)
 
 
-__all__ = ["SCHEMA_VERSION", "cache_dir", "clear", "forget", "of", "path", "record", "stamp"]
+__all__ = ["SCHEMA_VERSION", "cache_dir", "clear", "forget", "of", "path", "record", "reset", "stamp"]
