@@ -9,8 +9,10 @@ not the subject, and each test needs a known pick to demote.
 from __future__ import annotations
 
 import datetime as dt
+import errno
 import json
 import logging
+import os
 import subprocess
 import sys
 import textwrap
@@ -379,3 +381,22 @@ def test_a_demoted_gpu_candidate_leaves_the_cpu_and_the_reason_stays_one_short_s
     assert answer.reason.startswith(f"cuda:0 fp16-mixed was demoted after NaN losses at step 1,001 of training on "
                                     f"{TODAY}; using cpu bf16-mixed")
     assert len(answer.reason) < 160 and answer.reason.count(". ") == 0
+
+
+def test_a_demotion_that_cannot_be_written_holds_in_this_process(
+    tiny_family: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = _measured(tiny_family, "bf16-mixed")
+
+    def full(src: str, dst: str) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", full)  # the OS boundary, not the cache
+    guard = config.guard()
+    with caplog.at_level(logging.WARNING, logger="autotune"), pytest.warns(ConfigMisbehaved):
+        for _ in range(3):
+            guard.step(float("nan"))
+        guard.check()
+    assert "No space left" in caplog.text and "it holds for this process only" in caplog.text
+    assert not demotions.path(autotune.fingerprint().digest).exists()
+    assert guard.fallback().precision == "fp32" and "demoted" in guard.fallback().reason
