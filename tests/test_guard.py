@@ -400,3 +400,17 @@ def test_a_demotion_that_cannot_be_written_holds_in_this_process(
     assert "No space left" in caplog.text and "it holds for this process only" in caplog.text
     assert not demotions.path(autotune.fingerprint().digest).exists()
     assert guard.fallback().precision == "fp32" and "demoted" in guard.fallback().reason
+
+
+@pytest.mark.usefixtures("in_process")
+def test_a_real_recalibration_keeps_the_demotion(tiny_family: str) -> None:
+    guard = _measured(tiny_family, "bf16-mixed").guard()
+    with pytest.warns(ConfigMisbehaved):
+        for _ in range(3):
+            guard.step(float("nan"))
+        guard.check()
+    before = _api.demotions(tiny_family)
+    autotune.calibrate([tiny_family], force=True)  # measures this CPU: its pick is this machine's
+    assert _api.demotions(tiny_family) == before
+    answer = autotune.best_config(tiny_family)
+    assert answer.precision != "bf16-mixed" and answer.reason.startswith("bf16-mixed was demoted after NaN losses")
