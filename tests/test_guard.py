@@ -414,3 +414,16 @@ def test_a_real_recalibration_keeps_the_demotion(tiny_family: str) -> None:
     assert _api.demotions(tiny_family) == before
     answer = autotune.best_config(tiny_family)
     assert answer.precision != "bf16-mixed" and answer.reason.startswith("bf16-mixed was demoted after NaN losses")
+
+
+def test_steps_ten_times_slower_for_a_sustained_window_suggest_check_and_demote_nothing(
+    tiny_family: str, isolated_autotune: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A loop whose steps wait 1 ms, then 10 ms (another workload took the machine): a hint, not a finding."""
+    guard = _measured(tiny_family, "bf16-mixed").guard()
+    with caplog.at_level(logging.WARNING, logger="autotune"):
+        for step in range(1, 551):
+            time.sleep(0.001 if step <= 300 else 0.01)
+            guard.step(1.0)
+    assert "python -m autotune --check" in caplog.text and "this run's fastest" in caplog.text
+    assert guard.finding is None and not (isolated_autotune / "demotions").exists()
