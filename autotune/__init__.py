@@ -32,12 +32,16 @@ _WHERE = {
     "Config": "_config",
     **dict.fromkeys([
         "AutotuneError", "BatchSizeUnsupportedError", "CalibrationCancelled", "CalibrationError",
-        "CalibrationPending", "ConfigurationError", "FamilyRegistrationError", "FrameworkError", "ImportFileError",
-        "MaxBatchError", "TraceError", "UnknownFamilyError",
+        "CalibrationPending", "ConfigMisbehaved", "ConfigurationError", "FamilyRegistrationError", "FrameworkError",
+        "ImportFileError", "MaxBatchError", "TraceError", "UnknownFamilyError",
     ], "_errors"),
     "use_defaults": "_cache.exchange",
     "Family": "_families", "Workload": "_families", "get_family": "_families", "register_family": "_families",
     "Fingerprint": "_fingerprint", "fingerprint": "_fingerprint",
+    "Guard": "_guard",
+    # Loads Lightning: reachable as autotune.GuardCallback, left out of __all__ so that `from autotune import *`
+    # never needs a framework the app may not have.
+    "GuardCallback": "_lightning",
     "max_batch_report": "_max_batch", "max_batch_size": "_max_batch",
     **dict.fromkeys(["Evidence", "MaxBatchReport", "MemoryLine", "MemoryProbe", "OperatorTime", "Rival",
                      "TraceReport"], "_models"),
@@ -56,6 +60,7 @@ if TYPE_CHECKING:
         CalibrationCancelled,
         CalibrationError,
         CalibrationPending,
+        ConfigMisbehaved,
         ConfigurationError,
         FamilyRegistrationError,
         FrameworkError,
@@ -66,6 +71,8 @@ if TYPE_CHECKING:
     )
     from autotune._families import Family, Workload, get_family, register_family
     from autotune._fingerprint import Fingerprint, fingerprint
+    from autotune._guard import Guard
+    from autotune._lightning import GuardCallback as GuardCallback  # re-exported; not in __all__: it loads Lightning
     from autotune._max_batch import max_batch_report, max_batch_size
     from autotune._models import Evidence, MaxBatchReport, MemoryLine, MemoryProbe, OperatorTime, Rival, TraceReport
 else:  # type checkers see the imports above: a misspelt name stays an error there
@@ -93,12 +100,14 @@ __all__ = [
     "CalibrationProgress",
     "CalibrationReport",
     "Config",
+    "ConfigMisbehaved",
     "ConfigurationError",
     "Evidence",
     "Family",
     "FamilyRegistrationError",
     "Fingerprint",
     "FrameworkError",
+    "Guard",
     "ImportFileError",
     "MaxBatchError",
     "MaxBatchReport",

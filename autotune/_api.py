@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from autotune import _background, _check, _env, _fp32
+from autotune._cache import demotions as _demotions
 from autotune._cache import exchange as _exchange
 from autotune._cache import lookup as _cached
 from autotune._cache import max_batch as _max_batch_answers
@@ -37,7 +38,7 @@ from autotune._calibrate import calibrate_one, measuring_elsewhere, new_worker, 
 from autotune._calibration.protocol import TraceJob
 from autotune._check import CheckResult
 from autotune._config import Config
-from autotune._decide import PREFERENCES, Prefer, decide, picked, reason, restate
+from autotune._decide import PREFERENCES, Prefer, decide, finalists, picked, reason, restate, step_ms
 from autotune._doctor import Finding, diagnose
 from autotune._errors import CalibrationError, ConfigurationError
 from autotune._families import Family, builtin_family_names, family_names, get_family, reset_registry
@@ -45,6 +46,7 @@ from autotune._fingerprint import Fingerprint, fingerprint
 from autotune._models import (
     Candidate,
     CandidateResult,
+    Demotion,
     Difference,
     Evidence,
     FamilyResult,
@@ -54,6 +56,7 @@ from autotune._models import (
     ratio_words,
     time_words,
 )
+from autotune._rules import preference
 
 log = logging.getLogger("autotune")
 
@@ -96,7 +99,7 @@ def config_for(family: Family, *, prefer: Prefer = "auto", expected_steps: int |
     # The key's parts as a plain tuple: building the FamilyKey model is left to a miss (the warm path is µs).
     key_parts = (family.ref, family.version, _env.SEARCH.get(), _env.BUDGET_S.get())
     memo = (str(store.root), fp.digest, family.name, key_parts, prefer, expected_steps, forced, may_measure,
-            _exchange.layer_stamp(), store.stamp(fp.digest))
+            _exchange.layer_stamp(), _demotions.stamp(fp.digest), store.stamp(fp.digest))
     cached = _cached.decisions.get(memo)
     if cached is not None and (cached[1] is None or now_utc() < cached[1]):
         return cached[0]
@@ -123,20 +126,61 @@ def config_for(family: Family, *, prefer: Prefer = "auto", expected_steps: int |
                             f"AUTOTUNE_LOCK_TIMEOUT_S={_env.LOCK_TIMEOUT_S.get():g} s of waiting",
                             prefer=prefer, expected_steps=expected_steps)
         memo = (*memo[:-1], store.stamp(fp.digest))
-    config = _decided(measured, prefer=prefer, expected_steps=expected_steps, forced=forced, digest=fp.digest)
+    config = decided(measured, prefer=prefer, expected_steps=expected_steps, forced_device=forced, digest=fp.digest)
     # A transient failure's retry is due later: the memo answers until then, so a long-running app retries too.
     _cached.decisions[memo] = (config, fresh_until(measured) if may_measure else None)
     return config
 
 
-def _decided(measured: FamilyResult, *, prefer: Prefer, expected_steps: int | None, forced: str | None,
-             digest: str) -> Config:
-    """The decision on this machine's record; one measured under older rules says so (it still answers until the
-    next calibration replaces it)."""
-    config = decide(measured, prefer=prefer, expected_steps=expected_steps, forced_device=forced, digest=digest)
+def decided(measured: FamilyResult, *, prefer: Prefer, expected_steps: int | None, forced_device: str | None,
+            digest: str) -> Config:
+    """The decision on ``measured`` without what training runs demoted on this machine; then the reason is the
+    latest demotion, e.g. "bf16-mixed was demoted after NaN losses at step 5,120 of training on 2026-12-03; using
+    fp32". One measured under older rules says so (it still answers until the next calibration replaces it)."""
+    demoted = _demotions.of(digest, measured.model_kind)
+    config = decide(without(measured, demoted), prefer=prefer, expected_steps=expected_steps,
+                    forced_device=forced_device, digest=digest)
     if rules_change(measured) is not None:
         config = restate(config, older_rules=measured.autotune_version)
-    return config
+    if not demoted:
+        return config
+    latest = demoted[-1]
+    same_device = latest.candidate.device == config.device
+    was = latest.candidate.precision if same_device else f"{latest.candidate.device} {latest.candidate.precision}"
+    now = config.precision if same_device else f"{config.device} {config.precision}"
+    reason = f"{was} was demoted after {latest.words} at step {latest.step:,} of training on {latest.at[:10]}; using "
+    # One sentence under 160 characters: the variants are named only where they fit (the Config lists them all).
+    reason += now + config.variant_words if len(reason + now + config.variant_words) < 160 else now
+    log.info("%s: %s", measured.model_kind, reason)
+    return config.model_copy(update={"reason": reason})
+
+
+def without(measured: FamilyResult, demoted: list[Demotion]) -> FamilyResult:
+    """``measured`` less the demoted candidates (each demotion covers its precision on its device). A device
+    left without a finalist gets back its most preferred verified candidate, compared on its own timing: what
+    was pruned as slower than a demoted candidate is the best that device has left."""
+    if not demoted:
+        return measured
+    kept = [r for r in measured.candidates if not any(d.covers(r.candidate) for d in demoted)]
+    final = finalists(measured.model_copy(update={"candidates": kept}))
+    back = []
+    for device in dict.fromkeys(r.candidate.device for r in kept if r.usable):
+        if not any(r.candidate.device == device for r in final):
+            usable = [r for r in kept if r.usable and r.candidate.device == device]
+            back.append(min(usable, key=lambda r: (preference(r.candidate), step_ms(r))).candidate)
+    restored = [r.model_copy(update={"timing": r.timing.model_copy(update={"dropped": None, "final": True})})
+                if r.timing is not None and r.candidate in back else r for r in kept]
+    return measured.model_copy(update={"candidates": restored})
+
+
+def demotions(model_kind: str) -> list[Demotion]:
+    """What training runs demoted for ``model_kind`` on this machine, oldest first."""
+    return _demotions.of(fingerprint().digest, model_kind)
+
+
+def forget_demotion(model_kind: str) -> list[Demotion]:
+    """Undo the demotions of ``model_kind`` on this machine (``--forget-demotion``); returns what was undone."""
+    return _demotions.forget(fingerprint().digest, model_kind)
 
 
 _NOT_YET = "wait=False never measures"
@@ -183,10 +227,10 @@ def fallback(kind: str, fp: Fingerprint, store: Store, why: str, *, prefer: Pref
 
 
 def clear_cache() -> list[str]:
-    """Delete every stored measurement of every machine configuration (max-batch answers too); returns the
-    removed paths."""
+    """Delete every stored measurement of every machine configuration (max-batch answers and demotions too);
+    returns the removed paths."""
     _cached.decisions.clear()
-    return [str(p) for p in _cached.store().clear()] + _max_batch_answers.clear()
+    return [str(p) for p in _cached.store().clear()] + _max_batch_answers.clear() + _demotions.clear()
 
 
 def cached_configs(
@@ -201,7 +245,7 @@ def cached_configs(
     forced = _env.DEVICE.get()
     digest = fingerprint().digest
     return {
-        kind: _decided(measured, prefer=prefer, expected_steps=expected_steps, forced=forced, digest=digest)
+        kind: decided(measured, prefer=prefer, expected_steps=expected_steps, forced_device=forced, digest=digest)
         for kind, measured in cached_families(model_kinds).items()
     }
 
@@ -296,16 +340,18 @@ def cached_families(model_kinds: Iterable[str] | None = None, *, fresh_only: boo
 
 def reset_state() -> None:
     """Forget what this process keeps between calls: its background calibrations (cancelled, waited for), the
-    decision memo and the stores, families it registered, and ``use_defaults``. Tests call it around each test,
-    which runs in a cache directory of its own."""
+    decision memo and the stores, demotions it could not write, families it registered, and ``use_defaults``.
+    Tests call it around each test, which runs in a cache directory of its own."""
     _background.cancel_all(timeout_s=60)
     _cached.reset()
+    _demotions.reset()
     _exchange.reset()
     reset_registry()
 
 
 __all__ = [
     "CandidateResult",
+    "Demotion",
     "FamilyResult",
     "Finding",
     "Prefer",
@@ -316,10 +362,13 @@ __all__ = [
     "check_cached",
     "clear_cache",
     "config_for",
+    "decided",
+    "demotions",
     "diagnose",
     "export_results",
     "fallback",
     "family_names",
+    "forget_demotion",
     "import_results",
     "mib_words",
     "picked",
@@ -329,4 +378,5 @@ __all__ = [
     "similar_record",
     "time_words",
     "trace",
+    "without",
 ]

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from rich.console import Console
     from rich.table import Table
 
-    from autotune._api import CandidateResult, FamilyResult, Prefer
+    from autotune._api import CandidateResult, Demotion, FamilyResult, Prefer
 
 EPILOG = """\
 examples:
@@ -41,7 +41,8 @@ examples:
   python -m autotune --export results.json   share or ship the results (with --family: only those kinds)
   python -m autotune --import results.json   merge results measured elsewhere (files are checked, never run)
   python -m autotune --check               re-time each cached pick (cheap); recalibrate if it no longer wins
-  python -m autotune --clear               delete the stored measurements
+  python -m autotune --forget-demotion cnn   undo what a training run's guard demoted for cnn on this machine
+  python -m autotune --clear               delete the stored measurements (and demotions)
 
 environment: AUTOTUNE_CACHE_DIR, AUTOTUNE_DEVICE, AUTOTUNE_ISOLATION, AUTOTUNE_CANDIDATE_TIMEOUT_S,
 AUTOTUNE_LOCK_TIMEOUT_S, AUTOTUNE_BUDGET_S, AUTOTUNE_SEARCH, AUTOTUNE_DEFAULTS (see README.md)
@@ -81,7 +82,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="with --max-batch: the memory training may take (default: the device's free memory)")
     parser.add_argument("--margin", type=float, default=0.15,
                         help="with --max-batch: share of the limit kept free (default 0.15)")
-    parser.add_argument("--clear", action="store_true", help="delete all stored measurements and exit")
+    parser.add_argument("--forget-demotion", metavar="NAME",
+                        help="undo the demotions a training run's guard recorded for one model kind on this machine")
+    parser.add_argument("--clear", action="store_true", help="delete all stored measurements and demotions and exit")
     parser.add_argument("--doctor", action="store_true", help="diagnose GPUs this torch build cannot use")
     parser.add_argument("-v", "--verbose", action="store_true", help="log decisions and calibration steps")
     return parser
@@ -91,7 +94,7 @@ def may_measure(argv: Sequence[str] | None = None) -> bool:
     """Whether these arguments may measure anything (``python -m autotune`` then starts its worker before it
     imports torch). A usage error or ``--help`` exits here, as in :func:`main`."""
     args = _parser().parse_args(argv)
-    return not (args.clear or args.doctor or args.export or args.import_file)
+    return not (args.clear or args.doctor or args.export or args.import_file or args.forget_demotion)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -111,6 +114,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             removed = autotune.clear_cache()
             print(f"removed {len(removed)} file(s)", file=sys.stderr)
             return 0
+        if args.forget_demotion:
+            return forget_demotion(args.forget_demotion)
         if args.doctor:
             return _doctor(args)
         if args.check:
@@ -305,6 +310,7 @@ def explain(kind: str, *, recalibrate: bool, as_json: bool, prefer: Prefer = "au
     from autotune._api import (  # loads torch: never before the early start
         cached_configs,
         cached_families,
+        demotions,
         family_names,
         ratio_words,
         time_words,
@@ -352,6 +358,9 @@ def explain(kind: str, *, recalibrate: bool, as_json: bool, prefer: Prefer = "au
         out.print(f"[dim]{note}[/dim]", highlight=False)
     for backend, why in measured.backend_notes.items():
         out.print(f"[dim]{backend}: {why}[/dim]")
+    for demotion in demotions(kind):
+        out.print(f"[yellow]{demotion_words(demotion)}[/yellow]; python -m autotune --forget-demotion {kind} "
+                  "undoes it", highlight=False)
     config = cached_configs([kind], prefer=prefer, expected_steps=steps)[kind]
     out.print(f"decision: {config.reason}", highlight=False, soft_wrap=True)
     if config.evidence is not None:
@@ -412,6 +421,24 @@ def qualifiers(config: autotune.Config) -> list[str]:
     if evidence.origin is not None:
         lines.append(f"measured on another machine with exactly this configuration: {evidence.origin}")
     return lines
+
+
+def demotion_words(demotion: Demotion) -> str:
+    """e.g. ``'cpu bf16-mixed demoted on 2026-12-03 after NaN losses from step 5,120 (a run on cpu bf16-mixed: 3
+    non-finite losses within 100 steps ...)'``"""
+    return (f"{demotion.candidate.device} {demotion.candidate.precision} demoted on {demotion.at[:10]} after "
+            f"{demotion.words} from step {demotion.step:,} (a run on {demotion.candidate.label}: {demotion.detail})")
+
+
+def forget_demotion(kind: str) -> int:
+    from autotune._api import forget_demotion as forget  # loads torch: never before the early start
+
+    undone = forget(kind)
+    for demotion in undone:
+        print(f"autotune: undone: {demotion_words(demotion)}", file=sys.stderr)
+    if not undone:
+        print(f"autotune: nothing demoted for {kind} on this machine", file=sys.stderr)
+    return 0
 
 
 def trace(kind: str, args: argparse.Namespace) -> int:

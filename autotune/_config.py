@@ -14,6 +14,7 @@ from torch import nn
 
 from autotune import _fp32
 from autotune._errors import FrameworkError
+from autotune._guard import Guard, OnFailure
 from autotune._models import Candidate, Choice, Evidence, OptimizerImpl, Precision
 from autotune._precision import AUTOCAST_DTYPES, DEFAULT_INIT_SCALE, MEMORY_FORMATS, move
 from autotune.backends import backend_for
@@ -204,6 +205,16 @@ class Config(Choice):
                 "Accelerate accepts mixed_precision='fp16' with cpu=True but trains without autocast; keep "
                 "mixed_precision='no' and wrap forward + loss in cfg.autocast() yourself"))
         return {"cpu": device.type == "cpu", "mixed_precision": ACCELERATE_PRECISIONS[self.precision]}
+
+    def guard(self, *, on_failure: OnFailure = "warn") -> Guard:
+        """A guard for the training loop: ``guard.step(loss, scaler)`` once per step, after ``scaler.update()``.
+
+        It watches for non-finite losses, steps GradScaler skips beyond its early back-off, and a loss that
+        diverges, at no synchronization per step; on a finding it warns (:class:`ConfigMisbehaved`; raises it with
+        ``on_failure="raise"``) and demotes this candidate's precision on this device for this machine, so that
+        ``best_config`` and ``guard.fallback()`` answer the best remaining one. The rules: ``autotune._guard``.
+        """
+        return Guard(self.model_kind, self.candidate, self.fingerprint_digest, on_failure=on_failure)
 
     def grad_scaler(self) -> torch.amp.GradScaler:
         """A GradScaler enabled only for fp16, starting at the init_scale calibration found safe."""

@@ -154,6 +154,28 @@ class CalibrationPending(AutotuneError, TimeoutError):
                 "answer now with best_config(kind, wait=False)")
 
 
+class ConfigMisbehaved(AutotuneError, UserWarning):
+    """A training run's guard saw its configuration misbehave (``Config.guard()``): a warning, or with
+    ``on_failure="raise"`` an exception. ``demoted`` says whether ``best_config`` now answers another one."""
+
+    def __init__(self, model_kind: str, candidate: str, step: int, seen: str, *, demoted: bool) -> None:
+        self.model_kind = model_kind
+        self.candidate = candidate
+        self.step = step
+        self.seen = seen
+        self.demoted = demoted
+        super().__init__(model_kind, candidate, step, seen, demoted)
+
+    def __str__(self) -> str:
+        what = f"{self.model_kind} on {self.candidate} misbehaved at step {self.step:,}: {self.seen}. "
+        if not self.demoted:
+            return what + ("fp32 on the CPU is the reference every candidate is verified against, so nothing is "
+                           "demoted: look at the learning rate, the data and the model")
+        return what + (f"It is demoted on this machine: restart from your last checkpoint with guard.fallback() "
+                       f"(what best_config({self.model_kind!r}) now answers); "
+                       f"`python -m autotune --forget-demotion {self.model_kind}` undoes it")
+
+
 class ImportFileError(AutotuneError, ValueError):
     """A results file given to ``--import`` or ``AUTOTUNE_DEFAULTS`` cannot be used; nothing was written."""
 
@@ -173,6 +195,7 @@ __all__ = [
     "CalibrationCancelled",
     "CalibrationError",
     "CalibrationPending",
+    "ConfigMisbehaved",
     "ConfigurationError",
     "FamilyRegistrationError",
     "FrameworkError",

@@ -3,6 +3,7 @@ the profiling tools (``trace``, ``max_batch_report``)."""
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -10,8 +11,10 @@ from pydantic import BaseModel, ConfigDict, Field
 Precision = Literal["fp32", "tf32", "bf16-mixed", "fp16-mixed"]
 PRECISIONS: tuple[Precision, ...] = ("fp32", "tf32", "bf16-mixed", "fp16-mixed")
 
-Prefer = Literal["auto", "gpu", "cpu"]
 FailureKind = Literal["crashed", "timeout", "oom", "error", "unsupported", "numerics", "too_slow"]
+Misbehaviour = Literal["non_finite", "skipped_steps", "diverged"]
+#: the user's device choice ("GPU" is whatever accelerator this machine has), not a backend
+Prefer = Literal["auto", "gpu", "cpu"]
 MemoryFormat = Literal["contiguous", "channels_last"]
 OptimizerImpl = Literal["default", "foreach", "fused"]
 
@@ -310,6 +313,38 @@ def time_words(ms: float) -> str:
     return f"{float(f'{ms:.2g}') if ms < 99.5 else round(ms):g} ms"
 
 
+class Demotion(Record):
+    """What a training run saw its measured candidate do (``Config.guard()``), kept for this machine: from then on
+    ``best_config`` answers without that precision on that device.
+
+    e.g. ``Demotion(model_kind="cnn", candidate=Candidate(device="cpu", precision="bf16-mixed"),
+    seen="non_finite", step=5120, detail="3 NaN losses within 100 steps (steps 5,120-5,122)", evidence=[...],
+    at="2026-12-03T10:04:00+00:00", autotune_version="0.1.0")``
+    """
+
+    model_kind: str
+    candidate: Candidate = Field(description="the candidate the run trained with, its variants included")
+    seen: Misbehaviour
+    step: int = Field(description="the training step at which the evidence begins, counted from 1")
+    detail: str = Field(description="what was seen, in words")
+    evidence: list[float] = Field(description=(
+        "the numbers behind it: the non-finite or diverging losses, or the loss scales around the skipped steps"))
+    at: str = Field(description="when it was recorded, ISO 8601 UTC")
+    autotune_version: str
+
+    @property
+    def words(self) -> str:
+        """e.g. ``'NaN losses'``, ``'skipped optimizer steps'``, ``'a diverging loss'``: what the run saw."""
+        if self.seen == "non_finite":
+            return "NaN losses" if any(math.isnan(v) for v in self.evidence) else "infinite losses"
+        return "skipped optimizer steps" if self.seen == "skipped_steps" else "a diverging loss"
+
+    def covers(self, candidate: Candidate) -> bool:
+        """Whether ``candidate`` is demoted by this: the same device and precision, whatever its variants (a memory
+        format, an optimizer kernel or a thread count does not change what the precision's range does to training)."""
+        return candidate.device == self.candidate.device and candidate.precision == self.candidate.precision
+
+
 class OperatorTime(Record):
     """One operator's share of a traced step, e.g. ``OperatorTime(name="aten::convolution_backward", ...)``.
 
@@ -408,6 +443,7 @@ __all__ = [
     "Candidate",
     "CandidateResult",
     "Choice",
+    "Demotion",
     "Difference",
     "Drop",
     "Evidence",
@@ -420,6 +456,7 @@ __all__ = [
     "MemoryFormat",
     "MemoryLine",
     "MemoryProbe",
+    "Misbehaviour",
     "Numerics",
     "OperatorTime",
     "OptimizerImpl",

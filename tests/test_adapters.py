@@ -1,4 +1,5 @@
-"""Config.lightning_kwargs() and Config.accelerate_kwargs() against the real Lightning and Accelerate, on the CPU.
+"""Config.lightning_kwargs() and Config.accelerate_kwargs() against the real Lightning and Accelerate, on the CPU,
+and the guard in their loops (autotune.GuardCallback; one guard.step line with Accelerate).
 
 Each test trains two steps through the framework and records the autocast state seen inside the step: the
 Config's precision must be what the framework actually runs, not just what it was told.
@@ -20,7 +21,9 @@ from lightning.pytorch.plugins.precision import MixedPrecision
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
+import autotune
 from autotune import Config, FrameworkError
+from autotune import _api as autotune_api
 
 AutocastSeen = tuple[bool, torch.dtype | None]
 
@@ -169,3 +172,68 @@ def test_fp16_on_the_cpu_is_refused_because_both_frameworks_would_run_something_
     module = TinyLightning(config)
     _fit(module, tmp_path, accelerator="cpu", devices=1, plugins=[MixedPrecision("16-mixed", "cpu")])
     assert module.seen == [(True, torch.float16)] * 2
+
+
+# -- the guard through the frameworks' own loops ---------------------------------------------------------------
+
+
+class OverflowingLightning(lightning.LightningModule):
+    """From batch ``overflow_from`` on, the loss is weighted 1e6: its fp16 gradients overflow at every step."""
+
+    def __init__(self, overflow_from: int) -> None:
+        super().__init__()
+        self.overflow_from = overflow_from
+        self.net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        features, labels = batch
+        weight = 1e6 if batch_idx >= self.overflow_from else 1.0
+        return F.cross_entropy(self.net(features), labels) * weight
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(self.parameters(), lr=1e-2)
+
+    def train_dataloader(self) -> DataLoader[tuple[Tensor, ...]]:
+        torch.manual_seed(0)
+        return DataLoader(TensorDataset(torch.randn(800, 8), torch.randint(0, 4, (800,))), batch_size=4)
+
+
+def test_the_lightning_callback_sees_gradscaler_skip_steps_and_demotes(tmp_path: Path) -> None:
+    config = _config("fp16-mixed").model_copy(update={"fingerprint_digest": autotune.fingerprint().digest})
+    callback = autotune.GuardCallback(config)
+    module = OverflowingLightning(overflow_from=100)
+    trainer = lightning.Trainer(
+        accelerator="cpu", devices=1, plugins=[MixedPrecision("16-mixed", "cpu")], callbacks=[callback],
+        max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+        with pytest.warns(autotune.ConfigMisbehaved, match="at step 101: 4 optimizer steps skipped by GradScaler"):
+            trainer.fit(module)
+    finding = callback.guard.finding
+    assert finding is not None and finding.seen == "skipped_steps"
+    assert [d.step for d in autotune_api.demotions("tiny")] == [101]
+
+
+def test_the_guard_is_one_line_in_accelerates_loop(fresh_accelerate_state: None) -> None:
+    """NaN in the data from batch 30 on: the bf16 run's losses are NaN, and its weights with them."""
+    config = _config("bf16-mixed").model_copy(update={"fingerprint_digest": autotune.fingerprint().digest})
+    accelerator = accelerate.Accelerator(**config.accelerate_kwargs())
+    torch.manual_seed(0)
+    features = torch.randn(400, 8)
+    features[120:] = float("nan")
+    model = TinyModel()
+    optimizer = torch.optim.AdamW(model.parameters())
+    loader = DataLoader(TensorDataset(features, torch.randint(0, 4, (400,))), batch_size=4)
+    prepared, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    guard = config.guard()
+    with pytest.warns(autotune.ConfigMisbehaved, match="at step 31: 3 non-finite losses"):
+        for inputs, labels in loader:
+            loss = F.cross_entropy(prepared(inputs), labels)
+            optimizer.zero_grad(set_to_none=True)
+            accelerator.backward(loss)
+            optimizer.step()
+            guard.step(loss, accelerator.scaler)  # the one line; the scaler is None but with fp16
+        guard.check()
+    assert [d.step for d in autotune_api.demotions("tiny")] == [31]

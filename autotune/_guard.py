@@ -1,0 +1,282 @@
+"""The guard in the training loop: it watches the measured configuration over the thousands of steps that
+calibration's short verification cannot see, and demotes it on this machine when it misbehaves.
+
+    guard = cfg.guard()
+    for inputs, labels in loader:
+        ...
+        scaler.step(optimizer)
+        scaler.update()
+        guard.step(loss, scaler)    # after update(): a skipped step shows as a lower loss scale
+
+Cost: each step copies the loss (and the loss scale) into a buffer on the loss's device, allocated once: no
+host-device synchronization, no allocation. Every ``READ_EVERY_STEPS`` steps the buffer is read at once (one
+synchronization) and the rules run on the host. A finding needs evidence, not one bad batch:
+
+- **non-finite losses**: ``NON_FINITE_LOSSES`` within ``WINDOW_STEPS`` steps. One NaN or inf loss under fp16 is
+  GradScaler's to handle (it skips that update and halves the scale); without a scaler one poisons the weights and
+  the losses after it repeat it, so a dead run is found within ``NON_FINITE_LOSSES`` steps either way.
+- **skipped steps**: a step whose loss scale is lower than the step before's was skipped by GradScaler. Its early
+  back-off (halving from the initial scale until the gradients fit) is expected and not counted until the scale
+  has held for ``SETTLED_STEPS`` steps in a row; after that a healthy run skips once per doubling, one per
+  ``growth_interval`` (2,000 steps by default). A finding is ``SKIPPED_STEPS`` skipped within ``WINDOW_STEPS``
+  steps once settled, or a back-off of more than ``BACKOFF_SKIPS`` (from the default 65,536 the scale reaches 1
+  after 16 halvings: past that, it is not the scale that overflows).
+- **divergence**: the loss as medians of blocks of ``BLOCK_STEPS`` finite losses (robust to minibatch noise and
+  outlying batches), against where it started (the first block) and its running floor (the lowest block). A block
+  that has given back more than ``GIVE_BACK`` of the progress from start to floor diverges; a finding is
+  ``DIVERGED_BLOCKS`` in a row (a sustained rise, not one hard stretch of data). Judged once the loss has fallen
+  by ``MIN_PROGRESS`` of its start: before that, the noise is the whole signal.
+- **speed** (no demotion): ``SLOW_BLOCKS`` reads in a row at ``SLOW_FACTOR`` times this run's fastest pace (reads
+  over at least ``PACE_MIN_READ_MS``) log a WARNING that suggests ``python -m autotune --check`` (another workload,
+  a throttled machine). The yardstick is the run's own pace, not the measured step: the loop's step also holds what
+  calibration does not time (data loading, logging, the app's own model).
+
+On a finding: a :class:`ConfigMisbehaved` warning (or exception, ``on_failure="raise"``) naming the step, what was
+seen and what to do; the finding is recorded for this machine, family and candidate (``_cache.demotions``), and
+``best_config`` answers without that precision on that device from then on (``guard.fallback()``). fp32 on the CPU
+is the reference every candidate is verified against: its findings are reported, never demoted.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import math
+import statistics
+import time
+import warnings
+from collections import deque
+from typing import Literal
+
+import torch
+
+import autotune
+from autotune._cache import demotions as _demotions
+from autotune._errors import ConfigMisbehaved, ConfigurationError
+from autotune._models import Candidate, Demotion, Misbehaviour, Prefer
+from autotune._version import __version__
+
+log = logging.getLogger("autotune")
+
+OnFailure = Literal["warn", "raise"]
+
+#: steps between two reads of the device buffer (one synchronization each)
+READ_EVERY_STEPS = 50
+#: the window the non-finite and skipped-step counts are taken over
+WINDOW_STEPS = 100
+NON_FINITE_LOSSES = 3
+SKIPPED_STEPS = 4
+#: steps in a row without a skip after which GradScaler's early back-off is over
+SETTLED_STEPS = 20
+BACKOFF_SKIPS = 24
+BLOCK_STEPS = 50
+GIVE_BACK = 0.5
+MIN_PROGRESS = 0.1
+DIVERGED_BLOCKS = 3
+SLOW_FACTOR = 2.0
+SLOW_BLOCKS = 5
+#: a read over less time than this is not judged for pace: at that scale the timer and the scheduler are the noise
+PACE_MIN_READ_MS = 20.0
+
+_ON_FAILURE: tuple[OnFailure, ...] = ("warn", "raise")
+
+
+def is_reference(candidate: Candidate) -> bool:
+    """fp32 on the CPU, whatever its variants: what every candidate is verified against, never demoted."""
+    return candidate.device == "cpu" and candidate.precision == "fp32"
+
+
+class Guard:
+    """Watches one training run of ``model_kind`` on ``candidate``; made by ``Config.guard()``.
+
+    ``finding`` is the first misbehaviour seen (None while there is none); after it the guard stops watching.
+    """
+
+    def __init__(self, model_kind: str, candidate: Candidate, digest: str, *, on_failure: OnFailure = "warn",
+                 read_every: int = READ_EVERY_STEPS) -> None:
+        if on_failure not in _ON_FAILURE:
+            raise ConfigurationError("on_failure", on_failure, " | ".join(_ON_FAILURE))
+        if isinstance(read_every, bool) or not isinstance(read_every, int) or read_every < 1:
+            raise ConfigurationError("read_every", read_every, "a positive int")
+        self.model_kind = model_kind
+        self.candidate = candidate
+        self.digest = digest
+        self.on_failure = on_failure
+        self.read_every = read_every
+        self.steps = 0
+        self.finding: Demotion | None = None
+        self._buffer: torch.Tensor | None = None  # row 0: losses, row 1: loss scales (NaN: no scaler)
+        self._slots: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._filled = 0
+        self._read_at = time.perf_counter()
+        # what the rules remember between reads, on the host
+        self._non_finite: deque[tuple[int, float]] = deque()
+        self._last_finite: float | None = None
+        self._scale: float | None = None
+        self._skips: deque[tuple[int, float]] = deque()
+        self._backoff: list[float] = []
+        self._clean_run = 0
+        self._settled = False
+        self._block: list[float] = []
+        self._block_start = 1
+        self._medians: list[float] = []
+        self._diverging: list[tuple[int, float]] = []
+        self._fastest_ms = math.inf
+        self._slow_reads = 0
+        self._warned_slow = False
+
+    def step(self, loss: torch.Tensor | float, scaler: torch.amp.GradScaler | None = None) -> None:
+        """Record one training step: its loss and, with fp16, the GradScaler (call it after ``scaler.update()``)."""
+        self.steps += 1
+        if self.finding is not None:
+            return
+        if self._buffer is None:
+            device = loss.device if isinstance(loss, torch.Tensor) else torch.device("cpu")
+            self._buffer = torch.full((2, self.read_every), math.nan, dtype=torch.float32, device=device)
+            self._slots = list(zip(self._buffer[0].unbind(), self._buffer[1].unbind(), strict=True))
+        loss_slot, scale_slot = self._slots[self._filled]
+        if isinstance(loss, torch.Tensor):
+            loss_slot.copy_(loss.detach())
+        else:
+            loss_slot.fill_(loss)
+        if scaler is not None and scaler.is_enabled():
+            # The scale tensor itself: get_scale() would wait for the device at every step. _get_scale_async is
+            # GradScaler's own accessor for it (torch.amp.grad_scaler).
+            scale = scaler._get_scale_async()
+            if scale is not None:
+                scale_slot.copy_(scale)
+        self._filled += 1
+        if self._filled == self.read_every:
+            self._read(timed=True)
+
+    def check(self) -> Demotion | None:
+        """Read what the buffer holds now (one synchronization) and judge it: at the end of an epoch or of training."""
+        if self.finding is None and self._filled:
+            self._read(timed=False)
+        return self.finding
+
+    def fallback(self, *, prefer: Prefer = "auto", expected_steps: int | None = None) -> autotune.Config:
+        """What ``best_config`` answers now, at once (never measuring): after a finding, the best remaining
+        candidate, for an app that restarts from its last checkpoint. Pass the options ``best_config`` got."""
+        return autotune.best_config(self.model_kind, prefer=prefer, expected_steps=expected_steps, wait=False)
+
+    # -- reading and judging ---------------------------------------------------------------------------------
+
+    def _read(self, *, timed: bool) -> None:
+        assert self._buffer is not None
+        losses, scales = self._buffer[:, :self._filled].tolist()
+        now = time.perf_counter()
+        if timed and (now - self._read_at) * 1000 >= PACE_MIN_READ_MS:
+            self._pace((now - self._read_at) * 1000 / self._filled)
+        self._read_at = now
+        first = self.steps - self._filled + 1
+        self._filled = 0
+        self._buffer[1].fill_(math.nan)
+        for offset, (loss, scale) in enumerate(zip(losses, scales, strict=True)):
+            step = first + offset
+            found = self._judge_loss(step, loss) or (self._judge_scale(step, scale) if not math.isnan(scale) else None)
+            if found is not None:
+                self._found(*found)
+                return
+
+    def _judge_loss(self, step: int, loss: float) -> tuple[Misbehaviour, int, str, list[float]] | None:
+        if not math.isfinite(loss):
+            self._non_finite.append((step, loss))
+            while self._non_finite[0][0] <= step - WINDOW_STEPS:
+                self._non_finite.popleft()
+            if len(self._non_finite) < NON_FINITE_LOSSES:
+                return None
+            steps = [s for s, _ in self._non_finite]
+            before = [self._last_finite] if self._last_finite is not None else []
+            return ("non_finite", steps[0], f"{len(steps)} non-finite losses within {WINDOW_STEPS} steps (steps "
+                    f"{', '.join(f'{s:,}' for s in steps)}; the last finite one {_number(before)})",
+                    [*before, *(v for _, v in self._non_finite)])
+        self._last_finite = loss
+        if not self._block:
+            self._block_start = step
+        self._block.append(loss)
+        if len(self._block) < BLOCK_STEPS:
+            return None
+        median, start = statistics.median(self._block), self._block_start
+        self._block = []
+        return self._judge_block(start, median)
+
+    def _judge_block(self, start_step: int, median: float) -> tuple[Misbehaviour, int, str, list[float]] | None:
+        self._medians.append(median)
+        start, floor = self._medians[0], min(self._medians)
+        progress = start - floor
+        if progress <= MIN_PROGRESS * abs(start) or median <= floor + GIVE_BACK * progress:
+            self._diverging = []
+            return None
+        self._diverging.append((start_step, median))
+        if len(self._diverging) < DIVERGED_BLOCKS:
+            return None
+        first = self._diverging[0][0]
+        last = start_step + BLOCK_STEPS - 1
+        return ("diverged", first, f"the loss rose from its floor {floor:.4g} back to {median:.4g} (it started at "
+                f"{start:.4g}), sustained over steps {first:,}-{last:,}",
+                [start, floor, *(m for _, m in self._diverging)])
+
+    def _judge_scale(self, step: int, scale: float) -> tuple[Misbehaviour, int, str, list[float]] | None:
+        previous, self._scale = self._scale, scale
+        if previous is None or scale >= previous:
+            self._clean_run += 1
+            if self._clean_run >= SETTLED_STEPS:
+                self._settled = True
+            return None
+        self._clean_run = 0
+        if not self._settled:
+            self._backoff.append(scale)
+            if len(self._backoff) <= BACKOFF_SKIPS:
+                return None
+            return ("skipped_steps", step - len(self._backoff) + 1, f"GradScaler's loss scale never settled: "
+                    f"{len(self._backoff)} optimizer steps skipped from the start, the scale down to {scale:.3g}",
+                    list(self._backoff))
+        self._skips.append((step, scale))
+        while self._skips[0][0] <= step - WINDOW_STEPS:
+            self._skips.popleft()
+        if len(self._skips) < SKIPPED_STEPS:
+            return None
+        steps = [s for s, _ in self._skips]
+        return ("skipped_steps", steps[0], f"{len(steps)} optimizer steps skipped by GradScaler within "
+                f"{WINDOW_STEPS} steps (steps {', '.join(f'{s:,}' for s in steps)}), the loss scale down to "
+                f"{scale:.3g}", [s for _, s in self._skips])
+
+    def _found(self, seen: Misbehaviour, step: int, detail: str, evidence: list[float]) -> None:
+        self.finding = Demotion(
+            model_kind=self.model_kind, candidate=self.candidate, seen=seen, step=step, detail=detail,
+            evidence=evidence, at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            autotune_version=__version__,
+        )
+        demoted = not is_reference(self.candidate)
+        if demoted:
+            _demotions.record(self.digest, self.finding)
+        error = ConfigMisbehaved(self.model_kind, self.candidate.label, step, detail, demoted=demoted)
+        log.warning("%s", error)
+        if self.on_failure == "raise":
+            raise error
+        warnings.warn(error, stacklevel=4)  # the caller of step() or check()
+
+    def _pace(self, step_ms: float) -> None:
+        """Watch this read's ms per step against the run's fastest; the first read (warm-up) sets no pace."""
+        if self.steps <= self.read_every:
+            return
+        self._fastest_ms = min(self._fastest_ms, step_ms)
+        self._slow_reads = self._slow_reads + 1 if step_ms > SLOW_FACTOR * self._fastest_ms else 0
+        if self._slow_reads >= SLOW_BLOCKS and not self._warned_slow:
+            self._warned_slow = True
+            log.warning("%s on %s: the last %d steps took %.3g ms each, %.1fx this run's fastest (%.3g ms): another "
+                        "workload or a throttled machine? `python -m autotune --check` re-times the pick",
+                        self.model_kind, self.candidate.label, SLOW_BLOCKS * self.read_every, step_ms,
+                        step_ms / self._fastest_ms, self._fastest_ms)
+
+
+def _number(values: list[float]) -> str:
+    return f"{values[0]:.4g}" if values else "none"
+
+
+__all__ = [
+    "BACKOFF_SKIPS", "BLOCK_STEPS", "DIVERGED_BLOCKS", "GIVE_BACK", "MIN_PROGRESS", "NON_FINITE_LOSSES",
+    "PACE_MIN_READ_MS", "READ_EVERY_STEPS", "SETTLED_STEPS", "SKIPPED_STEPS", "SLOW_BLOCKS", "SLOW_FACTOR",
+    "WINDOW_STEPS", "Guard", "OnFailure", "is_reference",
+]
