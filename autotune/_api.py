@@ -201,7 +201,7 @@ def fallback(kind: str, fp: Fingerprint, store: Store, why: str, *, prefer: Pref
     hardware with other software (the reason names the differences), else fp32 on the CPU."""
     forced = _env.DEVICE.get()
     memo = ("fallback", str(store.root), fp.digest, kind, prefer, expected_steps, forced, why,
-            _exchange.layer_stamp(), store.stamps())
+            _exchange.layer_stamp(), store.stamps(), _demotions.stamp(fp.digest))
     cached = _cached.decisions.get(memo)
     if cached is not None:
         return cached[0]
@@ -209,7 +209,9 @@ def fallback(kind: str, fp: Fingerprint, store: Store, why: str, *, prefer: Pref
     similar = find_similar(fp, kind, [*store.all_files(), *_exchange.defaults_files()])
     if similar is not None and forced is None:
         try:
-            config = decide(similar.result, prefer=prefer, expected_steps=expected_steps, digest=fp.digest)
+            # What training demoted here is not served from another machine's measurement either.
+            config = decide(without(similar.result, _demotions.of(fp.digest, kind)), prefer=prefer,
+                            expected_steps=expected_steps, digest=fp.digest)
         except CalibrationError:
             config = None
         if config is not None:

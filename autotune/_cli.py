@@ -433,7 +433,11 @@ def demotion_words(demotion: Demotion) -> str:
 def forget_demotion(kind: str) -> int:
     from autotune._api import forget_demotion as forget  # loads torch: never before the early start
 
-    undone = forget(kind)
+    try:
+        undone = forget(kind)
+    except OSError as exc:
+        print(f"autotune: {exc}", file=sys.stderr)
+        return 1
     for demotion in undone:
         print(f"autotune: undone: {demotion_words(demotion)}", file=sys.stderr)
     if not undone:

@@ -131,12 +131,15 @@ class Guard:
         if self.finding is not None:
             return
         if self._buffer is None:
-            device = loss.device if isinstance(loss, torch.Tensor) else torch.device("cpu")
+            # On the loss's device (else the scale's): a copy across devices would wait for them at every step.
+            scale_device = scaler._get_scale_async() if scaler is not None and scaler.is_enabled() else None
+            device = (loss.device if isinstance(loss, torch.Tensor)
+                      else scale_device.device if isinstance(scale_device, torch.Tensor) else torch.device("cpu"))
             self._buffer = torch.full((2, self.read_every), math.nan, dtype=torch.float32, device=device)
             self._slots = list(zip(self._buffer[0].unbind(), self._buffer[1].unbind(), strict=True))
         loss_slot, scale_slot = self._slots[self._filled]
         if isinstance(loss, torch.Tensor):
-            loss_slot.copy_(loss.detach())
+            loss_slot.copy_(loss.detach().reshape(()))  # a (1,)-shaped loss (DataParallel's) too
         else:
             loss_slot.fill_(loss)
         if scaler is not None and scaler.is_enabled():

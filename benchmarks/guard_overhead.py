@@ -71,7 +71,7 @@ def guard_step_us(config: autotune.Config, calls: int = 20_000) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=30, help="enough that the guarded loop reads its buffer")
     parser.add_argument("--steps", type=int, default=4, help="steps per block")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--precision", default="fp32", choices=["fp32", "tf32", "bf16-mixed", "fp16-mixed"])

@@ -12,12 +12,13 @@ import pytest
 from samples import family, timed
 
 import autotune
+from autotune._cache import demotions
 from autotune._cache import exchange as _exchange
 from autotune._cache import lookup as _cached
 from autotune._cache.store import Store
 from autotune._cli import main
 from autotune._fingerprint import Fingerprint
-from autotune._models import Difference, FamilyResult
+from autotune._models import Candidate, Demotion, Difference, FamilyResult
 
 
 def _measured() -> FamilyResult:
@@ -153,3 +154,12 @@ def test_export_cli_and_import_in_another_process(tmp_path: Path, isolated_autot
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
                           check=True)
     assert done.stdout.split() == ["measured", "bf16-mixed"]
+
+
+def test_a_similar_machines_answer_leaves_out_what_training_demoted_here(isolated_autotune: Path) -> None:
+    _cached.store().save(_other_torch("2.12.0"), _measured())
+    assert autotune.best_config("tiny_mlp", wait=False).precision == "bf16-mixed"
+    demotions.record(autotune.fingerprint().digest, Demotion(
+        model_kind="tiny_mlp", candidate=Candidate(device="cpu", precision="bf16-mixed"), seen="non_finite", step=10,
+        detail="3 NaN losses", evidence=[float("nan")], at="2026-12-02", autotune_version="0"))
+    assert autotune.best_config("tiny_mlp", wait=False).precision == "fp32"  # what guard.fallback() answers

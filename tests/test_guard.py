@@ -12,6 +12,7 @@ import datetime as dt
 import errno
 import json
 import logging
+import math
 import os
 import subprocess
 import sys
@@ -33,7 +34,7 @@ from autotune._cache import demotions
 from autotune._cache import lookup as _cached
 from autotune._cli import main
 from autotune._guard import NON_FINITE_LOSSES, SKIPPED_STEPS
-from autotune._models import Drop, Interval
+from autotune._models import Candidate, Demotion, Drop, Interval
 
 TODAY = dt.datetime.now(dt.timezone.utc).date().isoformat()
 
@@ -427,3 +428,43 @@ def test_steps_ten_times_slower_for_a_sustained_window_suggest_check_and_demote_
             guard.step(1.0)
     assert "python -m autotune --check" in caplog.text and "this run's fastest" in caplog.text
     assert guard.finding is None and not (isolated_autotune / "demotions").exists()
+
+
+def test_a_demotion_the_disk_refused_is_written_with_the_next_one(
+    isolated_autotune: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def demotion(precision: str) -> Demotion:
+        return Demotion(model_kind="tiny", candidate=Candidate(device="cpu", precision=precision),  # type: ignore[arg-type]
+                        seen="non_finite", step=10, detail="3 NaN losses", evidence=[math.nan], at=TODAY,
+                        autotune_version="0")
+
+    digest = autotune.fingerprint().digest
+    replace = os.replace
+
+    def full(src: str, dst: str) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", full)
+    with caplog.at_level(logging.WARNING, logger="autotune"):
+        demotions.record(digest, demotion("bf16-mixed"))
+    assert "it holds for this process only" in caplog.text
+    monkeypatch.setattr(os, "replace", replace)  # the disk has room again
+    demotions.record(digest, demotion("fp16-mixed"))
+    demotions.reset()  # what this process kept is gone: only the file speaks
+    assert [d.candidate.precision for d in demotions.of(digest, "tiny")] == ["bf16-mixed", "fp16-mixed"]
+
+
+def test_forget_demotion_says_so_when_the_file_cannot_be_rewritten(
+    isolated_autotune: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    digest = autotune.fingerprint().digest
+    demotions.record(digest, Demotion(
+        model_kind="tiny", candidate=Candidate(device="cpu", precision="bf16-mixed"), seen="non_finite", step=10,
+        detail="3 NaN losses", evidence=[math.nan], at=TODAY, autotune_version="0"))
+
+    def full(src: str, dst: str) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", full)
+    assert main(["--forget-demotion", "tiny"]) == 1
+    assert "still hold" in capsys.readouterr().err

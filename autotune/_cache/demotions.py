@@ -72,24 +72,28 @@ def record(digest: str, demotion: Demotion) -> None:
     unsaved = _unsaved.setdefault((str(target), kind), [])
     unsaved[:] = [d for d in unsaved if not demotion.covers(d.candidate)] + [demotion]
 
+    pending = list(unsaved)  # an earlier one a failed write left in memory is written with it
+
     def change(entries: list[Any]) -> list[Any]:
         kept = [entry for entry, found in zip(entries, _records_of(entries, kind), strict=True)
-                if found is None or not demotion.covers(found.candidate)]
-        return [*kept, json.loads(demotion.model_dump_json())]
+                if found is None or not any(d.covers(found.candidate) for d in pending)]
+        return [*kept, *(json.loads(d.model_dump_json()) for d in pending)]
 
     if _write(target, kind, change, "it holds for this process only"):
-        del _unsaved[(str(target), kind)]
+        unsaved[:] = [d for d in unsaved if d not in pending]
+        if not unsaved:
+            del _unsaved[(str(target), kind)]
 
 
 def forget(digest: str, kind: str) -> list[Demotion]:
     """Remove every demotion of ``kind`` on this machine configuration (unreadable ones too); returns the readable
-    ones removed."""
+    ones removed. Raises OSError when the file could not be written (they still hold there)."""
     target = path(digest)
     removed = of(digest, kind)
     _changes[0] += 1
     _unsaved.pop((str(target), kind), None)
-    if removed or target.exists():
-        _write(target, kind, lambda entries: [], "it still holds in the file")
+    if (removed or target.exists()) and not _write(target, kind, lambda entries: [], "it still holds in the file"):
+        raise OSError(f"could not rewrite {target}: the demotions of {kind} still hold there")
     return removed
 
 
@@ -201,6 +205,7 @@ def _write(target: Path, kind: str, change: Callable[[list[Any]], list[Any]], co
             document = _read(target)
             if document is None:  # not ours to overwrite unless it is a regular file that is no demotions file
                 if _disk.directory_problem(target.parent) is not None or not target.is_file() or target.is_symlink():
+                    log.warning("the demotions file %s is not a file autotune may replace; %s", target, consequence)
                     return False
                 aside = target.with_name(f"{target.name}.corrupt-{_disk.utc_stamp()}")
                 os.replace(target, aside)
