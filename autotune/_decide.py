@@ -429,8 +429,9 @@ def reason(pick: Candidate, evidence: Evidence, *, measured_at: str | None) -> s
     back to and why; where the whole does not fit, the weaker parts are left to ``evidence``, down to the answer
     and its qualifiers in a word each."""
     answer = answer_words(pick)
+    short = answer_words(pick.base)
     if evidence.unmeasured is not None:
-        return _fallback(pick, answer, evidence)
+        return _fallback(pick, answer, evidence, short)
     lead = [*([f"forced by AUTOTUNE_DEVICE={evidence.forced}"] if evidence.forced is not None else []),
             *([f"GPU requested, but {evidence.no_gpu.partition(' (')[0]}"] if evidence.no_gpu is not None else [])]
     claims = [c for c in (_device_claim(pick, evidence), _precision_claim(pick, evidence)) if c]
@@ -451,7 +452,7 @@ def reason(pick: Candidate, evidence: Evidence, *, measured_at: str | None) -> s
         _said([*lead, *claims[:1]], f"({when}){short_origin}"),
         _said(lead[:1], f"({when}){short_origin}"),
         _said([], f"({', '.join(marks or [when])})"),
-    ])
+    ], short=short)
 
 
 def _said(parts: Sequence[str], tail: str) -> str:
@@ -460,16 +461,17 @@ def _said(parts: Sequence[str], tail: str) -> str:
     return f": {body} {tail}" if body else f" {tail}"
 
 
-def _fallback(pick: Candidate, answer: str, evidence: Evidence) -> str:
+def _fallback(pick: Candidate, answer: str, evidence: Evidence, short: str) -> str:
     """What an answer without a measurement of this machine falls back to, and why."""
     why = evidence.unmeasured or ""
     if evidence.forced is not None:
         return _fitting(answer, [f": forced by AUTOTUNE_DEVICE={evidence.forced}; {why}",
-                                 f": forced by AUTOTUNE_DEVICE={evidence.forced}, which calibration did not measure"])
+                                 f": forced by AUTOTUNE_DEVICE={evidence.forced}, which calibration did not measure"],
+                        short=short)
     if evidence.similar is None:
         always = ", which always trains" if pick == _FP32_CPU else ""
         return _fitting(answer, [f"{always}: no measurement of this machine yet ({why})",
-                                 f": not measured here yet ({why})", ": not measured here yet"])
+                                 f": not measured here yet ({why})", ": not measured here yet"], short=short)
     differences = evidence.similar.differences
     then = ", ".join(f"{d.name} {d.then}" for d in differences)
     first = f"{differences[0].name} {differences[0].then}" if differences else "other software"
@@ -477,12 +479,14 @@ def _fallback(pick: Candidate, answer: str, evidence: Evidence) -> str:
                              f": the pick measured with {first} on the same hardware; not measured here yet ({why})",
                              f": the pick measured with {first} on the same hardware; not measured here yet",
                              ": the pick measured on the same hardware; not measured here yet",
-                             ": as measured on the same hardware, not measured here yet"])
+                             ": as measured on the same hardware, not measured here yet"], short=short)
 
 
-def _fitting(answer: str, forms: Sequence[str]) -> str:
-    """``answer`` and the first (most detailed) of ``forms`` that fits in :data:`REASON_CHARS`, else the last."""
-    return next((answer + form for form in forms if len(answer + form) <= REASON_CHARS), answer + forms[-1])
+def _fitting(answer: str, forms: Sequence[str], *, short: str | None = None) -> str:
+    """``answer`` and the first (most detailed) of ``forms`` that fits in :data:`REASON_CHARS`; else the ``short``
+    answer (no variants: the Config lists them all) with the last form."""
+    return next((answer + form for form in forms if len(answer + form) <= REASON_CHARS),
+                (short or answer) + forms[-1])
 
 
 __all__ = [

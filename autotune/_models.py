@@ -91,9 +91,6 @@ class Interval(Record):
     low: float
     high: float
 
-    def describe(self) -> str:
-        return f"{self.estimate:.2f}x, interval {self.low:.2f}-{self.high:.2f}"
-
 
 class Drop(Record):
     """Why a candidate stopped being timed: the evidence that it is clearly slower than ``by``.
@@ -106,12 +103,6 @@ class Drop(Record):
     ratio: Interval = Field(description="this candidate's step time over ``by``'s, paired by round")
     rounds: int
     far_behind: bool = Field(default=False, description="dropped after one round, too far behind for an interval")
-
-    def describe(self) -> str:
-        rounds = f"{self.rounds} round" + ("s" if self.rounds != 1 else "")
-        if self.far_behind:
-            return f"{self.ratio.estimate:.1f}x slower than {self.by.label} after {rounds}"
-        return f"clearly slower than {self.by.label} ({self.ratio.describe()}) after {rounds}"
 
 
 class Timing(Record):

@@ -62,8 +62,8 @@ def reasons(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     worded: list[str] = []
     fitting = _decide._fitting
 
-    def recorded(answer: str, forms: Sequence[str]) -> str:
-        sentence = fitting(answer, forms)
+    def recorded(answer: str, forms: Sequence[str], *, short: str | None = None) -> str:
+        sentence = fitting(answer, forms, short=short)
         worded.append(sentence)
         return sentence
 

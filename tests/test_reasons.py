@@ -49,6 +49,20 @@ def test_the_longest_reasons_are_one_sentence_that_starts_with_the_answer(flags:
         assert "not measured here" in config.reason or "no measurement of this machine" in config.reason
 
 
+def test_a_cpu_pick_with_every_setting_asked_for_a_gpu_on_a_busy_machine_still_fits() -> None:
+    # Every qualifier at once leaves no room for the settings: the answer names precision and device, and the
+    # Config lists the settings.
+    best = timed("cpu", "bf16-mixed", 10.0)
+    best = best.model_copy(update={"candidate": best.candidate.model_copy(update={
+        "memory_format": "channels_last", "optimizer": "foreach", "compiled": True, "num_threads": 4})})
+    config = decide(family("cnn", timed("cpu", "fp32", 100.0), best), prefer="gpu", digest=DIGEST)
+    config = restate(config, noisy=True, older_rules="0.1.0",
+                     origin="imported from results-of-the-whole-lab-2026.json (exported 2026-11-30)")
+    assert one_sentence_problem(config.reason) is None, config.reason
+    assert config.reason.startswith(answer_words(config.candidate.base))
+    assert config.num_threads == 4 and config.compiled
+
+
 def test_a_reason_that_fits_keeps_every_qualifier() -> None:
     config = restate(decide(family("cnn", timed("cpu", "fp32", 20.0), timed("cpu", "bf16-mixed", 10.0)),
                             digest=DIGEST), noisy=True, older_rules="0.1.0", origin="shipped in results.json")
