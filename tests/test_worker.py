@@ -79,6 +79,8 @@ def test_a_worker_restarted_after_a_crash_goes_on_with_the_staged_search() -> No
 
 HOST = textwrap.dedent("""
     import sys
+    import signal
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C, as in a terminal, wherever the tests run
     sys.path.insert(0, {tests!r})
     import autotune
     from autotune._calibration.measure import MeasureSettings
@@ -185,6 +187,8 @@ def test_an_interrupted_host_kills_its_worker_before_going_on() -> None:
 
 API_HOST = textwrap.dedent("""
     import sys
+    import signal
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C, as in a terminal, wherever the tests run
     sys.path.insert(0, {tests!r})
     import autotune
 
