@@ -14,7 +14,7 @@ The update cosine catches gradients that are wrong in direction (roi_align's 3x-
 MPS) even when the loss of the first steps still looks plausible. Adam normalises each coordinate, so
 coordinates whose gradient is near zero flip sign under rounding: reduced precisions get a looser cosine, and
 fp32 is not held to more than tf32 (another summation order, from channels_last kernels or fewer threads,
-flips them too: a tiny convnet's fp32 update after 4 steps came out at cosine 0.985 that way).
+flips them too).
 """
 
 from __future__ import annotations
