@@ -99,7 +99,7 @@ def config_for(family: Family, *, prefer: Prefer = "auto", expected_steps: int |
     # The key's parts as a plain tuple: building the FamilyKey model is left to a miss (the warm path is µs).
     key_parts = (family.ref, family.version, _env.SEARCH.get(), _env.BUDGET_S.get())
     memo = (str(store.root), fp.digest, family.name, key_parts, prefer, expected_steps, forced, may_measure,
-            _exchange.layer_stamp(), _demotions.stamp(fp.digest), store.stamp(fp.digest))
+            _exchange.layer_stamp(), _demotions.stamp(fp.digest, store.root), store.stamp(fp.digest))
     cached = _cached.decisions.get(memo)
     if cached is not None and (cached[1] is None or now_utc() < cached[1]):
         return cached[0]
@@ -201,7 +201,7 @@ def fallback(kind: str, fp: Fingerprint, store: Store, why: str, *, prefer: Pref
     hardware with other software (the reason names the differences), else fp32 on the CPU."""
     forced = _env.DEVICE.get()
     memo = ("fallback", str(store.root), fp.digest, kind, prefer, expected_steps, forced, why,
-            _exchange.layer_stamp(), store.stamps(), _demotions.stamp(fp.digest))
+            _exchange.layer_stamp(), store.stamps(), _demotions.stamp(fp.digest, store.root))
     cached = _cached.decisions.get(memo)
     if cached is not None:
         return cached[0]

@@ -39,19 +39,19 @@ _warned: set[str] = set()
 _changes = [0]
 
 
-def cache_dir() -> Path:
-    return default_root() / "demotions"
+def cache_dir(root: Path | None = None) -> Path:
+    return (default_root() if root is None else root) / "demotions"
 
 
-def path(digest: str) -> Path:
-    return cache_dir() / f"{digest}.json"
+def path(digest: str, root: Path | None = None) -> Path:
+    return cache_dir(root) / f"{digest}.json"
 
 
-def stamp(digest: str) -> tuple[int, ...]:
+def stamp(digest: str, root: Path | None = None) -> tuple[int, ...]:
     """Changes whenever this machine configuration's demotions may have: this process's changes, then the file's
-    (mtime_ns, size)."""
+    (mtime_ns, size). ``root``: the cache directory, where the caller has it (best_config's warm path does)."""
     try:
-        st = os.stat(path(digest))
+        st = os.stat(path(digest, root))
     except OSError:
         return (_changes[0],)
     return _changes[0], st.st_mtime_ns, st.st_size
