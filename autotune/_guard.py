@@ -81,6 +81,14 @@ PACE_MIN_READ_MS = 20.0
 _ON_FAILURE: tuple[OnFailure, ...] = ("warn", "raise")
 
 
+def _within_window(seen: deque[tuple[int, float]], step: int, value: float) -> list[int]:
+    """Add ``(step, value)`` to ``seen``, forget what is ``WINDOW_STEPS`` or more behind it; the steps left."""
+    seen.append((step, value))
+    while seen[0][0] <= step - WINDOW_STEPS:
+        seen.popleft()
+    return [s for s, _ in seen]
+
+
 def is_reference(candidate: Candidate) -> bool:
     """fp32 on the CPU, whatever its variants: what every candidate is verified against, never demoted."""
     return candidate.device == "cpu" and candidate.precision == "fp32"
@@ -184,12 +192,9 @@ class Guard:
 
     def _judge_loss(self, step: int, loss: float) -> tuple[Misbehaviour, int, str, list[float]] | None:
         if not math.isfinite(loss):
-            self._non_finite.append((step, loss))
-            while self._non_finite[0][0] <= step - WINDOW_STEPS:
-                self._non_finite.popleft()
-            if len(self._non_finite) < NON_FINITE_LOSSES:
+            steps = _within_window(self._non_finite, step, loss)
+            if len(steps) < NON_FINITE_LOSSES:
                 return None
-            steps = [s for s, _ in self._non_finite]
             before = [self._last_finite] if self._last_finite is not None else []
             return ("non_finite", steps[0], f"{len(steps)} non-finite losses within {WINDOW_STEPS} steps (steps "
                     f"{', '.join(f'{s:,}' for s in steps)}; the last finite one {_number(before)})",
@@ -235,12 +240,9 @@ class Guard:
             return ("skipped_steps", step - len(self._backoff) + 1, f"GradScaler's loss scale never settled: "
                     f"{len(self._backoff)} optimizer steps skipped from the start, the scale down to {scale:.3g}",
                     list(self._backoff))
-        self._skips.append((step, scale))
-        while self._skips[0][0] <= step - WINDOW_STEPS:
-            self._skips.popleft()
-        if len(self._skips) < SKIPPED_STEPS:
+        steps = _within_window(self._skips, step, scale)
+        if len(steps) < SKIPPED_STEPS:
             return None
-        steps = [s for s, _ in self._skips]
         return ("skipped_steps", steps[0], f"{len(steps)} optimizer steps skipped by GradScaler within "
                 f"{WINDOW_STEPS} steps (steps {', '.join(f'{s:,}' for s in steps)}), the loss scale down to "
                 f"{scale:.3g}", [s for _, s in self._skips])
