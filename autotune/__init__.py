@@ -42,9 +42,9 @@ _WHERE = {
     # Loads Lightning: reachable as autotune.GuardCallback, left out of __all__ so that `from autotune import *`
     # never needs a framework the app may not have.
     "GuardCallback": "_lightning",
-    "max_batch_report": "_max_batch", "max_batch_size": "_max_batch",
+    "max_batch_report": "_tools.max_batch", "max_batch_size": "_tools.max_batch",
     **dict.fromkeys(["Evidence", "MaxBatchReport", "MemoryLine", "MemoryProbe", "OperatorTime", "Rival",
-                     "TraceReport"], "_models"),
+                     "TraceReport"], "_records"),
 }
 
 
@@ -73,8 +73,8 @@ if TYPE_CHECKING:
     from autotune._fingerprint import Fingerprint, fingerprint
     from autotune._guard import Guard
     from autotune._lightning import GuardCallback as GuardCallback  # re-exported; not in __all__: it loads Lightning
-    from autotune._max_batch import max_batch_report, max_batch_size
-    from autotune._models import Evidence, MaxBatchReport, MemoryLine, MemoryProbe, OperatorTime, Rival, TraceReport
+    from autotune._records import Evidence, MaxBatchReport, MemoryLine, MemoryProbe, OperatorTime, Rival, TraceReport
+    from autotune._tools.max_batch import max_batch_report, max_batch_size
 else:  # type checkers see the imports above: a misspelt name stays an error there
 
     def __getattr__(name: str) -> object:

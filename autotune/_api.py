@@ -16,11 +16,11 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
-from autotune import _background, _check, _env, _fp32
+from autotune import _background, _env, _fp32
+from autotune._cache import batch_answers as _max_batch_answers
 from autotune._cache import demotions as _demotions
 from autotune._cache import exchange as _exchange
 from autotune._cache import lookup as _cached
-from autotune._cache import max_batch as _max_batch_answers
 from autotune._cache.freshness import (
     due_retries,
     family_key,
@@ -35,15 +35,14 @@ from autotune._cache.locks import held_elsewhere
 from autotune._cache.lookup import Similar, find_similar
 from autotune._cache.store import Store
 from autotune._calibrate import calibrate_one, measuring_elsewhere, new_worker, run_calibration
-from autotune._calibration.protocol import TraceJob
-from autotune._check import CheckResult
 from autotune._config import Config
 from autotune._decide import PREFERENCES, Prefer, decide, finalists, picked, reason, restate, step_ms
 from autotune._doctor import Finding, diagnose
 from autotune._errors import CalibrationError, ConfigurationError
 from autotune._families import Family, builtin_family_names, family_names, get_family, reset_registry
 from autotune._fingerprint import Fingerprint, fingerprint
-from autotune._models import (
+from autotune._lab.protocol import TraceJob
+from autotune._records import (
     Candidate,
     CandidateResult,
     Demotion,
@@ -57,6 +56,8 @@ from autotune._models import (
     time_words,
 )
 from autotune._rules import preference
+from autotune._tools import canary as _check
+from autotune._tools.canary import CheckResult
 
 log = logging.getLogger("autotune")
 

@@ -24,14 +24,14 @@ from autotune._cache.freshness import (
 )
 from autotune._cache.locks import acquire, held_elsewhere, measuring, measuring_lock
 from autotune._cache.store import Store
-from autotune._calibration.measure import MeasureSettings
-from autotune._calibration.protocol import CalibrationSettings
 from autotune._config import Config
 from autotune._decide import decide
 from autotune._errors import CalibrationCancelled, CalibrationError
 from autotune._families import Family, builtin_family_names, get_family
 from autotune._fingerprint import Fingerprint, fingerprint
-from autotune._models import Candidate, FamilyKey, FamilyResult, Record
+from autotune._lab.measure import MeasureSettings
+from autotune._lab.protocol import CalibrationSettings
+from autotune._records import Candidate, FamilyKey, FamilyResult, Record
 from autotune._worker.worker import Worker
 
 log = logging.getLogger("autotune")

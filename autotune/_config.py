@@ -15,8 +15,8 @@ from torch import nn
 from autotune import _fp32
 from autotune._errors import FrameworkError
 from autotune._guard import Guard, OnFailure
-from autotune._models import Candidate, Choice, Evidence, OptimizerImpl, Precision
 from autotune._precision import AUTOCAST_DTYPES, DEFAULT_INIT_SCALE, MEMORY_FORMATS, move
+from autotune._records import Candidate, Choice, Evidence, OptimizerImpl, Precision
 from autotune.backends import backend_for
 
 Source = Literal["measured", "forced", "heuristic"]

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from autotune import _stats
 from autotune._config import Config
 from autotune._errors import CalibrationError
-from autotune._models import (
+from autotune._records import (
     Candidate,
     CandidateResult,
     Choice,

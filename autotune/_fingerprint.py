@@ -24,7 +24,7 @@ import sys
 import torch
 from pydantic import computed_field
 
-from autotune._models import Record
+from autotune._records import Record
 from autotune.backends import Accelerator, _windows, all_backends
 from autotune.backends.cpu import cpu_facts
 

@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 import torch
 
-from autotune._models import Precision, Record
+from autotune._records import Precision, Record
 
 Api = Literal["per-backend", "legacy"]
 

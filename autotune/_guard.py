@@ -53,7 +53,7 @@ import torch
 import autotune
 from autotune._cache import demotions as _demotions
 from autotune._errors import ConfigMisbehaved, ConfigurationError
-from autotune._models import Candidate, Demotion, Misbehaviour, Prefer
+from autotune._records import Candidate, Demotion, Misbehaviour, Prefer
 from autotune._version import __version__
 
 log = logging.getLogger("autotune")

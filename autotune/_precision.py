@@ -9,7 +9,7 @@ import functools
 
 import torch
 
-from autotune._models import Precision
+from autotune._records import Precision
 from autotune.backends import all_backends
 
 AUTOCAST_DTYPES: dict[Precision, torch.dtype | None] = {

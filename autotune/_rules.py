@@ -5,7 +5,7 @@ The calibration prunes with these rules and ``_decide`` picks with them, so both
 
 from __future__ import annotations
 
-from autotune._models import Candidate, Precision
+from autotune._records import Candidate, Precision
 
 #: a lower precision or another device must be faster by more than this (with the decision's confidence)
 #: to beat the simpler choice: it costs the user numerics headroom, or a driver, device memory and copies

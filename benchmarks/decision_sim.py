@@ -1,6 +1,6 @@
 """Decision quality against known truths: the real search and decision code, many seeded runs per scenario.
 
-Each scenario is a truth profile (``autotune._calibration.simulate``): how fast every candidate really is and how
+Each scenario is a truth profile (``autotune.testing.simulate``): how fast every candidate really is and how
 the machine misbehaves while it is measured. The real session (stages, sequential timing, final paired
 comparison) measures it on a fake clock, the real ``decide`` picks, and the pick is scored against the pick
 the same rules make on the exact truth. Printed per scenario (JSON lines):
@@ -33,11 +33,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from autotune._cache.store import StoreFile
-from autotune._calibration.plan import Facts, fewer_threads
-from autotune._calibration.simulate import CandidateTruth, Truth, simulate, true_pick, true_score, truth_from_record
 from autotune._decide import decide, finalists
-from autotune._models import Candidate, Failure
+from autotune._lab.plan import Facts, fewer_threads
+from autotune._records import Candidate, Failure
 from autotune._rules import MARGIN, complexity
+from autotune.testing.simulate import CandidateTruth, Truth, simulate, true_pick, true_score, truth_from_record
 
 MACHINES = Path(__file__).parent.parent / "fixtures" / "machines"
 CPU_THREADS = {"1 thread": 3.0, "4 threads": 1.5}  # an 8-thread CPU: fewer threads are slower

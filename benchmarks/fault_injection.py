@@ -30,7 +30,7 @@ from pathlib import Path
 
 from _common import emit
 
-from autotune._cache.records import Parsed, parse
+from autotune._cache.schema import Parsed, parse
 
 TESTS = str(Path(__file__).parent.parent / "tests")
 LINUX = sys.platform.startswith("linux")
@@ -51,7 +51,7 @@ def _env(cache: str) -> dict[str, str]:
 
 HUNG = """
 import autotune
-from autotune._calibration.protocol import CalibrationSettings
+from autotune._lab.protocol import CalibrationSettings
 from autotune._worker.worker import Worker
 autotune.register_family("hang", "families_for_tests:build_hang")
 worker = Worker(isolation="subprocess", timeout_s=600)

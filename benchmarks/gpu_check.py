@@ -29,8 +29,8 @@ from _common import BUILTINS, emit, oracle, picked, torch
 
 import autotune
 from autotune import _fp32
-from autotune._calibration.plan import plan
-from autotune._models import FamilyResult
+from autotune._lab.plan import plan
+from autotune._records import FamilyResult
 
 #: exact in fp32 (23 mantissa bits), 1.0 after TF32's rounding to 10 mantissa bits
 PROBE = 1.0 + 2.0**-12

@@ -29,9 +29,9 @@ from _common import BUILTINS, emit
 
 import autotune
 from autotune import _fp32
-from autotune._calibration.protocol import MemoryProbed, MemoryProbeJob
 from autotune._families import get_family
-from autotune._models import Candidate, MaxBatchReport
+from autotune._lab.protocol import MemoryProbed, MemoryProbeJob
+from autotune._records import Candidate, MaxBatchReport
 from autotune._worker.worker import Worker
 
 MARGIN = 0.15
@@ -121,8 +121,8 @@ def _remeasure(kind: str, report: MaxBatchReport) -> int | None:
 
 _DEFAULT_MALLOC = """
 import sys
-from autotune._calibration.memory import probe_memory
-from autotune._calibration.protocol import MemoryProbeJob
+from autotune._lab.memory import probe_memory
+from autotune._lab.protocol import MemoryProbeJob
 print(probe_memory(MemoryProbeJob.model_validate_json(sys.stdin.read())).model_dump_json())
 """
 

@@ -18,7 +18,7 @@ def workers_of(pid: int) -> list[int]:
         except OSError:
             continue
         ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        if ppid == pid and b"autotune._calibration.entry" in cmdline:
+        if ppid == pid and b"autotune._lab.entry" in cmdline:
             found.append(int(entry.name))
     return found
 

@@ -11,7 +11,7 @@ import itertools
 from autotune._cache.freshness import family_key, rules_digest
 from autotune._config import Config
 from autotune._families import family_names, get_family
-from autotune._models import Candidate, CandidateResult, Failure, FamilyResult, Numerics, Rival, Timing
+from autotune._records import Candidate, CandidateResult, Failure, FamilyResult, Numerics, Rival, Timing
 
 # Seven values for six rounds: consecutive series get different noise, as real interleaved rounds do.
 _noise = itertools.cycle([1.0, 1.01, 0.99, 1.005, 0.995, 1.0, 1.008])

@@ -188,7 +188,7 @@ def test_an_app_that_exits_mid_job_leaves_no_worker(isolated_autotune: Path) -> 
     while workers_of(app_pid) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert workers_of(app_pid) == []  # reparented workers would show another parent: check by command line too
-    assert not any(b"autotune._calibration.entry" in Path(f"/proc/{p}/cmdline").read_bytes() and
+    assert not any(b"autotune._lab.entry" in Path(f"/proc/{p}/cmdline").read_bytes() and
                    str(isolated_autotune).encode() in Path(f"/proc/{p}/environ").read_bytes()
                    for p in os.listdir("/proc") if p.isdigit() and _readable(p))
     assert _lock_free("tiny")

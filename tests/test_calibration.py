@@ -200,7 +200,7 @@ def test_no_numpy_warning_from_torch_where_autotune_loads_it() -> None:
     no_numpy = "import sys, warnings; sys.modules['numpy'] = None\n"  # numpy not installed, as torch sees it
     host = no_numpy + "with warnings.catch_warnings():\n    import autotune\nautotune.Config"  # filters restored
     worker = no_numpy + ("import os, runpy; sys.argv[1:] = [str(os.getppid())]; "
-                         "runpy.run_module('autotune._calibration.entry', run_name='__main__')")
+                         "runpy.run_module('autotune._lab.entry', run_name='__main__')")
     control = subprocess.run([sys.executable, "-c", no_numpy + "import torch"], capture_output=True, text=True)
     assert "Failed to initialize NumPy" in control.stderr  # the test's way of hiding numpy does provoke it
     for code in (host, worker):

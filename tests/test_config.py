@@ -67,7 +67,7 @@ def test_a_decided_config_dumps_every_key_it_always_had() -> None:
     from samples import family, timed
 
     from autotune._decide import decide
-    from autotune._models import Candidate
+    from autotune._records import Candidate
 
     fast = timed("cpu", "bf16-mixed", 50.0, init_scale=None)
     fast = fast.model_copy(update={"candidate": Candidate(device="cpu", precision="bf16-mixed",

@@ -7,7 +7,7 @@ from samples import failed, family, rival, timed
 
 from autotune import CalibrationError
 from autotune._decide import decide, picked
-from autotune._models import Candidate, CandidateResult, Drop, Interval
+from autotune._records import Candidate, CandidateResult, Drop, Interval
 
 DIGEST = "0123456789abcdef"
 

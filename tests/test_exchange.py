@@ -18,7 +18,7 @@ from autotune._cache import lookup as _cached
 from autotune._cache.store import Store
 from autotune._cli import main
 from autotune._fingerprint import Fingerprint
-from autotune._models import Candidate, Demotion, Difference, FamilyResult
+from autotune._records import Candidate, Demotion, Difference, FamilyResult
 
 
 def _measured() -> FamilyResult:

@@ -20,8 +20,8 @@ import autotune
 from autotune import CalibrationError
 from autotune._api import cached_families
 from autotune._cache.store import Store
-from autotune._calibration.probe import probe_batch
-from autotune._models import CandidateResult
+from autotune._lab.probe import probe_batch
+from autotune._records import CandidateResult
 
 TESTS = Path(__file__).parent
 

@@ -25,7 +25,7 @@ from autotune._cache.freshness import (
 )
 from autotune._cache.lookup import store
 from autotune._families import get_family
-from autotune._models import FamilyResult
+from autotune._records import FamilyResult
 
 
 @pytest.fixture(autouse=True)
@@ -176,7 +176,7 @@ def test_the_rules_digest_is_derived_from_the_settings_and_the_rule_constants(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from autotune import _rules
-    from autotune._calibration import looks, protocol
+    from autotune._lab import looks, protocol
 
     digest = rules_digest()
     code = "from autotune._cache.freshness import rules_digest; print(rules_digest())"

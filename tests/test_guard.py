@@ -34,7 +34,7 @@ from autotune._cache import demotions
 from autotune._cache import lookup as _cached
 from autotune._cli import main
 from autotune._guard import NON_FINITE_LOSSES, SKIPPED_STEPS
-from autotune._models import Candidate, Demotion, Drop, Interval
+from autotune._records import Candidate, Demotion, Drop, Interval
 
 TODAY = dt.datetime.now(dt.timezone.utc).date().isoformat()
 

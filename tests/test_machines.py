@@ -12,10 +12,10 @@ import pytest
 from samples import rival
 
 from autotune._cache.store import SCHEMA_VERSION, StoreFile
-from autotune._calibration.simulate import simulate, truth_from_record
 from autotune._config import Config
 from autotune._decide import decide
-from autotune._models import Candidate
+from autotune._records import Candidate
+from autotune.testing.simulate import simulate, truth_from_record
 
 MACHINES = Path(__file__).parent.parent / "fixtures" / "machines"
 

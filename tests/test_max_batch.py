@@ -17,11 +17,11 @@ from families_for_tests import FAILS_ABOVE
 
 import autotune
 from autotune import _fp32
-from autotune._cache.max_batch import Answers
-from autotune._calibration.protocol import MemoryProbeJob
+from autotune._cache.batch_answers import Answers
 from autotune._cli import main
 from autotune._families import Family
-from autotune._models import Candidate, MaxBatchReport
+from autotune._lab.protocol import MemoryProbeJob
+from autotune._records import Candidate, MaxBatchReport
 from autotune._worker.worker import Worker
 
 MIB = 2**20

@@ -9,9 +9,7 @@ from collections.abc import Callable, Iterator, Mapping
 import pytest
 
 from autotune import _stats
-from autotune._calibration.check import answered, faster_by_margin
-from autotune._calibration.check import comparisons as canary_pairs
-from autotune._calibration.measure import (
+from autotune._lab.measure import (
     Comparisons,
     Interleaved,
     MeasureSettings,
@@ -22,7 +20,9 @@ from autotune._calibration.measure import (
     timed,
     warm_up,
 )
-from autotune._models import Candidate
+from autotune._lab.retime import answered, faster_by_margin
+from autotune._lab.retime import comparisons as canary_pairs
+from autotune._records import Candidate
 
 
 class FakeClock:

@@ -10,7 +10,7 @@ from samples import rival
 
 import autotune
 from autotune._calibrate import measure_family
-from autotune._models import FamilyResult
+from autotune._records import FamilyResult
 
 # These tests are about numerics, not isolation (test_failures covers the worker): skip its start-up.
 pytestmark = pytest.mark.usefixtures("in_process")

@@ -8,7 +8,7 @@ from conftest import one_sentence_problem
 from samples import family, timed
 
 from autotune._decide import answer_words, decide, restate
-from autotune._models import CandidateResult, Difference, SimilarMachine
+from autotune._records import CandidateResult, Difference, SimilarMachine
 
 DIGEST = "0123456789abcdef"
 LONG_WHY = "another process is still calibrating after AUTOTUNE_LOCK_TIMEOUT_S=86400 s of waiting"

@@ -10,7 +10,7 @@ import torch
 import autotune
 from autotune import Config
 from autotune._calibrate import measure_family
-from autotune._models import FamilyResult
+from autotune._records import FamilyResult
 
 pytestmark = pytest.mark.usefixtures("in_process")  # the search, not the isolation, is under test
 
@@ -20,7 +20,7 @@ def _measure(build: str) -> FamilyResult:
     return measure_family("searched")
 
 
-def _variants(measured: FamilyResult) -> list[autotune._models.Candidate]:
+def _variants(measured: FamilyResult) -> list[autotune._records.Candidate]:
     return [r.candidate for r in measured.candidates if r.candidate != r.candidate.base]
 
 

@@ -9,10 +9,10 @@ import pytest
 from samples import rival
 
 import autotune
-from autotune._calibration.plan import Facts
-from autotune._calibration.simulate import CandidateTruth, Truth, simulate
 from autotune._decide import decide
-from autotune._models import Candidate, CandidateResult, Failure
+from autotune._lab.plan import Facts
+from autotune._records import Candidate, CandidateResult, Failure
+from autotune.testing.simulate import CandidateTruth, Truth, simulate
 
 SEEDS = range(20)
 
@@ -209,9 +209,9 @@ def test_a_real_family_whose_fp32_steps_are_10x_slower_trains_in_mixed_precision
 
 
 def test_dropped_candidates_are_released_before_the_next_stage() -> None:
-    from autotune._calibration.protocol import CalibrationSettings
-    from autotune._calibration.session import Session
-    from autotune._calibration.simulate import CONTROL_MS, FakeClock, TruthLab, _FakeStep, _Weather
+    from autotune._lab.protocol import CalibrationSettings
+    from autotune._lab.session import Session
+    from autotune.testing.simulate import CONTROL_MS, FakeClock, TruthLab, _FakeStep, _Weather
 
     released: list[Candidate] = []
 
@@ -261,8 +261,8 @@ def test_the_leaders_layout_is_tried_in_every_precision_that_ties_it() -> None:
 def test_a_restarted_worker_resumes_after_the_last_stage_it_finished() -> None:
     # The worker died on a stage-3 candidate: the restarted one takes over stage 2's checkpoint, sets up only
     # the fp32 baseline (its trajectory verifies the rest) and what was alive, and goes on with stage 3.
-    from autotune._calibration.plan import BASELINE
-    from autotune._calibration.protocol import Begin, Checkpoint, Planned
+    from autotune._lab.plan import BASELINE
+    from autotune._lab.protocol import Begin, Checkpoint, Planned
 
     truth = Truth(name="sim", candidates={
         _c("cpu", "fp32"): CandidateTruth(30.0), _c("cpu", "bf16-mixed"): CandidateTruth(120.0),
@@ -295,7 +295,7 @@ def test_a_restarted_worker_resumes_after_the_last_stage_it_finished() -> None:
 def test_a_resume_after_a_candidate_the_search_built_on_failed_searches_again() -> None:
     # A candidate alive at the checkpoint failed since (a crash while it was timed): what it pruned was pruned
     # by a measurement that no longer stands, so the restarted worker searches from the start without it.
-    from autotune._calibration.protocol import Checkpoint, Planned
+    from autotune._lab.protocol import Checkpoint, Planned
 
     truth = gpu_machine(20.0, 10.0)
     events: list[object] = []
@@ -312,9 +312,9 @@ def test_a_resume_after_a_candidate_the_search_built_on_failed_searches_again() 
 
 def test_after_a_device_error_the_session_times_nothing_and_gives_no_answer() -> None:
     # The worker must not go on in a context a device error may have broken: it exits, the host restarts it.
-    from autotune._calibration.protocol import Begin, CalibrationSettings, Checkpoint, Done, Failed
-    from autotune._calibration.session import Session
-    from autotune._calibration.simulate import CONTROL_MS, FakeClock, TruthLab, _FakeStep, _Weather
+    from autotune._lab.protocol import Begin, CalibrationSettings, Checkpoint, Done, Failed
+    from autotune._lab.session import Session
+    from autotune.testing.simulate import CONTROL_MS, FakeClock, TruthLab, _FakeStep, _Weather
 
     truth = Truth(name="sim", candidates={
         _c("cpu", "fp32"): CandidateTruth(10.0), _c("cuda:0", "fp32"): CandidateTruth(5.0),
@@ -338,10 +338,10 @@ def test_a_resumed_worker_builds_what_the_variants_are_timed_against_first() -> 
 
     import torch
 
-    from autotune._calibration.plan import BASELINE
-    from autotune._calibration.protocol import CalibrationSettings, Checkpoint, Done, Failed, Planned
-    from autotune._calibration.session import Session
-    from autotune._calibration.simulate import CONTROL_MS, FakeClock, TruthLab, _FakeStep, _Weather
+    from autotune._lab.plan import BASELINE
+    from autotune._lab.protocol import CalibrationSettings, Checkpoint, Done, Failed, Planned
+    from autotune._lab.session import Session
+    from autotune.testing.simulate import CONTROL_MS, FakeClock, TruthLab, _FakeStep, _Weather
 
     class TightGpuLab(TruthLab):
         capacity, model, peak = 4.6, 1.5, 2.0

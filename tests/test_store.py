@@ -144,7 +144,7 @@ def test_unwritable_cache_dir_degrades_to_memory(tmp_path: Path, caplog: pytest.
 
 def test_unbounded_intervals_survive_a_round_trip(store: Store) -> None:
     # A candidate dropped after one round has an unbounded interval; it must not corrupt the file.
-    from autotune._models import Interval
+    from autotune._records import Interval
 
     fp = autotune.fingerprint()
     result = _result()

@@ -11,10 +11,10 @@ import samples
 import autotune
 from autotune import _fp32
 from autotune._cache.store import Store
-from autotune._calibration.protocol import TraceJob
-from autotune._calibration.trace import trace_candidate
 from autotune._cli import main
-from autotune._models import Candidate
+from autotune._lab.protocol import TraceJob
+from autotune._lab.trace import trace_candidate
+from autotune._records import Candidate
 
 
 def _measured(kind: str, isolated_autotune: Path) -> None:

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 import autotune
-from autotune._calibration.measure import MeasureSettings
-from autotune._calibration.protocol import CalibrationSettings
 from autotune._families import get_family
+from autotune._lab.measure import MeasureSettings
+from autotune._lab.protocol import CalibrationSettings
 from autotune._worker.worker import Worker
 
 TESTS = Path(__file__).parent
@@ -83,8 +83,8 @@ HOST = textwrap.dedent("""
     signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C, as in a terminal, wherever the tests run
     sys.path.insert(0, {tests!r})
     import autotune
-    from autotune._calibration.measure import MeasureSettings
-    from autotune._calibration.protocol import CalibrationSettings
+    from autotune._lab.measure import MeasureSettings
+    from autotune._lab.protocol import CalibrationSettings
     from autotune._worker.worker import Worker
     from autotune._families import get_family
 
@@ -131,7 +131,7 @@ def test_a_worker_dies_with_its_killed_host() -> None:
 
 
 def test_the_worker_entry_imports_nothing_heavy_before_it_is_tied_to_its_host() -> None:
-    code = ("import sys, autotune._calibration.entry; "
+    code = ("import sys, autotune._lab.entry; "
             "assert not {'torch', 'pydantic', 'numpy'} & set(sys.modules), sorted(sys.modules)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
@@ -321,7 +321,7 @@ def test_a_worker_started_early_that_dies_before_its_first_job_is_replaced_once(
 def test_a_worker_started_early_gets_through_a_chatty_import_before_anyone_takes_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from autotune._calibration.protocol import EVENT, Ready
+    from autotune._lab.protocol import EVENT, Ready
     from autotune._worker import launch
 
     monkeypatch.setenv("PYTHONVERBOSE", "1")  # the worker writes a line to stderr for each module it imports

@@ -26,7 +26,7 @@ from autotune._cache import disk as _disk
 from autotune._cache.locks import lock_file
 from autotune._cache.store import default_root
 from autotune._env import LOCK_TIMEOUT_S
-from autotune._models import Demotion
+from autotune._records import Demotion
 
 log = logging.getLogger("autotune")
 

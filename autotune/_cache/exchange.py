@@ -27,7 +27,7 @@ from pydantic import ValidationError
 from autotune._cache.store import SCHEMA_VERSION, Store, StoreFile, write_atomic
 from autotune._env import DEFAULTS
 from autotune._errors import ImportFileError
-from autotune._models import FamilyResult, Record
+from autotune._records import FamilyResult, Record
 from autotune._version import __version__
 
 log = logging.getLogger("autotune")

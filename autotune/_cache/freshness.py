@@ -28,7 +28,7 @@ from pydantic import BaseModel
 
 from autotune import _env, _rules, _stats
 from autotune._families import Family
-from autotune._models import (
+from autotune._records import (
     Candidate,
     CandidateResult,
     FailureKind,
@@ -44,10 +44,10 @@ RETRY_AFTER = dt.timedelta(days=1)
 TRANSIENT: frozenset[FailureKind] = frozenset({"timeout", "crashed", "oom"})
 
 _REFERENCE = Candidate(device="cpu", precision="fp32")
-#: the calibration package's modules whose constants do not shape a calibration: the other tools' jobs (``check``,
-#: ``memory``, ``trace``), the worker's plumbing (``child``, ``entry``; ``protocol``'s settings count by their
-#: defaults) and the simulator of truth profiles. Every other module of it counts, a new one included.
-_NOT_RULES = frozenset({"check", "child", "entry", "memory", "protocol", "simulate", "trace"})
+#: the worker package's modules whose constants do not shape a calibration: the other tools' jobs (``retime``,
+#: ``memory``, ``trace``) and the worker's plumbing (``child``, ``entry``; ``protocol``'s settings count by their
+#: defaults). Every other module of it counts, a new one included.
+_NOT_RULES = frozenset({"child", "entry", "memory", "protocol", "retime", "trace"})
 
 
 def family_key(family: Family) -> FamilyKey:
@@ -63,7 +63,7 @@ def rules_digest() -> str:
     calibration settings (the measurement's knobs, the verification window) and every public UPPER_CASE
     constant of the rule modules (the margin, the looks, the tolerances, a rule's own version). Derived from
     them, never maintained by hand, so a changed or added constant cannot be forgotten."""
-    from autotune._calibration.protocol import CalibrationSettings
+    from autotune._lab.protocol import CalibrationSettings
 
     constants = {
         f"{module.__name__}.{name}": value
@@ -80,7 +80,7 @@ def rules_digest() -> str:
 def _rule_modules() -> list[types.ModuleType]:
     """The margins and the sequential test's looks, then each step of the calibration: the plan, the step,
     verification, the probe, the staged search and its timing."""
-    import autotune._calibration as package
+    import autotune._lab as package
 
     names = sorted(m.name for m in pkgutil.iter_modules(package.__path__) if m.name not in _NOT_RULES)
     return [_rules, _stats, *(importlib.import_module(f"{package.__name__}.{name}") for name in names)]

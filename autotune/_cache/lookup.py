@@ -12,7 +12,7 @@ from autotune._cache import exchange as _exchange
 from autotune._cache.store import Store, StoreFile, default_root
 from autotune._config import Config
 from autotune._fingerprint import Fingerprint
-from autotune._models import FamilyResult
+from autotune._records import FamilyResult
 
 # Warm-path memo: (root, digest, kind, family key parts, prefer, steps, forced, file stamp) -> (Config, good until).
 # A write by another process changes the file's stamp, which is the only check a repeated call pays for besides

@@ -29,10 +29,10 @@ from typing import TYPE_CHECKING, Any, Literal
 from autotune._cache import disk as _disk
 from autotune._cache.disk import KEEP_FILES, KEEP_QUARANTINED, KEEP_USED_DAYS, write_atomic
 from autotune._cache.locks import lock_file
-from autotune._cache.records import SCHEMA_VERSION, Newer, Parsed, StoreFile, Unreadable, parse, render
+from autotune._cache.schema import SCHEMA_VERSION, Newer, Parsed, StoreFile, Unreadable, parse, render
 from autotune._env import CACHE_DIR, LOCK_TIMEOUT_S
 from autotune._fingerprint import Fingerprint
-from autotune._models import FamilyResult
+from autotune._records import FamilyResult
 
 if TYPE_CHECKING:
     import filelock

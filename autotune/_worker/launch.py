@@ -37,7 +37,7 @@ else:
 def worker_argv() -> list[str]:
     """How the host starts a worker: this interpreter, autotune's own entry point (never the app's), and the
     host's pid (the worker dies with it)."""
-    return [sys.executable, "-m", "autotune._calibration.entry", str(os.getpid())]
+    return [sys.executable, "-m", "autotune._lab.entry", str(os.getpid())]
 
 
 class Launched:

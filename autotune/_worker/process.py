@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from pydantic import ValidationError
 
-from autotune._calibration.protocol import (
+from autotune._lab.protocol import (
     EVENT,
     Begin,
     Checked,
@@ -37,7 +37,7 @@ from autotune._calibration.protocol import (
     Traced,
     TraceJob,
 )
-from autotune._models import Candidate, Failure
+from autotune._records import Candidate, Failure
 from autotune._worker.launch import Launched, take
 
 log = logging.getLogger("autotune")

@@ -3,7 +3,7 @@
 Never ``fork``: a child forked after the host ran ``backward()`` or initialised CUDA fails or deadlocks
 (PyTorch wiki, "Autograd and Fork"; "Cannot re-initialize CUDA in forked subprocess"), and
 ``multiprocessing``'s spawn would re-import the app's ``__main__``. The worker
-is ``python -m autotune._calibration.entry``; the host sends it one :class:`Job` line per family and reads
+is ``python -m autotune._lab.entry``; the host sends it one :class:`Job` line per family and reads
 protocol events back. Results stream per candidate, so a native crash (SIGABRT from an MPS assertion, a
 segfault), a hang or an OOM loses only the candidate in flight: it is recorded with its class and a fresh
 worker measures the rest of that family and the families after it. The host kills the worker's process
@@ -23,12 +23,13 @@ from types import TracebackType
 import torch
 
 from autotune import _fp32
-from autotune._calibration.check import check
-from autotune._calibration.child import Control, calibrate
-from autotune._calibration.memory import probe_memory
-from autotune._calibration.plan import BASELINE
-from autotune._calibration.prepare import unverified, warm_process
-from autotune._calibration.protocol import (
+from autotune._errors import CalibrationCancelled, CalibrationError, TraceError
+from autotune._families import Family
+from autotune._lab.child import Control, calibrate
+from autotune._lab.memory import probe_memory
+from autotune._lab.plan import BASELINE
+from autotune._lab.prepare import unverified, warm_process
+from autotune._lab.protocol import (
     CalibrationSettings,
     Checked,
     CheckJob,
@@ -42,10 +43,9 @@ from autotune._calibration.protocol import (
     Traced,
     TraceJob,
 )
-from autotune._calibration.trace import traced_or_failure
-from autotune._errors import CalibrationCancelled, CalibrationError, TraceError
-from autotune._families import Family
-from autotune._models import Candidate, CandidateResult, Failure, FamilyResult, TraceReport
+from autotune._lab.retime import check
+from autotune._lab.trace import traced_or_failure
+from autotune._records import Candidate, CandidateResult, Failure, FamilyResult, TraceReport
 from autotune._version import __version__
 from autotune._worker.launch import worker_argv
 from autotune._worker.process import Attempt, Event, Process, Progress, record

@@ -8,7 +8,7 @@ from typing import ClassVar, Literal
 
 import torch
 
-from autotune._models import Precision, Record
+from autotune._records import Precision, Record
 
 
 class Accelerator(Record):

@@ -13,7 +13,7 @@ import warnings
 
 import torch
 
-from autotune._models import Precision
+from autotune._records import Precision
 from autotune.backends import _darwin, _linux, _windows
 from autotune.backends.api import Accelerator, Backend
 

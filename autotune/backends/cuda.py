@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from autotune._models import Precision
+from autotune._records import Precision
 from autotune.backends.api import Accelerator, Backend, Finding
 
 _PROC_DRIVER = "/proc/driver/nvidia"

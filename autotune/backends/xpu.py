@@ -13,7 +13,7 @@ import sys
 
 import torch
 
-from autotune._models import Precision
+from autotune._records import Precision
 from autotune.backends.api import Accelerator, Backend
 
 

@@ -35,7 +35,7 @@ from typing import Generic, Protocol
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from autotune import _stats
-from autotune._calibration.looks import Comparisons, Dropped, K, Series, drop_far_behind, look
+from autotune._lab.looks import Comparisons, Dropped, K, Series, drop_far_behind, look
 
 
 class Clock(Protocol):

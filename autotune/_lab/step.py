@@ -18,8 +18,8 @@ from torch.overrides import TorchFunctionMode
 
 from autotune import _fp32
 from autotune._families import Family, Workload, adamw
-from autotune._models import Candidate, OptimizerImpl
 from autotune._precision import AUTOCAST_DTYPES, DEFAULT_INIT_SCALE, MEMORY_FORMATS, move
+from autotune._records import Candidate, OptimizerImpl
 from autotune.backends import Backend
 
 

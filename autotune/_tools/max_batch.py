@@ -2,7 +2,7 @@
 
 The entry points run their probes in the calibration worker; the search (two probes, a fitted line,
 confirmation with real steps) is :func:`find_max_batch`. Answers are cached per machine, family, candidate,
-limit and margin (``autotune._cache.max_batch``).
+limit and margin (``autotune._cache.batch_answers``).
 """
 
 from __future__ import annotations
@@ -18,13 +18,13 @@ import torch
 
 from autotune import _fp32
 from autotune._api import config_for
-from autotune._cache.max_batch import Answers
+from autotune._cache.batch_answers import Answers
 from autotune._calibrate import new_worker
-from autotune._calibration.protocol import MemoryProbed, MemoryProbeJob
 from autotune._errors import BatchSizeUnsupportedError, ConfigurationError, MaxBatchError
 from autotune._families import get_family
 from autotune._fingerprint import fingerprint
-from autotune._models import PRECISIONS, Candidate, MaxBatchReport, MemoryLine, MemoryProbe, Precision, mib_words
+from autotune._lab.protocol import MemoryProbed, MemoryProbeJob
+from autotune._records import PRECISIONS, Candidate, MaxBatchReport, MemoryLine, MemoryProbe, Precision, mib_words
 
 log = logging.getLogger("autotune")
 

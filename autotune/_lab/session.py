@@ -23,7 +23,7 @@ import itertools
 from collections.abc import Callable, Sequence
 
 from autotune import _rules, _stats
-from autotune._calibration.measure import (
+from autotune._lab.measure import (
     Clock,
     Comparisons,
     MeasureSettings,
@@ -32,10 +32,10 @@ from autotune._calibration.measure import (
     overlaps,
     warm_up,
 )
-from autotune._calibration.plan import BASELINE, variants
-from autotune._calibration.protocol import Begin, CalibrationSettings, Checkpoint, Done, Planned
-from autotune._calibration.roster import Emit, Lab, Roster, evidence
-from autotune._models import Candidate, CandidateResult, Drop, Timing
+from autotune._lab.plan import BASELINE, variants
+from autotune._lab.protocol import Begin, CalibrationSettings, Checkpoint, Done, Planned
+from autotune._lab.roster import Emit, Lab, Roster, evidence
+from autotune._records import Candidate, CandidateResult, Drop, Timing
 
 FINAL_STAGE = 4
 

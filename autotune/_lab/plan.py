@@ -10,7 +10,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 from autotune._env import Search
-from autotune._models import Candidate
+from autotune._records import Candidate
 from autotune.backends import all_backends
 
 BASELINE = Candidate(device="cpu", precision="fp32")

@@ -20,7 +20,7 @@ from typing import Any
 from pydantic import Field, ValidationError
 
 from autotune._fingerprint import Fingerprint
-from autotune._models import FamilyResult, Record
+from autotune._records import FamilyResult, Record
 
 SCHEMA_VERSION = 1
 

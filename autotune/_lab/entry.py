@@ -1,4 +1,4 @@
-"""The worker's entry point: ``python -m autotune._calibration.entry HOST_PID``.
+"""The worker's entry point: ``python -m autotune._lab.entry HOST_PID``.
 
 Its first instructions tie the worker's life to its host's, before anything heavy is imported: ``import torch``
 and the calibration's modules take seconds, and a host killed meanwhile must not leave its worker running.
@@ -46,7 +46,7 @@ def die_with_the_host(host_pid: int) -> None:
 
 if __name__ == "__main__":
     die_with_the_host(int(sys.argv[1]))
-    from autotune._calibration import child
+    from autotune._lab import child
 
     code = child.main()
     sys.stderr.flush()

@@ -3,7 +3,7 @@
 The verification window (the first ``verify_steps`` steps from the same seed and batch as the reference)
 doubles as the warm-up, and stops a pathologically slow candidate early (fp16 autocast on a CPU without fp16
 kernels): before its first step when a probe on a slice of the batch is already that
-slow, else inside the step past the step's limit (:mod:`~autotune._calibration.probe`). fp16 is retried at
+slow, else inside the step past the step's limit (:mod:`~autotune._lab.probe`). fp16 is retried at
 lower GradScaler scales while steps are skipped.
 """
 
@@ -17,14 +17,14 @@ from dataclasses import dataclass
 import torch
 
 from autotune import _fp32, _stats
-from autotune._calibration.measure import Steppable
-from autotune._calibration.plan import BASELINE, Facts
-from autotune._calibration.probe import Overtime, Probe, TooSlow, deadline
-from autotune._calibration.protocol import CalibrationSettings
-from autotune._calibration.step import TrainStep, start_device
-from autotune._calibration.verify import INIT_SCALES, Trajectory, compare
 from autotune._families import Family
-from autotune._models import Candidate, CandidateResult, Failure
+from autotune._lab.measure import Steppable
+from autotune._lab.plan import BASELINE, Facts
+from autotune._lab.probe import Overtime, Probe, TooSlow, deadline
+from autotune._lab.protocol import CalibrationSettings
+from autotune._lab.step import TrainStep, start_device
+from autotune._lab.verify import INIT_SCALES, Trajectory, compare
+from autotune._records import Candidate, CandidateResult, Failure
 from autotune.backends import Backend, backend_for
 
 

@@ -10,12 +10,12 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-from autotune._calibration.measure import MeasureSettings
-from autotune._calibration.plan import Facts
 from autotune._env import Search
 from autotune._families import Family
 from autotune._fp32 import Fp32Settings
-from autotune._models import Candidate, CandidateResult, Drop, Failure, TraceReport
+from autotune._lab.measure import MeasureSettings
+from autotune._lab.plan import Facts
+from autotune._records import Candidate, CandidateResult, Drop, Failure, TraceReport
 
 
 class _Message(BaseModel):

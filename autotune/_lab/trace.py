@@ -2,9 +2,9 @@
 
 The field's playbook (PyTorch profiler recipe, Perfetto): warm-up steps stay out of the trace (first-call
 allocation, kernel selection, ``torch.compile``), CPU and device activity are recorded together, and a few
-steps are enough to see the pattern. The traced step is :class:`~autotune._calibration.step.TrainStep`, the
+steps are enough to see the pattern. The traced step is :class:`~autotune._lab.step.TrainStep`, the
 very step the calibration timed, with the same settings applied outside it. It runs in the calibration
-worker (a :class:`~autotune._calibration.protocol.TraceJob`), so a native crash cannot take the caller down.
+worker (a :class:`~autotune._lab.protocol.TraceJob`), so a native crash cannot take the caller down.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from pathlib import Path
 import torch
 from torch.autograd.profiler_util import FunctionEventAvg
 
-from autotune._calibration.prepare import classify
-from autotune._calibration.protocol import TraceJob
-from autotune._calibration.step import TrainStep
-from autotune._models import Failure, OperatorTime, TraceReport
+from autotune._lab.prepare import classify
+from autotune._lab.protocol import TraceJob
+from autotune._lab.step import TrainStep
+from autotune._records import Failure, OperatorTime, TraceReport
 from autotune.backends import backend_for
 
 #: our own marker around each traced step, to find the steps in the timeline; not an operator

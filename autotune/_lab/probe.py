@@ -28,9 +28,9 @@ import torch
 from torch import Tensor
 
 from autotune import _fp32
-from autotune._calibration.step import TrainStep
 from autotune._families import Family
-from autotune._models import Candidate
+from autotune._lab.step import TrainStep
+from autotune._records import Candidate
 from autotune.backends import Backend
 
 log = logging.getLogger("autotune")

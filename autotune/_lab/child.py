@@ -17,11 +17,10 @@ from collections.abc import Callable
 import torch
 
 from autotune import _fp32
-from autotune._calibration.check import check
-from autotune._calibration.memory import pin_allocator, probe_memory
-from autotune._calibration.plan import plan
-from autotune._calibration.prepare import TorchLab, warm_process
-from autotune._calibration.protocol import (
+from autotune._lab.memory import pin_allocator, probe_memory
+from autotune._lab.plan import plan
+from autotune._lab.prepare import TorchLab, warm_process
+from autotune._lab.protocol import (
     REQUEST,
     Begin,
     Checked,
@@ -37,9 +36,10 @@ from autotune._calibration.protocol import (
     Traced,
     TraceJob,
 )
-from autotune._calibration.session import Session
-from autotune._calibration.trace import traced_or_failure
-from autotune._models import CandidateResult, Failure
+from autotune._lab.retime import check
+from autotune._lab.session import Session
+from autotune._lab.trace import traced_or_failure
+from autotune._records import CandidateResult, Failure
 
 #: the worker's status after it reported a device error and stopped measuring (its candidate is already failed)
 EXIT_DEVICE_ERROR = 3

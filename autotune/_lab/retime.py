@@ -2,8 +2,8 @@
 
 Far cheaper than a calibration: no search, no numerics gate (the candidates passed it when calibrated), only
 the candidates named, set up once (their unchecked first steps warm them up) and timed in a few interleaved,
-paired rounds with the calibration's own :func:`~autotune._calibration.measure.interleave`, until
-:func:`faster_by_margin` can answer for every other candidate. The verdict is the host's (``autotune._check``).
+paired rounds with the calibration's own :func:`~autotune._lab.measure.interleave`, until
+:func:`faster_by_margin` can answer for every other candidate. The verdict is the host's (``autotune._tools.canary``).
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 
 from autotune import _rules, _stats
-from autotune._calibration.measure import Clock, Comparisons, K, Series, Steppable, interleave, warm_up
-from autotune._calibration.prepare import CandidateFailed, Prepared, TorchLab, classify
-from autotune._calibration.protocol import Begin, Checked, CheckJob, Failed, Retimed
-from autotune._models import Candidate, CandidateResult
+from autotune._lab.measure import Clock, Comparisons, K, Series, Steppable, interleave, warm_up
+from autotune._lab.prepare import CandidateFailed, Prepared, TorchLab, classify
+from autotune._lab.protocol import Begin, Checked, CheckJob, Failed, Retimed
+from autotune._records import Candidate, CandidateResult
 
 
 def faster_by_margin(other_ms: Sequence[float], pick_ms: Sequence[float]) -> bool | None:

@@ -18,11 +18,11 @@ import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from autotune._calibration.plan import Facts
-from autotune._calibration.prepare import CandidateFailed, Prepared
-from autotune._calibration.protocol import CalibrationSettings, Checkpoint, Done
-from autotune._calibration.session import Session
-from autotune._models import Candidate, CandidateResult, Failure, FamilyResult, Numerics
+from autotune._lab.plan import Facts
+from autotune._lab.prepare import CandidateFailed, Prepared
+from autotune._lab.protocol import CalibrationSettings, Checkpoint, Done
+from autotune._lab.session import Session
+from autotune._records import Candidate, CandidateResult, Failure, FamilyResult, Numerics
 from autotune._rules import margin, preference
 
 #: the control workload's true time: pure Python on the CPU

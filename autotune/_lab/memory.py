@@ -1,7 +1,7 @@
 """How much memory one candidate's training steps hold at a given batch size, measured in the worker.
 
 The probe for ``autotune.max_batch_size``: the family built at ``batch_size``, the candidate's real training
-step (:class:`~autotune._calibration.step.TrainStep`, the one calibration timed), a few steps, and the
+step (:class:`~autotune._lab.step.TrainStep`, the one calibration timed), a few steps, and the
 backend's peak since a reset taken just before the build. Each probe starts from a clean slate: the previous
 probe's objects are collected and the allocators' free memory handed back before the reset, so a probe
 smaller than the one before still shows what it needs (on the CPU, glibc would otherwise keep the freed
@@ -14,9 +14,9 @@ from __future__ import annotations
 import gc
 import sys
 
-from autotune._calibration.prepare import classify
-from autotune._calibration.protocol import MemoryProbed, MemoryProbeJob
-from autotune._calibration.step import TrainStep, start_device
+from autotune._lab.prepare import classify
+from autotune._lab.protocol import MemoryProbed, MemoryProbeJob
+from autotune._lab.step import TrainStep, start_device
 from autotune.backends import Backend, _linux, backend_for
 
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from autotune._models import Numerics, Precision
+from autotune._records import Numerics, Precision
 
 
 @dataclass(frozen=True)

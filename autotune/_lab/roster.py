@@ -14,11 +14,11 @@ from collections.abc import Callable
 from typing import Protocol
 
 from autotune import _stats
-from autotune._calibration.looks import Dropped
-from autotune._calibration.plan import BASELINE, Facts
-from autotune._calibration.prepare import CandidateFailed, Prepared, classify, unverified
-from autotune._calibration.protocol import Begin, Checkpoint, Done, Failed, Planned
-from autotune._models import Candidate, CandidateResult, Drop, Failure, Interval
+from autotune._lab.looks import Dropped
+from autotune._lab.plan import BASELINE, Facts
+from autotune._lab.prepare import CandidateFailed, Prepared, classify, unverified
+from autotune._lab.protocol import Begin, Checkpoint, Done, Failed, Planned
+from autotune._records import Candidate, CandidateResult, Drop, Failure, Interval
 
 Emit = Callable[[Planned | Begin | Failed | Checkpoint | Done], None]
 
