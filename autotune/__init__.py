@@ -26,7 +26,9 @@ _quiet_numpy()
 # The public names load on first use (PEP 562): ``python -m autotune`` starts its calibration worker before
 # anything here imports torch, so the two imports overlap (``autotune._worker.launch``).
 _WHERE = {
-    "best_config": "_api", "clear_cache": "_api", "export_results": "_api", "import_results": "_api", "trace": "_api",
+    "best_config": "_answer",
+    "clear_cache": "_cache.lookup", "export_results": "_cache.lookup", "import_results": "_cache.lookup",
+    "trace": "_tools.trace",
     "CalibrationJob": "_background", "start_calibration": "_background",
     "CalibrationProgress": "_calibrate", "CalibrationReport": "_calibrate", "calibrate": "_calibrate",
     "Config": "_config",
@@ -46,12 +48,16 @@ _WHERE = {
     **dict.fromkeys(["Evidence", "MaxBatchReport", "MemoryLine", "MemoryProbe", "OperatorTime", "Rival",
                      "TraceReport"], "_records"),
 }
+#: a guard answers again through the module that answers, which registers itself when it loads: a Config or a
+#: Guard made by hand loads it first
+_ANSWERING_FIRST = frozenset({"Config", "Guard", "GuardCallback"})
 
 
 if TYPE_CHECKING:
-    from autotune._api import best_config, clear_cache, export_results, import_results, trace
+    from autotune._answer import best_config
     from autotune._background import CalibrationJob, start_calibration
     from autotune._cache.exchange import use_defaults
+    from autotune._cache.lookup import clear_cache, export_results, import_results
     from autotune._calibrate import CalibrationProgress, CalibrationReport, calibrate
     from autotune._config import Config
     from autotune._errors import (
@@ -75,6 +81,7 @@ if TYPE_CHECKING:
     from autotune._lightning import GuardCallback as GuardCallback  # re-exported; not in __all__: it loads Lightning
     from autotune._records import Evidence, MaxBatchReport, MemoryLine, MemoryProbe, OperatorTime, Rival, TraceReport
     from autotune._tools.max_batch import max_batch_report, max_batch_size
+    from autotune._tools.trace import trace
 else:  # type checkers see the imports above: a misspelt name stays an error there
 
     def __getattr__(name: str) -> object:
@@ -82,6 +89,8 @@ else:  # type checkers see the imports above: a misspelt name stays an error the
         if module is None:
             raise AttributeError(f"module 'autotune' has no attribute {name!r}")
         _quiet_numpy()
+        if name in _ANSWERING_FIRST:
+            _importlib.import_module("autotune._answer")
         value = getattr(_importlib.import_module(f"autotune.{module}"), name)
         globals()[name] = value  # once: later lookups do not come here
         return value

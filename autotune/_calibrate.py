@@ -1,7 +1,9 @@
-"""A calibration, host side: each family under its lock in one shared worker, stored as it finishes.
+"""A calibration, host side: each family through the one miss path (:func:`ensure_measured`: under its lock, in
+one shared worker, stored as it finishes).
 
 ``calibrate`` (an app's first launch), ``run_calibration`` (the same for resolved families, handing its worker
-to a background job), ``measure_family`` (one family now, no cache: benchmarks and tests).
+to a background job), ``ensure_measured`` (``best_config``'s miss, and each family of a calibration),
+``measure_family`` (one family now, no cache: benchmarks and tests).
 """
 
 from __future__ import annotations
@@ -14,14 +16,7 @@ from dataclasses import dataclass
 
 from autotune import _env, _stats
 from autotune._cache import lookup as _cached
-from autotune._cache.freshness import (
-    family_key,
-    key_change,
-    now_utc,
-    reference_failure,
-    rules_digest,
-    stale_reason,
-)
+from autotune._cache.freshness import family_key, freshness, now_utc, reference_failure, rules_digest
 from autotune._cache.locks import acquire, held_elsewhere, measuring, measuring_lock
 from autotune._cache.store import Store
 from autotune._config import Config
@@ -105,30 +100,22 @@ def run_calibration(
         result = None if force else _cached.known(fp, store, family.name)
         if result is None:
             continue
-        # A noisy result serves best_config, but is measured again here; so is one measured for another key or
-        # under older rules, or holding a transient failure due for a retry.
-        why = "it was measured on a busy machine" if result.noisy else stale_reason(result, keys[family.name], now)
-        if why is None:
+        verdict = freshness(result, keys[family.name], now)
+        if verdict.final:
             cached[family.name] = result
         else:
-            log.info("measuring %s again: %s", family.name, why)
+            log.info("measuring %s again: %s", family.name, verdict.why)
     with new_worker() as worker:  # one worker for every family; killed on any exception
         if on_worker is not None:
             on_worker(worker)
-        pending = [family for family in families if family.name not in cached]
-        # First, so its interpreter start overlaps everything else; but not while another process measures the
-        # first family: this one waits for that result and may need no worker at all (nor take CPU from that
-        # measurement). It then starts when a family needs it.
-        if pending and not measuring_elsewhere(store, fp.digest, pending[0].name):
-            worker.start()
         for index, family in enumerate(families):
             if worker.cancelled:
                 raise CalibrationCancelled(finished=list(measurements), missing=kinds[index:])
             result = cached.get(family.name)
             if result is None:
                 try:
-                    result = calibrate_one(family, keys[family.name], fp, store, force=force, progress=progress,
-                                            index=index, total=len(families), worker=worker)
+                    result = ensure_measured(family, keys[family.name], fp, store, worker=worker, force=force,
+                                             progress=progress, index=index, total=len(families))
                 except CalibrationCancelled as exc:  # nothing stored for this family; its lock is released
                     raise CalibrationCancelled(exc.model_kind, finished=list(measurements),
                                                missing=kinds[index:]) from None
@@ -138,7 +125,6 @@ def run_calibration(
                 measurements[family.name] = result
             if progress is not None:
                 progress(CalibrationProgress(family.name, None, (index + 1) / len(families)))
-    _cached.decisions.clear()
     if failed:
         raise failed[0]
     configs = {kind: decide(m, forced_device=forced, digest=fp.digest) for kind, m in measurements.items()}
@@ -159,14 +145,20 @@ def new_worker() -> Worker:
     return Worker(isolation=_env.ISOLATION.get(), timeout_s=_env.CANDIDATE_TIMEOUT_S.get())
 
 
-def calibrate_one(
-    family: Family, key: FamilyKey, fp: Fingerprint, store: Store, *, force: bool,
-    progress: Callable[[CalibrationProgress], None] | None, index: int, total: int, worker: Worker,
+def ensure_measured(
+    family: Family, key: FamilyKey, fp: Fingerprint, store: Store, *, worker: Worker, force: bool = False,
+    progress: Callable[[CalibrationProgress], None] | None = None, index: int = 0, total: int = 1,
 ) -> FamilyResult | None:
-    """Calibrate under the family's lock (single flight); None when waiting for another process timed out.
+    """The miss path: the family's stored result if it answers for ``key``, else measured in ``worker`` and
+    stored, under the family's lock (single flight: a result another process wrote while this one waited is the
+    one asked for). The worker starts first, so its interpreter start overlaps taking the lock; not while
+    another process measures: this one may then need no worker at all. ``index`` of ``total`` families place
+    its progress in a calibration's. None when waiting for another process timed out.
 
     Raises CalibrationError, and stores nothing, when the fp32 CPU reference fails: the next call measures again.
     """
+    if not measuring_elsewhere(store, fp.digest, family.name):
+        worker.start()
     lock = store.calibration_lock(fp.digest, family.name)
     asked_at = dt.datetime.now(dt.timezone.utc).isoformat()
     if lock is not None:  # None: the directory cannot hold a lock (refused, unwritable); calibrate unlocked
@@ -177,13 +169,11 @@ def calibrate_one(
     try:
         stored = store.load(fp.digest)
         existing = stored.families.get(family.name) if stored is not None else None
-        # A result written while we waited is the one we asked for, forced or not; a noisy one is not final,
-        # nor one measured for another key or under older rules, or holding a transient failure due for a retry.
-        if existing is not None and key_change(existing, key) is None and (
-            existing.measured_at >= asked_at
-            or not (force or existing.noisy or stale_reason(existing, key, now_utc()) is not None)
-        ):
-            return existing
+        # A result written while we waited is the one we asked for, forced or not.
+        if existing is not None:
+            verdict = freshness(existing, key, now_utc())
+            if verdict.answers and (existing.measured_at >= asked_at or (verdict.final and not force)):
+                return existing
         result = measure(family, key, progress=progress, index=index, total=total, worker=worker)
         reference = reference_failure(result)
         if reference is not None and reference.failure is not None:
@@ -240,5 +230,5 @@ def measure(
     return result
 
 
-__all__ = ["CalibrationProgress", "CalibrationReport", "calibrate", "calibrate_one", "measure", "measure_family",
+__all__ = ["CalibrationProgress", "CalibrationReport", "calibrate", "ensure_measured", "measure", "measure_family",
            "measuring_elsewhere", "new_worker", "run_calibration"]

@@ -1,10 +1,12 @@
 """``python -m autotune``: the arguments, the decisions table per model kind, ``--check``, ``--doctor``, one
 family in detail (``--explain``, ``--trace``, ``--max-batch``) and the progress display.
 
-Output is decided here; the logic is the library's: the public API, and for what it lacks ``autotune._api``,
-the CLI's one internal entry. That one is imported where it is used, not here: it loads torch, and
-``python -m autotune`` starts its worker before the host imports torch. Errors become a message on stderr and
-an exit code in one place: 0 ok, 1 failure, 2 usage, 3 ``--check`` recalibrated a family.
+Output is decided here; the logic is the library's: the public API, and for what it lacks (the cached
+measurements and decisions without measuring, the registered kinds, ``--doctor``'s findings, the words for a
+ratio, a time, an amount of memory) each name from the module that defines it. Those are imported where they
+are used ("after the early start"): they load torch or pydantic, and ``python -m autotune`` starts its worker
+before the host imports either. Errors become a message on stderr and an exit code in one place: 0 ok, 1
+failure, 2 usage, 3 ``--check`` recalibrated a family.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ if TYPE_CHECKING:
     from rich.console import Console
     from rich.table import Table
 
-    from autotune._api import CandidateResult, Demotion, FamilyResult, Prefer
+    from autotune._records import CandidateResult, Demotion, FamilyResult, Prefer
 
 EPILOG = """\
 examples:
@@ -162,15 +164,13 @@ def _register(value: str) -> str:
 
 
 def _decisions(args: argparse.Namespace) -> int:
-    from autotune._api import (  # loads torch: never before the early start
-        builtin_family_names,
+    from autotune._answer import (  # after the early start
         cached_configs,
         cached_families,
-        family_names,
-        ratio_words,
         similar_record,
-        time_words,
     )
+    from autotune._families import builtin_family_names, family_names
+    from autotune._records import ratio_words, time_words
 
     kinds = [_register(value) for value in args.family] if args.family else builtin_family_names()
     missing = set(kinds) - set(cached_families(kinds, fresh_only=True))
@@ -226,7 +226,7 @@ def _decisions(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from autotune._api import check_cached  # loads torch: never before the early start
+    from autotune._tools.canary import check_cached  # after the early start
 
     kinds = [_register(value) for value in args.family] if args.family else None
     results = check_cached(kinds)
@@ -245,7 +245,7 @@ def _check(args: argparse.Namespace) -> int:
 
 def _pick_words(measured: FamilyResult | None) -> str:
     """e.g. ``'cpu bf16-mixed channels_last'``, or why there is none."""
-    from autotune._api import picked  # loads torch: never before the early start
+    from autotune._decide import picked  # after the early start
 
     if measured is None:
         return "not measured"
@@ -256,7 +256,7 @@ def _pick_words(measured: FamilyResult | None) -> str:
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    from autotune._api import diagnose  # loads torch: never before the early start
+    from autotune.backends import diagnose  # after the early start
 
     findings = diagnose()
     if args.json:
@@ -307,14 +307,9 @@ def plain_progress() -> Callable[[autotune.CalibrationProgress], None]:
 
 
 def explain(kind: str, *, recalibrate: bool, as_json: bool, prefer: Prefer = "auto", steps: int | None = None) -> int:
-    from autotune._api import (  # loads torch: never before the early start
-        cached_configs,
-        cached_families,
-        demotions,
-        family_names,
-        ratio_words,
-        time_words,
-    )
+    from autotune._answer import cached_configs, cached_families, demotions  # after the early start
+    from autotune._families import family_names
+    from autotune._records import ratio_words, time_words
 
     # A kind registered here is measured again when stale; one only another process registered is shown
     # as the cache holds it.
@@ -375,7 +370,7 @@ def evidence_table(config: autotune.Config) -> Table:
     stopped against), interval and paired rounds, or its failure."""
     from rich.table import Table
 
-    from autotune._api import ratio_words  # loads torch: never before the early start
+    from autotune._records import ratio_words  # after the early start
 
     pick = config.candidate
     table = Table(title=f"against the pick, {pick.label}")
@@ -431,7 +426,7 @@ def demotion_words(demotion: Demotion) -> str:
 
 
 def forget_demotion(kind: str) -> int:
-    from autotune._api import forget_demotion as forget  # loads torch: never before the early start
+    from autotune._answer import forget_demotion as forget  # after the early start
 
     try:
         undone = forget(kind)
@@ -446,7 +441,7 @@ def forget_demotion(kind: str) -> int:
 
 
 def trace(kind: str, args: argparse.Namespace) -> int:
-    from autotune._api import cached_families  # loads torch: never before the early start
+    from autotune._answer import cached_families  # after the early start
 
     if args.recalibrate or kind not in cached_families([kind]):
         calibrate_with_progress([kind], force=args.recalibrate)
@@ -485,7 +480,7 @@ def max_batch(kind: str, args: argparse.Namespace) -> int:
         return 0
     from rich.table import Table
 
-    from autotune._api import mib_words  # loads torch: never before the early start
+    from autotune._records import mib_words  # after the early start
 
     out = console()
     capped = " (the search's upper bound)" if report.capped else ""
@@ -524,7 +519,7 @@ def timed_in(result: CandidateResult) -> str:
 
 def retry_words(measured: FamilyResult, result: CandidateResult) -> str:
     """When this failure is measured again, e.g. 'retried after 2026-12-01 14:03 UTC'."""
-    from autotune._api import retry_at  # loads torch: never before the early start
+    from autotune._cache.freshness import retry_at  # after the early start
 
     at = retry_at(measured, result)
     if at is None:

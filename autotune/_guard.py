@@ -46,15 +46,17 @@ import statistics
 import time
 import warnings
 from collections import deque
-from typing import Literal
+from typing import TYPE_CHECKING, Literal, Protocol
 
 import torch
 
-import autotune
 from autotune._cache import demotions as _demotions
 from autotune._errors import ConfigMisbehaved, ConfigurationError
 from autotune._records import Candidate, Demotion, Misbehaviour, Prefer
 from autotune._version import __version__
+
+if TYPE_CHECKING:
+    from autotune._config import Config
 
 log = logging.getLogger("autotune")
 
@@ -92,6 +94,20 @@ def _within_window(seen: deque[tuple[int, float]], step: int, value: float) -> l
 def is_reference(candidate: Candidate) -> bool:
     """fp32 on the CPU, whatever its variants: what every candidate is verified against, never demoted."""
     return candidate.device == "cpu" and candidate.precision == "fp32"
+
+
+class _Answer(Protocol):
+    def __call__(self, model_kind: str, *, prefer: Prefer, expected_steps: int | None, wait: bool) -> Config: ...
+
+
+#: ``best_config``, registered by the module that answers (it imports this one through Config, so this one cannot
+#: import it back): what :meth:`Guard.fallback` asks
+_answering: list[_Answer] = []
+
+
+def answer_with(answer: _Answer) -> None:
+    """Register the function :meth:`Guard.fallback` answers with (``autotune._answer.best_config``)."""
+    _answering[:] = [answer]
 
 
 class Guard:
@@ -166,10 +182,11 @@ class Guard:
             self._read(timed=False)
         return self.finding
 
-    def fallback(self, *, prefer: Prefer = "auto", expected_steps: int | None = None) -> autotune.Config:
+    def fallback(self, *, prefer: Prefer = "auto", expected_steps: int | None = None) -> Config:
         """What ``best_config`` answers now, at once (never measuring): after a finding, the best remaining
         candidate, for an app that restarts from its last checkpoint. Pass the options ``best_config`` got."""
-        return autotune.best_config(self.model_kind, prefer=prefer, expected_steps=expected_steps, wait=False)
+        (answer,) = _answering  # autotune._answer registers itself when it loads; autotune.Guard loads it first
+        return answer(self.model_kind, prefer=prefer, expected_steps=expected_steps, wait=False)
 
     # -- reading and judging ---------------------------------------------------------------------------------
 

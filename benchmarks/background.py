@@ -24,7 +24,7 @@ from pathlib import Path
 from _common import emit
 
 import autotune
-from autotune import _api
+from autotune import _answer
 from autotune._cache import lookup as _cached
 from autotune._cli import main as cli
 from autotune._fingerprint import Fingerprint
@@ -117,7 +117,7 @@ def cancels(root: Path, count: int, span_s: float) -> None:
         served = [k for k in KINDS if autotune.best_config(k, wait=False).source == "measured"]
         rest = autotune.start_calibration(KINDS).wait()  # the next job measures the rest
         remeasured = [k for k in KINDS if k not in served and k in rest.measurements]
-        kept = all(rest.measurements[k].measured_at == _api.cached_families([k])[k].measured_at for k in served)
+        kept = all(rest.measurements[k].measured_at == _answer.cached_families([k])[k].measured_at for k in served)
         rows.append({"moment_s": round(delay, 2), "workers_left": len(_workers()), "locks_held": _locks_held(KINDS),
                      "finished": finished, "served_measured": served, "next_job_measured": remeasured,
                      "finished_kept": kept})
@@ -171,7 +171,7 @@ def similar(root: Path) -> None:
     _cache(root, "job")
     here = autotune.fingerprint()
     older = Fingerprint.model_validate({**here.model_dump(exclude={"digest"}), "torch": "2.12.0"})
-    record = _api.cached_families(["tiny_mlp"])["tiny_mlp"]
+    record = _answer.cached_families(["tiny_mlp"])["tiny_mlp"]
     _cache(root, "similar")
     _cached.store().save(older, record)
     config = autotune.best_config("tiny_mlp", wait=False)

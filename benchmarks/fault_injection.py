@@ -97,7 +97,7 @@ def random_kills(kills: int, seed: int = 0) -> None:
         host.send_signal(signal.SIGKILL)
         host.wait()
         check = subprocess.run(
-            [sys.executable, "-c", PRELUDE + "from autotune._api import cached_families; "
+            [sys.executable, "-c", PRELUDE + "from autotune._answer import cached_families; "
              "import json; print(json.dumps(sorted(cached_families())))"],
             env=_env(cache), capture_output=True, text=True, check=False)
         if check.returncode == 0:

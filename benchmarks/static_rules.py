@@ -16,7 +16,7 @@ import tempfile
 from _common import emit, families_from_argv, oracle, picked
 
 import autotune
-from autotune._api import cached_families
+from autotune._answer import cached_families
 
 RULES = {"fp32_everywhere": "cpu fp32", "bf16_when_supported": "cpu bf16-mixed"}
 

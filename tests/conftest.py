@@ -9,7 +9,8 @@ import pytest
 import torch
 
 import autotune
-from autotune import _api, _decide, _fp32
+from autotune import _decide, _fp32
+from autotune.testing import reset_state
 
 
 @pytest.fixture(autouse=True)
@@ -22,11 +23,11 @@ def isolated_autotune(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterat
     cache = tmp_path / "cache"
     monkeypatch.setenv("AUTOTUNE_CACHE_DIR", str(cache))
     monkeypatch.setenv("AUTOTUNE_BUDGET_S", "0.3")
-    _api.reset_state()
+    reset_state()
     threads = torch.get_num_threads()
     with _fp32.preserved():  # an in-process candidate, a framework or a test may switch them: put them back
         yield cache
-    _api.reset_state()
+    reset_state()
     torch.set_num_threads(threads)
 
 

@@ -22,8 +22,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import autotune
-from autotune import Config, FrameworkError
-from autotune import _api as autotune_api
+from autotune import Config, FrameworkError, _answer
 
 AutocastSeen = tuple[bool, torch.dtype | None]
 
@@ -213,7 +212,7 @@ def test_the_lightning_callback_sees_gradscaler_skip_steps_and_demotes(tmp_path:
             trainer.fit(module)
     finding = callback.guard.finding
     assert finding is not None and finding.seen == "skipped_steps"
-    assert [d.step for d in autotune_api.demotions("tiny")] == [101]
+    assert [d.step for d in _answer.demotions("tiny")] == [101]
 
 
 def test_the_guard_is_one_line_in_accelerates_loop(fresh_accelerate_state: None) -> None:
@@ -236,4 +235,4 @@ def test_the_guard_is_one_line_in_accelerates_loop(fresh_accelerate_state: None)
             optimizer.step()
             guard.step(loss, accelerator.scaler)  # the one line; the scaler is None but with fp16
         guard.check()
-    assert [d.step for d in autotune_api.demotions("tiny")] == [31]
+    assert [d.step for d in _answer.demotions("tiny")] == [31]

@@ -17,7 +17,7 @@ import pytest
 from procs_for_tests import alive, workers_of
 
 import autotune
-from autotune._api import cached_families
+from autotune._answer import cached_families
 from autotune._cache import lookup as _cached
 from autotune._cache.locks import measuring_lock
 

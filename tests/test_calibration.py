@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 import autotune
-from autotune._api import cached_configs, cached_families, ratio_words
+from autotune._answer import cached_configs, cached_families
 from autotune._cache.store import Store
 from autotune._calibrate import CalibrationProgress
+from autotune._records import ratio_words
 
 
 def test_end_to_end_calibration_of_builtin_tiny_mlp(isolated_autotune: Path) -> None:
@@ -279,4 +280,4 @@ def test_cli_table_and_doctor_in_process(tiny_family: str, capsys: pytest.Captur
     if not any(a for a in autotune.fingerprint().accelerators):
         assert "no usable GPU on this machine" in doctor
     assert main(["--clear"]) == 0
-    assert autotune._api.cached_families() == {}
+    assert cached_families() == {}

@@ -8,7 +8,7 @@ import pytest
 from samples import family, timed
 
 import autotune
-from autotune import _api
+from autotune import _answer
 from autotune._cache import lookup as _cached
 from autotune._cli import main
 from autotune._lab.protocol import Retimed
@@ -45,7 +45,7 @@ def test_check_on_a_healthy_cache_retimes_without_calibrating(tiny_family: str,
     before = autotune.calibrate([tiny_family]).measurements[tiny_family]
     code = main(["--check", "--family", tiny_family])
     out = capsys.readouterr().out
-    after = _api.cached_families([tiny_family])[tiny_family]
+    after = _answer.cached_families([tiny_family])[tiny_family]
     # A loaded 2-core runner can make a pick lose for real: then it must have been measured again.
     assert (code, after.measured_at == before.measured_at) in ((0, True), (3, False))
     assert f"{tiny_family}: {'ok' if code == 0 else 'recalibrated'}: " in out
@@ -60,7 +60,7 @@ def test_a_pick_that_now_crashes_is_recalibrated_and_exit_3(isolated_autotune: P
     assert main(["--check", "--family", "abort_bf16"]) == 3
     out = capsys.readouterr().out
     assert "the pick failed: crashed" in out and "the pick is now cpu" in out
-    now = _api.cached_families(["abort_bf16"])["abort_bf16"]
+    now = _answer.cached_families(["abort_bf16"])["abort_bf16"]
     assert now.measured_at != stale.measured_at
     assert autotune.best_config("abort_bf16", wait=False).precision != "bf16-mixed"
 

@@ -12,7 +12,7 @@ import pytest
 import samples
 
 import autotune
-from autotune._api import cached_configs
+from autotune._answer import cached_configs, cached_families
 from autotune._cache.store import Store
 from autotune._cli import main
 
@@ -57,7 +57,7 @@ def test_explain_registers_and_recalibrates_a_kind_given_by_reference(
     monkeypatch.setenv("AUTOTUNE_SEARCH", "precision")
     monkeypatch.setenv("AUTOTUNE_ISOLATION", "inprocess")  # the worker path is the test above
     assert main(["--explain", "mine=families_for_tests:build_tiny", "--recalibrate", "--json"]) == 0
-    measured = autotune._api.cached_families(["mine"])["mine"]
+    measured = cached_families(["mine"])["mine"]
     assert json.loads(capsys.readouterr().out)["measured_at"] == measured.measured_at
     assert autotune.get_family("mine").ref == "families_for_tests:build_tiny"
 
@@ -77,7 +77,7 @@ def test_bad_references_fail_before_anything_is_measured(argv: list[str], messag
                                                          capsys: pytest.CaptureFixture[str]) -> None:
     assert main(argv) == 1
     assert message in capsys.readouterr().err
-    assert autotune._api.cached_families() == {}
+    assert cached_families() == {}
 
 
 @pytest.mark.parametrize("argv", [["--out", "x"], ["--candidate", "cpu fp32"]])

@@ -18,7 +18,7 @@ from samples import rival
 
 import autotune
 from autotune import CalibrationError
-from autotune._api import cached_families
+from autotune._answer import cached_families
 from autotune._cache.store import Store
 from autotune._lab.probe import probe_batch
 from autotune._records import CandidateResult

@@ -14,14 +14,14 @@ from samples import failed, family, timed
 
 import autotune
 from autotune import _cli
-from autotune._api import cached_families
+from autotune._answer import cached_families
 from autotune._cache.freshness import (
     RETRY_AFTER,
     TRANSIENT,
     family_key,
+    freshness,
     retry_at,
     rules_digest,
-    stale_reason,
 )
 from autotune._cache.lookup import store
 from autotune._families import get_family
@@ -140,7 +140,7 @@ def test_only_transient_kinds_have_a_retry_time(kind: str) -> None:
     key = family_key(get_family("tiny_mlp"))
     keyed = result.model_copy(update={"key": key, "rules": rules_digest()})
     later = measured + dt.timedelta(days=2)
-    assert (stale_reason(keyed, key, later) is not None) is (kind in TRANSIENT)
+    assert freshness(keyed, key, later).state == ("retry" if kind in TRANSIENT else "fresh")
 
 
 def test_explain_says_when_each_failure_is_retried(tiny_family: str, capsys: pytest.CaptureFixture[str]) -> None:

@@ -7,6 +7,7 @@ import torch
 
 import autotune
 from autotune import Config, _fp32
+from autotune._answer import cached_families
 from autotune._precision import copies_non_blocking
 
 has_cuda = torch.cuda.is_available()
@@ -40,7 +41,7 @@ def test_host_never_initialises_cuda_for_calibration() -> None:
 @pytest.mark.skipif(not has_cuda, reason="needs a CUDA GPU")
 def test_cuda_candidates_are_measured_and_native_bf16_is_reported() -> None:
     autotune.calibrate(["cnn"])
-    measured = autotune._api.cached_families(["cnn"])["cnn"]
+    measured = cached_families(["cnn"])["cnn"]
     cuda = [r for r in measured.candidates if r.candidate.device.startswith("cuda")]
     assert {r.candidate.precision for r in cuda} >= {"fp32", "bf16-mixed", "fp16-mixed"}
     assert all(r.usable for r in cuda if r.candidate.precision == "fp32")

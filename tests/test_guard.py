@@ -29,7 +29,7 @@ from samples import family, timed
 from torch import nn
 
 import autotune
-from autotune import Config, ConfigMisbehaved, _api
+from autotune import Config, ConfigMisbehaved, _answer
 from autotune._cache import demotions
 from autotune._cache import lookup as _cached
 from autotune._cli import main
@@ -257,7 +257,7 @@ def test_a_recalibration_keeps_demotions_and_forget_demotion_undoes_them(
     assert main(["--forget-demotion", tiny_family]) == 0
     assert "undone: cpu bf16-mixed demoted" in capsys.readouterr().err
     assert autotune.best_config(tiny_family).precision == "bf16-mixed"
-    assert _api.demotions(tiny_family) == []
+    assert _answer.demotions(tiny_family) == []
 
 
 def test_clear_forgets_demotions(tiny_family: str) -> None:
@@ -266,9 +266,9 @@ def test_clear_forgets_demotions(tiny_family: str) -> None:
         for _ in range(3):
             guard.step(float("nan"))
         guard.check()
-    assert _api.demotions(tiny_family) != []
+    assert _answer.demotions(tiny_family) != []
     assert main(["--clear"]) == 0
-    assert _api.demotions(tiny_family) == []
+    assert _answer.demotions(tiny_family) == []
 
 
 def test_demotions_of_two_families_written_at_once_by_two_processes_are_both_kept(
@@ -295,7 +295,7 @@ def test_demotions_of_two_families_written_at_once_by_two_processes_are_both_kep
     procs = [subprocess.Popen([sys.executable, "-c", script, kind, str(start)]) for kind in (tiny_family, "other")]
     assert [p.wait(timeout=120) for p in procs] == [0, 0]
     for kind in (tiny_family, "other"):
-        [kept] = _api.demotions(kind)
+        [kept] = _answer.demotions(kind)
         assert kept.step == 100 and kept.seen == "non_finite"  # the last run's
         assert autotune.best_config(kind).reason.startswith("bf16-mixed was demoted after NaN losses at step 100 ")
 
@@ -340,7 +340,7 @@ def test_a_demotions_file_that_is_not_json_never_crashes_best_config(
         for _ in range(3):
             guard.step(float("nan"))
         guard.check()
-    assert [d.step for d in _api.demotions(tiny_family)] == [1]  # written over, the unusable file moved aside
+    assert [d.step for d in _answer.demotions(tiny_family)] == [1]  # written over, the unusable file moved aside
     assert len(list(path.parent.glob("*.corrupt-*"))) == 1
 
 
@@ -410,9 +410,9 @@ def test_a_real_recalibration_keeps_the_demotion(tiny_family: str) -> None:
         for _ in range(3):
             guard.step(float("nan"))
         guard.check()
-    before = _api.demotions(tiny_family)
+    before = _answer.demotions(tiny_family)
     autotune.calibrate([tiny_family], force=True)  # measures this CPU: its pick is this machine's
-    assert _api.demotions(tiny_family) == before
+    assert _answer.demotions(tiny_family) == before
     answer = autotune.best_config(tiny_family)
     assert answer.precision != "bf16-mixed" and answer.reason.startswith("bf16-mixed was demoted after NaN losses")
 

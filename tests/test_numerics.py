@@ -9,6 +9,7 @@ import torch
 from samples import rival
 
 import autotune
+from autotune._answer import cached_families
 from autotune._calibrate import measure_family
 from autotune._records import FamilyResult
 
@@ -48,7 +49,7 @@ def test_a_regression_that_bf16_cannot_resolve_picks_fp32() -> None:
     bf16 = rival(config, "cpu bf16-mixed")
     assert bf16.verdict == "failed" and bf16.failure is not None and bf16.failure.kind == "numerics"
     assert bf16.failure.detail.startswith("bf16-mixed: loss after 8 steps")
-    measured = autotune._api.cached_families(["regression"])["regression"]
+    measured = cached_families(["regression"])["regression"]
     bf16 = next(r for r in measured.candidates if r.candidate.precision == "bf16-mixed")
     assert bf16.numerics is not None and bf16.numerics.loss_error > 1.0
 

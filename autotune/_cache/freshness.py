@@ -22,7 +22,8 @@ import importlib
 import json
 import pkgutil
 import types
-from typing import TypeVar
+from dataclasses import dataclass
+from typing import Literal, TypeVar
 
 from pydantic import BaseModel
 
@@ -106,19 +107,57 @@ def retry_at(measured: FamilyResult, result: CandidateResult) -> dt.datetime | N
     return _parse(measured.measured_at) + RETRY_AFTER
 
 
-def key_change(measured: FamilyResult, key: FamilyKey) -> str | None:
-    """Why ``measured`` was measured for something else than ``key``, e.g. "another search 'precision' ->
-    'default'"; None when it was measured for ``key``."""
+State = Literal["fresh", "noisy", "older_rules", "retry", "other_key"]
+
+
+@dataclass(frozen=True)
+class Freshness:
+    """Whether a stored result still answers for its family, and what measures it again, e.g.
+    ``Freshness("retry", "retrying cuda:0 fp16-mixed (oom)")``.
+
+    ``other_key``: measured for another build, ``version=``, search or budget: it no longer answers.
+    ``retry``: a transient failure's cool-off is over: it answers where measuring is not allowed.
+    ``older_rules``, ``noisy``: it answers (its reason says so) until the next calibration measures it again.
+    ``fresh``: it answers, and a calibration keeps it.
+    """
+
+    state: State
+    why: str | None = None
+
+    @property
+    def answers(self) -> bool:
+        """``best_config`` may answer from it."""
+        return self.state != "other_key"
+
+    @property
+    def measure_first(self) -> bool:
+        """``best_config`` measures before answering, where it may measure."""
+        return self.state in ("other_key", "retry")
+
+    @property
+    def final(self) -> bool:
+        """A calibration keeps it (unless forced)."""
+        return self.state == "fresh"
+
+
+def freshness(measured: FamilyResult, key: FamilyKey, now: dt.datetime) -> Freshness:
+    """The one verdict on a stored result of ``key``'s family at ``now`` (see :class:`Freshness`)."""
     if measured.key is None:
-        return "it was measured by an older autotune that did not record what for"
+        return Freshness("other_key", "it was measured by an older autotune that did not record what for")
     if measured.key != key:
-        changed = [
-            f"{name} {getattr(measured.key, name)!r} -> {getattr(key, name)!r}"
-            for name in FamilyKey.model_fields
-            if getattr(measured.key, name) != getattr(key, name)
-        ]
-        return "it was measured for another " + ", ".join(changed)
-    return None
+        changed = [f"{name} {getattr(measured.key, name)!r} -> {getattr(key, name)!r}"
+                   for name in FamilyKey.model_fields if getattr(measured.key, name) != getattr(key, name)]
+        return Freshness("other_key", "it was measured for another " + ", ".join(changed))
+    due = [r for r in measured.candidates if (at := retry_at(measured, r)) is not None and at <= now]
+    if due:
+        return Freshness("retry", "retrying " + ", ".join(f"{r.candidate.label} ({r.failure.kind})"
+                                                            for r in due if r.failure))
+    changed_rules = rules_change(measured)
+    if changed_rules is not None:
+        return Freshness("older_rules", changed_rules)
+    if measured.noisy:
+        return Freshness("noisy", "it was measured on a busy machine")
+    return Freshness("fresh")
 
 
 def rules_change(measured: FamilyResult) -> str | None:
@@ -127,22 +166,6 @@ def rules_change(measured: FamilyResult) -> str | None:
     if measured.rules == rules_digest():
         return None
     return f"it was measured under older rules (by autotune {measured.autotune_version})"
-
-
-def due_retries(measured: FamilyResult, now: dt.datetime) -> list[CandidateResult]:
-    """The transient failures of ``measured`` whose cool-off is over at ``now``."""
-    return [r for r in measured.candidates if (at := retry_at(measured, r)) is not None and at <= now]
-
-
-def stale_reason(measured: FamilyResult, key: FamilyKey, now: dt.datetime) -> str | None:
-    """Why a calibration at ``now`` measures ``measured`` again for ``key``; None while it still answers."""
-    changed = key_change(measured, key) or rules_change(measured)
-    if changed is not None:
-        return changed
-    due = due_retries(measured, now)
-    if due:
-        return "retrying " + ", ".join(f"{r.candidate.label} ({r.failure.kind})" for r in due if r.failure)
-    return None
 
 
 def fresh_until(measured: FamilyResult) -> dt.datetime | None:
@@ -170,14 +193,14 @@ __all__ = [
     "MEASUREMENT_VERSION",
     "RETRY_AFTER",
     "TRANSIENT",
-    "due_retries",
+    "Freshness",
+    "State",
     "family_key",
     "fresh_until",
-    "key_change",
+    "freshness",
     "now_utc",
     "reference_failure",
     "retry_at",
     "rules_change",
     "rules_digest",
-    "stale_reason",
 ]

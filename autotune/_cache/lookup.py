@@ -1,29 +1,25 @@
-"""This process's view of the cache: one :class:`Store` per cache root, the decision memo, the record of one
-machine configuration (the user's cache first, then the defaults layer), and a record of the same hardware
-with other software when this configuration has none."""
+"""This process's view of the cache: one :class:`Store` per cache root, the record of one machine configuration
+(the user's cache first, then the defaults layer), a record of the same hardware with other software when this
+configuration has none, and the cache's public tools (clear, export, import)."""
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
+from autotune._cache import batch_answers as _batch_answers
+from autotune._cache import demotions as _demotions
 from autotune._cache import exchange as _exchange
 from autotune._cache.store import Store, StoreFile, default_root
-from autotune._config import Config
 from autotune._fingerprint import Fingerprint
 from autotune._records import FamilyResult
 
-# Warm-path memo: (root, digest, kind, family key parts, prefer, steps, forced, file stamp) -> (Config, good until).
-# A write by another process changes the file's stamp, which is the only check a repeated call pays for besides
-# the fingerprint.
-decisions: dict[tuple[object, ...], tuple[Config, dt.datetime | None]] = {}
 stores: dict[str, Store] = {}
 
 
 def reset() -> None:
-    """Forget the decision memo and the stores (their in-memory results and warnings)."""
-    decisions.clear()
+    """Forget the stores (their in-memory results and warnings)."""
     stores.clear()
 
 
@@ -100,4 +96,27 @@ def find_similar(fp: Fingerprint, kind: str, files: Iterable[StoreFile]) -> Simi
     return best
 
 
-__all__ = ["Similar", "decisions", "differences", "find_similar", "known", "reset", "store", "stores"]
+def clear_cache() -> list[str]:
+    """Delete every stored measurement of every machine configuration (max-batch answers and demotions too);
+    returns the removed paths."""
+    return [str(p) for p in store().clear()] + _batch_answers.clear() + _demotions.clear()
+
+
+def export_results(path: str | Path, model_kinds: Iterable[str] | None = None) -> int:
+    """Write the stored results of every machine configuration (only ``model_kinds`` if given) to ``path``,
+    each with its fingerprint, for ``import_results`` or ``AUTOTUNE_DEFAULTS`` elsewhere; returns the number
+    of family records written."""
+    export = _exchange.export_results(store(), Path(path).expanduser(), model_kinds)
+    return sum(len(f.families) for f in export.files)
+
+
+def import_results(path: str | Path) -> _exchange.ImportSummary:
+    """Merge an export file into the cache as untrusted input (size cap, schema validated, nothing executed,
+    everything checked before the first write); families measured here already are kept."""
+    return _exchange.import_results(store(), Path(path).expanduser())
+
+
+__all__ = [
+    "Similar", "clear_cache", "differences", "export_results", "find_similar", "import_results", "known", "reset",
+    "store", "stores",
+]

@@ -67,17 +67,21 @@ class Store:
         self._warned: set[str] = set()
         self._locks: dict[Path, filelock.BaseFileLock] = {}
         self._marked: dict[str, float] = {}
+        #: this process's saves and clears: a write that leaves the file's time and size alike, or never reaches
+        #: the disk, still changes :meth:`stamp`
+        self._writes = 0
 
     def path(self, digest: str) -> Path:
         return self.root / f"{digest}.json"
 
-    def stamp(self, digest: str) -> tuple[int, int] | None:
-        """(mtime_ns, size) of the file, to notice another process's write cheaply."""
+    def stamp(self, digest: str) -> tuple[int, ...]:
+        """This process's writes, then the file's (mtime_ns, size): changes whenever what ``load`` returns may have,
+        cheaply (a memo key)."""
         try:
             st = os.stat(self.path(digest))
         except OSError:
-            return None
-        return st.st_mtime_ns, st.st_size
+            return (self._writes,)
+        return self._writes, st.st_mtime_ns, st.st_size
 
     def load(self, digest: str) -> StoreFile | None:
         """The results for ``digest``: from disk, plus what only this process's memory holds, else None."""
@@ -154,6 +158,7 @@ class Store:
         families = {**(remembered.families if remembered is not None else {}), result.model_kind: result}
         merged = StoreFile(schema_version=SCHEMA_VERSION, fingerprint=fingerprint, families=families)
         self._memory[digest] = merged
+        self._writes += 1
         self._unsaved.setdefault(digest, {})[result.model_kind] = result
         try:
             problem = _disk.directory_problem(self.root, create=True)
@@ -190,9 +195,9 @@ class Store:
         write_atomic(target, json.dumps(record, indent=1).encode())
         log.warning("moved the unusable results of %r to %s", family, target.name)
 
-    def stamps(self) -> tuple[tuple[str, int, int], ...]:
-        """(name, mtime_ns, size) of every results file, then this process's in-memory digests: changes when any
-        of them does (memo keys)."""
+    def stamps(self) -> tuple[object, ...]:
+        """This process's writes, (name, mtime_ns, size) of every results file, then this process's in-memory
+        digests: changes when any of them does (memo keys)."""
         found = []
         with contextlib.suppress(OSError):
             for entry in os.scandir(self.root):
@@ -200,7 +205,7 @@ class Store:
                     with contextlib.suppress(OSError):
                         st = entry.stat(follow_symlinks=False)
                         found.append((entry.name, st.st_mtime_ns, st.st_size))
-        return (*sorted(found), *((d, len(f.families), 0) for d, f in sorted(self._memory.items())))
+        return (self._writes, *sorted(found), *((d, len(f.families), 0) for d, f in sorted(self._memory.items())))
 
     def all_files(self) -> list[StoreFile]:
         """Every readable results file under ``root`` (every machine configuration), then this process's
@@ -218,6 +223,7 @@ class Store:
 
     def clear(self) -> list[Path]:
         """Delete every results file (quarantined ones and last-use markers too); returns what was removed."""
+        self._writes += 1
         self._memory.clear()
         self._unsaved.clear()
         removed = []

@@ -14,16 +14,17 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Literal
 
 import torch
 
 from autotune import _env, _fp32, _stats
+from autotune._answer import cached_families
 from autotune._cache.locks import measuring
-from autotune._calibrate import new_worker
+from autotune._calibrate import new_worker, run_calibration
 from autotune._decide import finalists, picked
-from autotune._families import Family
+from autotune._families import Family, family_names, get_family
 from autotune._lab.measure import MeasureSettings
 from autotune._lab.plan import BASELINE
 from autotune._lab.protocol import CalibrationSettings, CheckJob, Retimed
@@ -123,4 +124,19 @@ def _judge(pick: Candidate, against: Sequence[Candidate], series: Sequence[objec
     return "ok", f"{pick.label} still within the margin ({'; '.join(words) or 'nothing to compare'}; {rounds} rounds)"
 
 
-__all__ = ["BUDGET_SHARE", "CheckResult", "check"]
+def check_cached(model_kinds: Iterable[str] | None = None) -> list[CheckResult]:
+    """The canary: re-time each measured family's pick (default: every registered kind measured here) against
+    fp32 and the runner-up; a family whose pick is no longer within the margin is calibrated again."""
+    known = set(family_names())
+    measured = {get_family(k): r for k, r in cached_families(model_kinds, fresh_only=True).items()
+                if k in known and r.origin is None}
+    results = check(measured)
+    stale = {r.model_kind for r in results if r.verdict == "recalibrated"}
+    if not stale:
+        return results
+    report = run_calibration([family for family in measured if family.name in stale], force=True)
+    return [r.model_copy(update={"new_pick": report.configs[r.model_kind].candidate.label})
+            if r.model_kind in report.configs else r for r in results]
+
+
+__all__ = ["BUDGET_SHARE", "CheckResult", "check", "check_cached"]

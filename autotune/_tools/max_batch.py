@@ -17,7 +17,7 @@ from typing import Literal
 import torch
 
 from autotune import _fp32
-from autotune._api import config_for
+from autotune._answer import answer
 from autotune._cache.batch_answers import Answers
 from autotune._calibrate import new_worker
 from autotune._errors import BatchSizeUnsupportedError, ConfigurationError, MaxBatchError
@@ -61,7 +61,7 @@ def max_batch_report(
         raise BatchSizeUnsupportedError(family.name, family.ref)
     init_scale = None
     if device is None or precision is None:
-        config = config_for(family)
+        config = answer(family)
         chosen = (device or config.device, precision or config.precision)
         if chosen == (config.device, config.precision):
             candidate, init_scale = config.candidate, config.init_scale

@@ -1,0 +1,258 @@
+"""One way to an answer: a family on this machine -> a Config.
+
+From the cache when a measurement of this machine configuration still answers (``_cache.freshness``), through
+the one miss path (``_calibrate.ensure_measured``) when it does not and measuring is allowed, else from what
+is known without measuring (:func:`fallback`). Decisions are memoised per process, keyed by what they read, so
+a warm call costs a fingerprint and a few ``stat`` calls. The calibration machinery loads only on a miss.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import Iterable
+
+from autotune import _env, _guard
+from autotune._cache import demotions as _demotions
+from autotune._cache import exchange as _exchange
+from autotune._cache import lookup as _lookup
+from autotune._cache.freshness import family_key, fresh_until, freshness, now_utc, rules_change
+from autotune._cache.locks import held_elsewhere
+from autotune._cache.store import Store
+from autotune._config import Config
+from autotune._decide import PREFERENCES, decide, finalists, reason, restate, step_ms
+from autotune._errors import CalibrationError, ConfigurationError
+from autotune._families import Family, family_names, get_family
+from autotune._fingerprint import Fingerprint, fingerprint
+from autotune._records import Candidate, Demotion, Difference, Evidence, FamilyResult, Prefer, SimilarMachine
+from autotune._rules import preference
+
+log = logging.getLogger("autotune")
+
+#: what a decision read -> (the Config, when a transient failure makes it due for a retry); a write by any process
+#: changes a stamp in the key, which is the only check a repeated call pays for besides the fingerprint
+_decisions: dict[tuple[object, ...], tuple[Config, dt.datetime | None]] = {}
+
+
+def _validate(prefer: str, expected_steps: int | None) -> None:
+    if prefer not in PREFERENCES:
+        raise ConfigurationError("prefer", prefer, " | ".join(PREFERENCES))
+    if expected_steps is not None and (isinstance(expected_steps, bool) or not isinstance(expected_steps, int)
+                                       or expected_steps < 1):
+        raise ConfigurationError("expected_steps", expected_steps, "a positive int or None")
+
+
+def best_config(
+    model_kind: str, *, prefer: Prefer = "auto", expected_steps: int | None = None, calibrate_on_miss: bool = True,
+    wait: bool = True,
+) -> Config:
+    """The fastest correct device and precision for ``model_kind`` on this machine.
+
+    Answered from the cache when this machine (its fingerprint) has measured this family before, or from the
+    defaults layer (``AUTOTUNE_DEFAULTS``) when it holds a record of exactly this machine configuration;
+    otherwise the family is calibrated first (seconds to a minute). ``wait=False`` never measures and never
+    waits for another process's calibration: without a measurement it answers at once with a ``heuristic``
+    Config whose reason says why ("calibration running", "not measured yet") and what it is based on (a
+    record of the same hardware with other software, else fp32 on the CPU); ``calibrate_on_miss=False`` is the
+    older spelling. ``prefer`` is the user's choice ("auto", "gpu" or "cpu"), not a backend;
+    ``expected_steps`` makes set-up cost count for short jobs.
+    """
+    _validate(prefer, expected_steps)
+    return answer(get_family(model_kind), prefer=prefer, expected_steps=expected_steps,
+                  may_measure=wait and calibrate_on_miss,
+                  unmeasured="calibration not allowed by calibrate_on_miss=False" if wait else None)
+
+
+def answer(family: Family, *, prefer: Prefer = "auto", expected_steps: int | None = None, may_measure: bool = True,
+           unmeasured: str | None = None) -> Config:
+    """``best_config`` of a resolved family, with validated arguments. ``may_measure``: a miss goes through the
+    miss path; else it falls back, saying why (``unmeasured``; by default what wait=False sees)."""
+    fp = fingerprint()
+    store = _lookup.store()
+    forced = _env.DEVICE.get()
+    key = family_key(family)
+    memo = (str(store.root), fp.digest, family.name, key, prefer, expected_steps, forced, may_measure,
+            _exchange.layer_stamp(), _demotions.stamp(fp.digest, store.root), store.stamp(fp.digest))
+    cached = _decisions.get(memo)
+    if cached is not None and (cached[1] is None or now_utc() < cached[1]):
+        return cached[0]
+    measured = _lookup.known(fp, store, family.name)
+    verdict = freshness(measured, key, now_utc()) if measured is not None else None
+    if verdict is not None and verdict.state == "other_key":
+        log.info("measuring %s again: %s", family.name, verdict.why)
+    if measured is None or (verdict is not None and verdict.measure_first and (may_measure or not verdict.answers)):
+        if not may_measure:
+            why = unmeasured or _why_unmeasured(family.name, fp, store)
+            return fallback(family.name, fp, store, why, prefer=prefer, expected_steps=expected_steps)
+        from autotune._calibrate import ensure_measured, new_worker  # the calibration machinery: on a miss only
+
+        with new_worker() as worker:
+            measured = ensure_measured(family, key, fp, store, worker=worker)
+        if measured is None:
+            return fallback(family.name, fp, store, "another process is still calibrating after "
+                            f"AUTOTUNE_LOCK_TIMEOUT_S={_env.LOCK_TIMEOUT_S.get():g} s of waiting",
+                            prefer=prefer, expected_steps=expected_steps)
+        memo = (*memo[:-1], store.stamp(fp.digest))
+    config = decided(measured, prefer=prefer, expected_steps=expected_steps, forced_device=forced, digest=fp.digest)
+    # A transient failure's retry is due later: the memo answers until then, so a long-running app retries too.
+    _decisions[memo] = (config, fresh_until(measured) if may_measure else None)
+    return config
+
+
+def decided(measured: FamilyResult, *, prefer: Prefer, expected_steps: int | None, forced_device: str | None,
+            digest: str) -> Config:
+    """The decision on ``measured`` without what training runs demoted on this machine; then the reason is the
+    latest demotion, e.g. "bf16-mixed was demoted after NaN losses at step 5,120 of training on 2026-12-03; using
+    fp32". One measured under older rules says so (it still answers until the next calibration replaces it)."""
+    demoted = _demotions.of(digest, measured.model_kind)
+    config = decide(without(measured, demoted), prefer=prefer, expected_steps=expected_steps,
+                    forced_device=forced_device, digest=digest)
+    if rules_change(measured) is not None:
+        config = restate(config, older_rules=measured.autotune_version)
+    if not demoted:
+        return config
+    latest = demoted[-1]
+    same_device = latest.candidate.device == config.device
+    was = latest.candidate.precision if same_device else f"{latest.candidate.device} {latest.candidate.precision}"
+    now = config.precision if same_device else f"{config.device} {config.precision}"
+    reason = f"{was} was demoted after {latest.words} at step {latest.step:,} of training on {latest.at[:10]}; using "
+    # One sentence under 160 characters: the variants are named only where they fit (the Config lists them all).
+    reason += now + config.variant_words if len(reason + now + config.variant_words) < 160 else now
+    log.info("%s: %s", measured.model_kind, reason)
+    return config.model_copy(update={"reason": reason})
+
+
+def without(measured: FamilyResult, demoted: list[Demotion]) -> FamilyResult:
+    """``measured`` less the demoted candidates (each demotion covers its precision on its device). A device
+    left without a finalist gets back its most preferred verified candidate, compared on its own timing: what
+    was pruned as slower than a demoted candidate is the best that device has left."""
+    if not demoted:
+        return measured
+    kept = [r for r in measured.candidates if not any(d.covers(r.candidate) for d in demoted)]
+    final = finalists(measured.model_copy(update={"candidates": kept}))
+    back = []
+    for device in dict.fromkeys(r.candidate.device for r in kept if r.usable):
+        if not any(r.candidate.device == device for r in final):
+            usable = [r for r in kept if r.usable and r.candidate.device == device]
+            back.append(min(usable, key=lambda r: (preference(r.candidate), step_ms(r))).candidate)
+    restored = [r.model_copy(update={"timing": r.timing.model_copy(update={"dropped": None, "final": True})})
+                if r.timing is not None and r.candidate in back else r for r in kept]
+    return measured.model_copy(update={"candidates": restored})
+
+
+def _why_unmeasured(kind: str, fp: Fingerprint, store: Store) -> str:
+    """"calibration running ..." when this process's job or another process holds the family's lock."""
+    from autotune._background import running  # a job of this process can only exist once that module loaded
+
+    if running(kind):
+        return "calibration running in this process"
+    if held_elsewhere(store.calibration_lock(fp.digest, kind)):
+        return "calibration running in another process"
+    return "wait=False never measures"
+
+
+def fallback(kind: str, fp: Fingerprint, store: Store, why: str, *, prefer: Prefer = "auto",
+             expected_steps: int | None = None) -> Config:
+    """The best answer without a measurement of this machine configuration: the pick measured on the same
+    hardware with other software (the reason names the differences), else fp32 on the CPU."""
+    forced = _env.DEVICE.get()
+    memo = ("fallback", str(store.root), fp.digest, kind, prefer, expected_steps, forced, why,
+            _exchange.layer_stamp(), store.stamps(), _demotions.stamp(fp.digest, store.root))
+    cached = _decisions.get(memo)
+    if cached is not None:
+        return cached[0]
+    config = None
+    similar = _lookup.find_similar(fp, kind, [*store.all_files(), *_exchange.defaults_files()])
+    if similar is not None and forced is None:
+        try:
+            # What training demoted here is not served from another machine's measurement either.
+            config = decide(without(similar.result, _demotions.of(fp.digest, kind)), prefer=prefer,
+                            expected_steps=expected_steps, digest=fp.digest)
+        except CalibrationError:
+            config = None
+        if config is not None:
+            there = SimilarMachine(measured_at=similar.result.measured_at, differences=[
+                Difference(name=name, then=then, now=now) for name, then, now in similar.differences])
+            config = restate(config.model_copy(update={"source": "heuristic"}), unmeasured=why, similar=there)
+    if config is None:
+        fp32 = Candidate(device="cpu", precision="fp32")
+        evidence = Evidence(unmeasured=why)
+        config = Config(**fp32.model_dump(), model_kind=kind, source="heuristic", evidence=evidence,
+                        reason=reason(fp32, evidence, measured_at=None), fingerprint_digest=fp.digest)
+    log.warning("%s: %s", kind, config.reason)
+    _decisions[memo] = (config, None)
+    return config
+
+
+def cached_configs(
+    model_kinds: Iterable[str] | None = None, *, prefer: Prefer = "auto", expected_steps: int | None = None
+) -> dict[str, Config]:
+    """Decisions for the model kinds measured on this machine, without measuring anything.
+
+    Kinds an app registered in its own process are included: the cache keeps results per kind name, and a
+    decision needs only the measurements (only measuring again needs the kind's ``build``).
+    """
+    _validate(prefer, expected_steps)
+    forced = _env.DEVICE.get()
+    digest = fingerprint().digest
+    return {
+        kind: decided(measured, prefer=prefer, expected_steps=expected_steps, forced_device=forced, digest=digest)
+        for kind, measured in cached_families(model_kinds).items()
+    }
+
+
+def cached_families(model_kinds: Iterable[str] | None = None, *, fresh_only: bool = False) -> dict[str, FamilyResult]:
+    """The stored measurements of this machine, without measuring anything.
+
+    ``fresh_only``: leave out what the next calibration would measure again for its key or its rules, or to
+    retry a transient failure (a noisy result stays).
+    """
+    stored = _lookup.store().load(fingerprint().digest)
+    if stored is None:
+        return {}
+    wanted = set(model_kinds) if model_kinds is not None else None
+    found = {k: v for k, v in stored.families.items() if wanted is None or k in wanted}
+    if not fresh_only:
+        return found
+    now, registered = now_utc(), set(family_names())
+    return {k: v for k, v in found.items()
+            if k in registered and freshness(v, family_key(get_family(k)), now).state in ("fresh", "noisy")}
+
+
+def similar_record(model_kind: str) -> _lookup.Similar | None:
+    """A record of ``model_kind`` from the same hardware with other software (cache or defaults layer)."""
+    store = _lookup.store()
+    return _lookup.find_similar(fingerprint(), model_kind, [*store.all_files(), *_exchange.defaults_files()])
+
+
+def demotions(model_kind: str) -> list[Demotion]:
+    """What training runs demoted for ``model_kind`` on this machine, oldest first."""
+    return _demotions.of(fingerprint().digest, model_kind)
+
+
+def forget_demotion(model_kind: str) -> list[Demotion]:
+    """Undo the demotions of ``model_kind`` on this machine (``--forget-demotion``); returns what was undone."""
+    return _demotions.forget(fingerprint().digest, model_kind)
+
+
+def forget() -> None:
+    """Forget this process's decisions (tests, between cache directories)."""
+    _decisions.clear()
+
+
+# A guard answers again after it demotes; it cannot import this module (the Config it guards is made here).
+_guard.answer_with(best_config)
+
+__all__ = [
+    "answer",
+    "best_config",
+    "cached_configs",
+    "cached_families",
+    "decided",
+    "demotions",
+    "fallback",
+    "forget",
+    "forget_demotion",
+    "similar_record",
+    "without",
+]
