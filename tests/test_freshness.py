@@ -8,6 +8,7 @@ import datetime as dt
 import logging
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from samples import failed, family, timed
@@ -196,6 +197,65 @@ def test_the_rules_digest_is_derived_from_the_settings_and_the_rule_constants(
         patched.setattr(protocol, "CalibrationSettings", LongerVerification)
         assert rules_digest() != digest, "a settings default"
     assert rules_digest() == digest
+
+
+#: the worker package's modules that shape no calibration: the other tools' jobs and the worker's plumbing
+#: (``protocol``'s settings count by their defaults)
+NOT_RULES = {"autotune._lab.child", "autotune._lab.entry", "autotune._lab.memory", "autotune._lab.protocol",
+             "autotune._lab.retime", "autotune._lab.trace"}
+
+
+def test_every_module_of_the_worker_package_is_named_as_a_rule_module_or_not() -> None:
+    import pkgutil
+
+    from autotune import _lab
+    from autotune._rules import RULE_MODULES
+
+    found = {f"autotune._lab.{m.name}" for m in pkgutil.iter_modules(_lab.__path__)}
+    assert found == {name for name in RULE_MODULES if name.startswith("autotune._lab.")} | NOT_RULES, (
+        "a new module of autotune/_lab/ goes into _rules.RULE_MODULES or, if no constant of it shapes a "
+        "calibration, into NOT_RULES here")
+
+
+def test_a_fresh_process_answers_from_the_cache_without_the_calibration_machinery(tiny_family: str) -> None:
+    autotune.calibrate([tiny_family])
+    code = ("import sys, autotune; sys.path.insert(0, sys.argv[1]);"
+            "autotune.register_family('tiny', 'families_for_tests:build_tiny');"
+            "config = autotune.best_config('tiny');"
+            "print(config.source, 'older rules' in config.reason);"
+            "print(*sorted(m for m in sys.modules if m.startswith('autotune.')))")
+    for _ in range(2):  # the calibration remembered the rules digest for these files; each process reads it
+        out = subprocess.run([sys.executable, "-c", code, str(_tests_dir())], capture_output=True, text=True,
+                             check=True).stdout.splitlines()
+        assert out[0] == "measured False", out
+        loaded = set(out[1].split())
+        heavy = {m for m in loaded if m.startswith(("autotune._lab.", "autotune._worker", "autotune._calibrate",
+                                                    "autotune._background", "autotune._tools"))}
+        assert not heavy, f"a warm best_config loaded {sorted(heavy)}"
+
+
+def test_a_remembered_rules_digest_is_used_only_for_the_files_it_was_computed_from() -> None:
+    code = "from autotune._cache.freshness import rules_digest; print(rules_digest())"
+    digest = rules_digest()
+    remembered = store().root / "rules.digest"
+    assert remembered.exists(), "remembered by a process that loaded the rule modules"
+    remembered.unlink()
+    assert _run(code) == digest and remembered.exists(), "remembered by one that had to load them"
+    stamp, _ = remembered.read_text().split()
+    remembered.write_text(f"{stamp} 0000000000000000\n")
+    assert _run(code) == "0000000000000000", "read back, not recomputed"
+    remembered.write_text("not-these-files 0000000000000000\n")
+    assert _run(code) == digest, "another installation's digest is not used"
+    remembered.write_text("garbage")
+    assert _run(code) == digest
+
+
+def _run(code: str) -> str:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+
+
+def _tests_dir() -> Path:
+    return Path(__file__).parent
 
 
 def test_a_calibration_records_the_rules_it_measured_by(tiny_family: str) -> None:

@@ -15,19 +15,25 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import hashlib
 import importlib
+import importlib.util
 import json
-import pkgutil
+import os
+import sys
 import types
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal, TypeVar
 
 from pydantic import BaseModel
 
-from autotune import _env, _rules, _stats
+from autotune import _env
+from autotune._cache import disk as _disk
+from autotune._cache.store import default_root
 from autotune._families import Family
 from autotune._records import (
     Candidate,
@@ -36,6 +42,8 @@ from autotune._records import (
     FamilyKey,
     FamilyResult,
 )
+from autotune._rules import RULE_MODULES
+from autotune._version import __version__
 
 #: Bumped when the meaning of stored measurements changes; part of every family's key since 3 (records without a
 #: key are measured again).
@@ -45,11 +53,6 @@ RETRY_AFTER = dt.timedelta(days=1)
 TRANSIENT: frozenset[FailureKind] = frozenset({"timeout", "crashed", "oom"})
 
 _REFERENCE = Candidate(device="cpu", precision="fp32")
-#: the worker package's modules whose constants do not shape a calibration: the other tools' jobs (``retime``,
-#: ``memory``, ``trace``) and the worker's plumbing (``child``, ``entry``; ``protocol``'s settings count by their
-#: defaults). Every other module of it counts, a new one included.
-_NOT_RULES = frozenset({"child", "entry", "memory", "protocol", "retime", "trace"})
-
 
 def family_key(family: Family) -> FamilyKey:
     """The key of ``family`` under the current settings (reads AUTOTUNE_SEARCH and AUTOTUNE_BUDGET_S)."""
@@ -62,29 +65,78 @@ def family_key(family: Family) -> FamilyKey:
 def rules_digest() -> str:
     """What this autotune measures and prunes by, as a digest (e.g. ``'5c1f0e9a2b7d4e60'``): the default
     calibration settings (the measurement's knobs, the verification window) and every public UPPER_CASE
-    constant of the rule modules (the margin, the looks, the tolerances, a rule's own version). Derived from
-    them, never maintained by hand, so a changed or added constant cannot be forgotten."""
-    from autotune._lab.protocol import CalibrationSettings
+    constant the modules of :data:`~autotune._rules.RULE_MODULES` define (the margin, the looks, the tolerances,
+    a rule's own version). Derived from them, never maintained by hand, so a changed or added constant cannot be
+    forgotten.
 
+    A process that has not loaded those modules (``best_config`` answering from the cache) reads the digest the
+    last one that did remembered for these very files, so the calibration machinery loads on a miss only."""
+    if all(sys.modules.get(name) is not None for name in (*RULE_MODULES, _SETTINGS)):
+        digest = _digest()  # their values now, whatever changed them in this process
+    else:
+        remembered = _remembered(_files_stamp())
+        if remembered is not None:
+            return remembered
+        digest = _digest()
+    _remember(digest)
+    return digest
+
+
+#: the module whose ``CalibrationSettings`` defaults the digest reads
+_SETTINGS = "autotune._lab.protocol"
+
+
+def _digest() -> str:
     constants = {
-        f"{module.__name__}.{name}": value
-        for module in _rule_modules()
-        for name, value in vars(module).items()
-        if name.isupper() and not name.startswith("_") and not callable(value)
+        f"{name}.{constant}": value
+        for name in RULE_MODULES
+        for constant, value in vars(importlib.import_module(name)).items()
+        if constant.isupper() and not constant.startswith("_") and not callable(value)
         and not isinstance(value, (types.ModuleType, TypeVar))
     }
-    rules = {"settings": CalibrationSettings().model_dump(mode="json"), "constants": constants}
+    settings = importlib.import_module(_SETTINGS).CalibrationSettings()
+    rules = {"settings": settings.model_dump(mode="json"), "constants": constants}
     canonical = json.dumps(rules, sort_keys=True, separators=(",", ":"), default=_plain)
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
-def _rule_modules() -> list[types.ModuleType]:
-    """The margins and the sequential test's looks, then each step of the calibration: the plan, the step,
-    verification, the probe, the staged search and its timing."""
-    import autotune._lab as package
+def _files_stamp() -> str:
+    """What changes when any rule module's file does (its path, time and size), for this Python and autotune."""
+    parts: list[object] = [sys.version, __version__]
+    for name in (*RULE_MODULES, _SETTINGS):
+        spec = importlib.util.find_spec(name)
+        origin = spec.origin if spec is not None else None
+        st = os.stat(origin) if origin is not None else None
+        parts.append((name, origin, st.st_mtime_ns if st else None, st.st_size if st else None))
+    return hashlib.sha256(repr(parts).encode()).hexdigest()[:16]
 
-    names = sorted(m.name for m in pkgutil.iter_modules(package.__path__) if m.name not in _NOT_RULES)
-    return [_rules, _stats, *(importlib.import_module(f"{package.__name__}.{name}") for name in names)]
+
+def _remembered(files: str) -> str | None:
+    """The digest remembered for ``files`` in the cache directory, if any (``<cache>/rules.digest``)."""
+    with contextlib.suppress(OSError, _disk.Refused, UnicodeDecodeError, ValueError):
+        data, _ = _disk.read_regular(default_root() / _REMEMBERED)
+        stamp, digest = (data or b"").decode().split()
+        return digest if stamp == files else None
+    return None
+
+
+def _remember(digest: str) -> None:
+    """Keep ``digest`` for the rule modules' files, once per process and cache directory; a directory that cannot
+    take it only costs the next process the modules' import."""
+    root = default_root()
+    if (root, digest) in _remembered_here:
+        return
+    _remembered_here.add((root, digest))
+    files = _files_stamp()
+    if _remembered(files) == digest:
+        return
+    with contextlib.suppress(OSError):
+        if _disk.directory_problem(root, create=True) is None:
+            _disk.write_atomic(root / _REMEMBERED, f"{files} {digest}\n".encode())
+
+
+_remembered_here: set[tuple[Path, str]] = set()
+_REMEMBERED = "rules.digest"
 
 
 def _plain(value: object) -> object:
