@@ -1,12 +1,12 @@
-"""``python -m autotune``: the arguments, the decisions table per model kind, ``--check``, ``--doctor``, one
+"""``python -m autotune``: the decisions table per model kind, ``--check``, ``--doctor``, one
 family in detail (``--explain``, ``--trace``, ``--max-batch``) and the progress display.
 
-Output is decided here; the logic is the library's: the public API, and for what it lacks (the cached
-measurements and decisions without measuring, the registered kinds, ``--doctor``'s findings, the words for a
-ratio, a time, an amount of memory) each name from the module that defines it. Those are imported where they
-are used ("after the early start"): they load torch or pydantic, and ``python -m autotune`` starts its worker
-before the host imports either. Errors become a message on stderr and an exit code in one place: 0 ok, 1
-failure, 2 usage, 3 ``--check`` recalibrated a family.
+Output is decided here; the logic is the library's, each name imported from the module that defines it: the
+public API, and what it lacks (the cached measurements and decisions without measuring, the registered kinds,
+``--doctor``'s findings, the words for a ratio, a time, an amount of memory). The arguments are parsed by
+``autotune._args`` first, so ``python -m autotune`` starts its worker before this module loads torch. Errors
+become a message on stderr and an exit code in one place: 0 ok, 1 failure, 2 usage, 3 ``--check`` recalibrated
+a family.
 """
 
 from __future__ import annotations
@@ -19,101 +19,43 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-import autotune
+from autotune._answer import best_config, cached_configs, cached_families, demotions, similar_record
+from autotune._answer import forget_demotion as forget
+from autotune._args import parser
+from autotune._cache.freshness import retry_at
+from autotune._cache.lookup import clear_cache, export_results, import_results
+from autotune._calibrate import CalibrationProgress, calibrate
+from autotune._config import Config
+from autotune._decide import picked
+from autotune._errors import AutotuneError, CalibrationError, UnknownFamilyError
+from autotune._families import builtin_family_names, family_names, register_family
+from autotune._fingerprint import fingerprint
+from autotune._records import CandidateResult, Demotion, FamilyResult, Prefer, mib_words, ratio_words, time_words
+from autotune._tools.canary import check_cached
+from autotune._tools.max_batch import max_batch_report
+from autotune._tools.trace import trace as trace_kind
+from autotune.backends import diagnose
 
 if TYPE_CHECKING:
     from rich.console import Console
     from rich.table import Table
 
-    from autotune._records import CandidateResult, Demotion, FamilyResult, Prefer
-
-EPILOG = """\
-examples:
-  python -m autotune                       calibrate what is missing, show the decisions
-  python -m autotune --recalibrate         measure again (after a GPU, driver or torch change)
-  python -m autotune --family cnn --json   one model kind, machine-readable on stdout
-  python -m autotune --explain cnn         every candidate: times, intervals, numerics, failures
-  python -m autotune --trace cnn --out traces   profile the picked configuration: Chrome trace + top operators
-  python -m autotune --trace cnn --candidate "cpu fp32"   ... or another measured candidate, to compare
-  python -m autotune --family mine=my_app.models:build_model   your own model kind (also --explain, --trace)
-  python -m autotune --prefer gpu --steps 60   decisions for a user who chose "GPU" and a short job
-  python -m autotune --max-batch cnn        the largest batch that fits, with the fitted memory line
-  python -m autotune --max-batch cnn --memory-limit-mb 4096   ... under 4 GiB of training memory
-  python -m autotune --doctor              GPU hardware that this torch build cannot use, and what to do
-  python -m autotune --export results.json   share or ship the results (with --family: only those kinds)
-  python -m autotune --import results.json   merge results measured elsewhere (files are checked, never run)
-  python -m autotune --check               re-time each cached pick (cheap); recalibrate if it no longer wins
-  python -m autotune --forget-demotion cnn   undo what a training run's guard demoted for cnn on this machine
-  python -m autotune --clear               delete the stored measurements (and demotions)
-
-environment: AUTOTUNE_CACHE_DIR, AUTOTUNE_DEVICE, AUTOTUNE_ISOLATION, AUTOTUNE_CANDIDATE_TIMEOUT_S,
-AUTOTUNE_LOCK_TIMEOUT_S, AUTOTUNE_BUDGET_S, AUTOTUNE_SEARCH, AUTOTUNE_DEFAULTS (see README.md)
-"""
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m autotune",
-        description="Measure which device and precision train each model kind fastest, correctly, on this machine.",
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--family", action="append", metavar="NAME[=MODULE:FUNC]",
-                        help="model kind (repeatable; default: built-ins and every kind measured here); "
-                        "NAME=package.module:function registers your own for this run")
-    parser.add_argument("--recalibrate", action="store_true", help="measure again even if results are cached")
-    parser.add_argument("--json", action="store_true", help="print JSON on stdout and nothing else there")
-    parser.add_argument("--explain", metavar="NAME[=MODULE:FUNC]",
-                        help="show every candidate measured for one model kind")
-    parser.add_argument("--trace", metavar="NAME[=MODULE:FUNC]",
-                        help="profile a few training steps of the picked configuration; write a Chrome trace")
-    parser.add_argument("--out", metavar="DIR", help="where --trace writes its trace (default: the current directory)")
-    parser.add_argument("--candidate", metavar="LABEL",
-                        help="with --trace: a measured candidate instead of the pick, e.g. 'cpu fp32'")
-    parser.add_argument("--prefer", choices=["auto", "gpu", "cpu"], default="auto", help="the user's device choice")
-    parser.add_argument("--steps", type=int, metavar="N", help="expected training steps (short jobs count set-up)")
-    parser.add_argument("--export", metavar="FILE", help="write the stored results (with their fingerprints) to FILE")
-    parser.add_argument("--import", dest="import_file", metavar="FILE",
-                        help="merge results exported elsewhere into the cache (measured here wins)")
-    parser.add_argument("--check", action="store_true",
-                        help="re-time each cached pick against fp32 and the runner-up; recalibrate a family whose "
-                        "pick no longer wins (exit 3)")
-    parser.add_argument("--max-batch", metavar="NAME[=MODULE:FUNC]",
-                        help="the largest batch of one model kind that fits on its picked device and precision")
-    parser.add_argument("--memory-limit-mb", type=float, metavar="MIB",
-                        help="with --max-batch: the memory training may take (default: the device's free memory)")
-    parser.add_argument("--margin", type=float, default=0.15,
-                        help="with --max-batch: share of the limit kept free (default 0.15)")
-    parser.add_argument("--forget-demotion", metavar="NAME",
-                        help="undo the demotions a training run's guard recorded for one model kind on this machine")
-    parser.add_argument("--clear", action="store_true", help="delete all stored measurements and demotions and exit")
-    parser.add_argument("--doctor", action="store_true", help="diagnose GPUs this torch build cannot use")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log decisions and calibration steps")
-    return parser
-
-
-def may_measure(argv: Sequence[str] | None = None) -> bool:
-    """Whether these arguments may measure anything (``python -m autotune`` then starts its worker before it
-    imports torch). A usage error or ``--help`` exits here, as in :func:`main`."""
-    args = _parser().parse_args(argv)
-    return not (args.clear or args.doctor or args.export or args.import_file or args.forget_demotion)
-
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = parser().parse_args(argv)
     if args.steps is not None and args.steps < 1:
-        _parser().error("--steps must be a positive integer")
+        parser().error("--steps must be a positive integer")
     if args.trace is None and (args.out is not None or args.candidate is not None):
-        _parser().error("--out and --candidate go with --trace")
+        parser().error("--out and --candidate go with --trace")
     if args.max_batch is None and (args.memory_limit_mb is not None or args.margin != 0.15):
-        _parser().error("--memory-limit-mb and --margin go with --max-batch")
+        parser().error("--memory-limit-mb and --margin go with --max-batch")
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING, format="autotune: %(message)s", stream=sys.stderr
     )
     logging.getLogger("filelock").setLevel(logging.WARNING)
     try:
         if args.clear:
-            removed = autotune.clear_cache()
+            removed = clear_cache()
             print(f"removed {len(removed)} file(s)", file=sys.stderr)
             return 0
         if args.forget_demotion:
@@ -124,11 +66,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _check(args)
         if args.export:
             kinds = [_register(value) for value in args.family] if args.family else None
-            count = autotune.export_results(args.export, kinds)
+            count = export_results(args.export, kinds)
             print(f"exported {count} record(s) to {args.export}", file=sys.stderr)
             return 0
         if args.import_file:
-            summary = autotune.import_results(args.import_file)
+            summary = import_results(args.import_file)
             kept = f"; kept {len(summary.kept)} measured here" if summary.kept else ""
             print(f"imported {len(summary.imported)} record(s) from {args.import_file}{kept}", file=sys.stderr)
             return 0
@@ -140,9 +82,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.max_batch:
             return max_batch(_register(args.max_batch), args)
         return _decisions(args)
-    except autotune.AutotuneError as exc:
+    except AutotuneError as exc:
         print(f"autotune: error: {exc}", file=sys.stderr)
-        if isinstance(exc, autotune.UnknownFamilyError):
+        if isinstance(exc, UnknownFamilyError):
             print("autotune: your own model kind: --family NAME=package.module:function (also --explain, --trace)",
                   file=sys.stderr)
         return 1
@@ -159,18 +101,11 @@ def _register(value: str) -> str:
     """
     name, sep, ref = value.partition("=")
     if sep:
-        autotune.register_family(name, ref)
+        register_family(name, ref)
     return name
 
 
 def _decisions(args: argparse.Namespace) -> int:
-    from autotune._answer import (  # after the early start
-        cached_configs,
-        cached_families,
-        similar_record,
-    )
-    from autotune._families import builtin_family_names, family_names
-    from autotune._records import ratio_words, time_words
 
     kinds = [_register(value) for value in args.family] if args.family else builtin_family_names()
     missing = set(kinds) - set(cached_families(kinds, fresh_only=True))
@@ -187,7 +122,7 @@ def _decisions(args: argparse.Namespace) -> int:
     # them in its own process) from their cached measurements.
     registered = set(family_names())
     configs = {
-        kind: autotune.best_config(kind, prefer=args.prefer, expected_steps=args.steps) if kind in registered
+        kind: best_config(kind, prefer=args.prefer, expected_steps=args.steps) if kind in registered
         else cached_configs([kind], prefer=args.prefer, expected_steps=args.steps)[kind]
         for kind in kinds
     }
@@ -196,9 +131,9 @@ def _decisions(args: argparse.Namespace) -> int:
         for kind in sorted(set(cached_families()) - set(configs)):
             try:
                 configs[kind] = cached_configs([kind], prefer=args.prefer, expected_steps=args.steps)[kind]
-            except autotune.CalibrationError:
+            except CalibrationError:
                 unusable.append(kind)
-    fp = autotune.fingerprint()
+    fp = fingerprint()
     if args.json:
         print(json.dumps({"fingerprint": fp.model_dump(mode="json"),
                           "configs": {k: c.model_dump(mode="json") for k, c in configs.items()}}, indent=1))
@@ -226,7 +161,6 @@ def _decisions(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from autotune._tools.canary import check_cached  # after the early start
 
     kinds = [_register(value) for value in args.family] if args.family else None
     results = check_cached(kinds)
@@ -245,18 +179,16 @@ def _check(args: argparse.Namespace) -> int:
 
 def _pick_words(measured: FamilyResult | None) -> str:
     """e.g. ``'cpu bf16-mixed channels_last'``, or why there is none."""
-    from autotune._decide import picked  # after the early start
 
     if measured is None:
         return "not measured"
     try:
         return picked(measured).label
-    except autotune.CalibrationError:
+    except CalibrationError:
         return "no usable candidate"
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    from autotune.backends import diagnose  # after the early start
 
     findings = diagnose()
     if args.json:
@@ -279,7 +211,7 @@ def console() -> Console:
 
 def calibrate_with_progress(kinds: list[str], *, force: bool) -> None:
     if not sys.stderr.isatty():
-        autotune.calibrate(kinds, force=force, progress=plain_progress())
+        calibrate(kinds, force=force, progress=plain_progress())
         return
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -287,17 +219,17 @@ def calibrate_with_progress(kinds: list[str], *, force: bool) -> None:
                   TimeElapsedColumn(), transient=True) as bar:
         task = bar.add_task("calibrating", total=1.0)
 
-        def update(p: autotune.CalibrationProgress) -> None:
+        def update(p: CalibrationProgress) -> None:
             bar.update(task, completed=p.fraction, description=f"calibrating {p.family} {p.candidate or ''}")
 
-        autotune.calibrate(kinds, force=force, progress=update)
+        calibrate(kinds, force=force, progress=update)
 
 
-def plain_progress() -> Callable[[autotune.CalibrationProgress], None]:
+def plain_progress() -> Callable[[CalibrationProgress], None]:
     """One line per family and candidate on stderr, for logs and pipes."""
     seen: set[tuple[str, str | None]] = set()
 
-    def report(p: autotune.CalibrationProgress) -> None:
+    def report(p: CalibrationProgress) -> None:
         key = (p.family, p.candidate)
         if key not in seen and p.candidate is not None:
             seen.add(key)
@@ -307,9 +239,6 @@ def plain_progress() -> Callable[[autotune.CalibrationProgress], None]:
 
 
 def explain(kind: str, *, recalibrate: bool, as_json: bool, prefer: Prefer = "auto", steps: int | None = None) -> int:
-    from autotune._answer import cached_configs, cached_families, demotions  # after the early start
-    from autotune._families import family_names
-    from autotune._records import ratio_words, time_words
 
     # A kind registered here is measured again when stale; one only another process registered is shown
     # as the cache holds it.
@@ -365,12 +294,11 @@ def explain(kind: str, *, recalibrate: bool, as_json: bool, prefer: Prefer = "au
     return 0
 
 
-def evidence_table(config: autotune.Config) -> Table:
+def evidence_table(config: Config) -> Table:
     """Every other candidate against the pick: its verdict, time ratio (to the pick, or to the candidate it
     stopped against), interval and paired rounds, or its failure."""
     from rich.table import Table
 
-    from autotune._records import ratio_words  # after the early start
 
     pick = config.candidate
     table = Table(title=f"against the pick, {pick.label}")
@@ -393,7 +321,7 @@ def evidence_table(config: autotune.Config) -> Table:
     return table
 
 
-def qualifiers(config: autotune.Config) -> list[str]:
+def qualifiers(config: Config) -> list[str]:
     """What qualifies the answer besides its rivals, one line each: preference, forced device, GradScaler, flags."""
     evidence = config.evidence
     if evidence is None:
@@ -426,7 +354,6 @@ def demotion_words(demotion: Demotion) -> str:
 
 
 def forget_demotion(kind: str) -> int:
-    from autotune._answer import forget_demotion as forget  # after the early start
 
     try:
         undone = forget(kind)
@@ -441,11 +368,10 @@ def forget_demotion(kind: str) -> int:
 
 
 def trace(kind: str, args: argparse.Namespace) -> int:
-    from autotune._answer import cached_families  # after the early start
 
     if args.recalibrate or kind not in cached_families([kind]):
         calibrate_with_progress([kind], force=args.recalibrate)
-    report = autotune.trace(kind, out_dir=args.out or ".", candidate=args.candidate)
+    report = trace_kind(kind, out_dir=args.out or ".", candidate=args.candidate)
     if args.json:
         print(report.model_dump_json(indent=1))
         return 0
@@ -473,14 +399,13 @@ def trace(kind: str, args: argparse.Namespace) -> int:
 
 
 def max_batch(kind: str, args: argparse.Namespace) -> int:
-    report = autotune.max_batch_report(kind, margin=args.margin, memory_limit_mb=args.memory_limit_mb,
+    report = max_batch_report(kind, margin=args.margin, memory_limit_mb=args.memory_limit_mb,
                                        force=args.recalibrate)
     if args.json:
         print(report.model_dump_json(indent=1))
         return 0
     from rich.table import Table
 
-    from autotune._records import mib_words  # after the early start
 
     out = console()
     capped = " (the search's upper bound)" if report.capped else ""
@@ -519,7 +444,6 @@ def timed_in(result: CandidateResult) -> str:
 
 def retry_words(measured: FamilyResult, result: CandidateResult) -> str:
     """When this failure is measured again, e.g. 'retried after 2026-12-01 14:03 UTC'."""
-    from autotune._cache.freshness import retry_at  # after the early start
 
     at = retry_at(measured, result)
     if at is None:

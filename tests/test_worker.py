@@ -362,7 +362,7 @@ def test_the_command_line_starts_its_worker_before_torch_and_only_when_it_may_me
     from autotune import _cli
     from autotune._worker import launch
 
-    code = ("import sys, autotune.__main__, autotune._cli, autotune._worker.launch; "
+    code = ("import sys, autotune.__main__, autotune._args, autotune._worker.launch; "
             "assert 'torch' not in sys.modules, [m for m in sys.modules if m.startswith('autotune')]")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr

@@ -1,0 +1,131 @@
+"""The package's layout as a rule: imports run one way, with no circle and no climb back to the package root.
+
+Read from the source (every import, function-local ones included; ``TYPE_CHECKING`` blocks are types only)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).parent.parent / "autotune"
+
+#: room -> the rooms it never imports. The records, errors and statistics import nothing of autotune; the worker's
+#: package prunes and never decides or touches the cache; the cache times nothing and knows no Config; the
+#: decision is pure; the host side of the worker process holds no results.
+NEVER = {
+    "autotune._records": {"autotune."},
+    "autotune._errors": {"autotune."},
+    "autotune._stats": {"autotune."},
+    "autotune.backends": {"autotune._cache", "autotune._lab", "autotune._worker", "autotune._config",
+                          "autotune._decide", "autotune._answer", "autotune._calibrate"},
+    "autotune._lab": {"autotune._answer", "autotune._cache", "autotune._decide", "autotune._config",
+                      "autotune._guard", "autotune._calibrate", "autotune._background", "autotune._worker",
+                      "autotune._tools"},
+    "autotune._cache": {"autotune._answer", "autotune._config", "autotune._decide", "autotune._guard",
+                        "autotune._lab", "autotune._calibrate", "autotune._background", "autotune._worker",
+                        "autotune._tools"},
+    "autotune._decide": {"autotune._cache", "autotune._lab", "autotune._worker", "autotune._calibrate",
+                         "autotune._answer", "autotune.backends"},
+    "autotune._worker": {"autotune._answer", "autotune._decide", "autotune._config", "autotune._calibrate",
+                         "autotune._cache.store", "autotune._cache.lookup"},
+}
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        found[name] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _imports(name: str, path: Path) -> set[str]:
+    """The autotune modules ``name`` imports anywhere in its source, but for type checking."""
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    found: set[str] = set()
+
+    class Visitor(ast.NodeVisitor):
+        def visit_If(self, node: ast.If) -> None:
+            if "TYPE_CHECKING" in ast.unparse(node.test):
+                for statement in node.orelse:
+                    self.visit(statement)
+                return
+            self.generic_visit(node)
+
+        def visit_Import(self, node: ast.Import) -> None:
+            found.update(alias.name for alias in node.names if alias.name.split(".")[0] == "autotune")
+
+        def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+            module = node.module or ""
+            if node.level:
+                base = package.rsplit(".", node.level - 1)[0]
+                module = f"{base}.{module}" if module else base
+            if module.split(".")[0] != "autotune":
+                return
+            for alias in node.names:  # ``from autotune import _env`` imports the submodule, not the root's names
+                found.add(f"{module}.{alias.name}" if f"{module}.{alias.name}" in MODULES else module)
+
+    Visitor().visit(ast.parse(path.read_text()))
+    return found - {name}
+
+
+GRAPH = {name: _imports(name, path) for name, path in MODULES.items()}
+
+
+def test_no_module_imports_the_package_root() -> None:
+    # The root re-exports the public names lazily; a module that climbs back to it depends on everything.
+    assert [name for name, imported in GRAPH.items() if "autotune" in imported and name != "autotune"] == []
+
+
+def test_imports_have_no_circle() -> None:
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles: list[list[str]] = []
+
+    def visit(node: str) -> None:  # Tarjan's strongly connected components
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for other in GRAPH[node] - {"autotune"}:
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for node in GRAPH:
+        if node not in index:
+            visit(node)
+    assert circles == []
+
+
+@pytest.mark.parametrize("room", sorted(NEVER))
+def test_imports_run_one_way(room: str) -> None:
+    wrong = {
+        (name, imported)
+        for name, imports in GRAPH.items() if name == room or name.startswith(room + ".")
+        for imported in imports
+        for banned in NEVER[room]
+        if (imported == banned or imported.startswith(banned if banned.endswith(".") else banned + "."))
+        and not (imported == room or imported.startswith(room + "."))
+    }
+    assert sorted(wrong) == []
+
+
+def test_the_command_line_parses_its_arguments_before_it_imports_anything_heavy() -> None:
+    assert GRAPH["autotune._args"] == set()
