@@ -187,3 +187,27 @@ def test_unreadable_results_path_is_a_miss_with_a_warning(store: Store, caplog: 
         saved = store.save(fp, result := _result())
     assert "cannot read" in caplog.text and "keeping results in memory" in caplog.text
     assert saved.families["cnn"] == result and store.load(fp.digest) == saved
+
+
+def test_a_results_file_written_before_the_second_layout_step_loads_and_answers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """fixtures/stores/written-at-293623d.json: a real calibration of tiny_mlp (precision search, 0.5 s budget)
+    stored by the code before modules moved (the rules digest names modules, so its rules are older now)."""
+    from autotune._answer import decided
+    from autotune._cache.freshness import family_key, freshness, now_utc
+    from autotune._cache.store import Store
+    from autotune._families import get_family
+
+    written = Path(__file__).parent.parent / "fixtures" / "stores" / "written-at-293623d.json"
+    digest = json.loads(written.read_text())["fingerprint"]["digest"]
+    (tmp_path / f"{digest}.json").write_bytes(written.read_bytes())
+    stored = Store(tmp_path).load(digest)
+    assert stored is not None and list(stored.families) == ["tiny_mlp"]
+    measured = stored.families["tiny_mlp"]
+    monkeypatch.setenv("AUTOTUNE_SEARCH", "precision")
+    monkeypatch.setenv("AUTOTUNE_BUDGET_S", "0.5")
+    verdict = freshness(measured, family_key(get_family("tiny_mlp")), now_utc())
+    assert verdict.state == "older_rules" and verdict.answers and not verdict.final
+    config = decided(measured, prefer="auto", expected_steps=None, forced_device=None, digest=digest)
+    assert config.source == "measured" and config.device == "cpu" and "under older rules" in config.reason
