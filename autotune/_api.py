@@ -36,7 +36,7 @@ from autotune._cache.lookup import Similar, find_similar
 from autotune._cache.store import Store
 from autotune._calibrate import calibrate_one, measuring_elsewhere, new_worker, run_calibration
 from autotune._config import Config
-from autotune._decide import PREFERENCES, Prefer, decide, finalists, picked, reason, restate, step_ms
+from autotune._decide import PREFERENCES, Prefer, decide, finalists, picked, restate, step_ms
 from autotune._doctor import Finding, diagnose
 from autotune._errors import CalibrationError, ConfigurationError
 from autotune._families import Family, builtin_family_names, family_names, get_family, reset_registry
@@ -51,13 +51,11 @@ from autotune._records import (
     FamilyResult,
     SimilarMachine,
     TraceReport,
-    mib_words,
-    ratio_words,
-    time_words,
 )
 from autotune._rules import preference
 from autotune._tools import canary as _check
 from autotune._tools.canary import CheckResult
+from autotune._wording import mib_words, ratio_words, reason, time_words
 
 log = logging.getLogger("autotune")
 
