@@ -1,10 +1,9 @@
 """The public entry points besides ``calibrate``: ``best_config`` (instant from the cache), its fallback
 without a measurement, and the cache's tools (cached decisions, export / import, the canary, ``trace``).
 
-It is also the one internal entry of the command line (``_cli``), for what the public API does not offer: the
-cached measurements and decisions without measuring, the registered kinds, ``--doctor``'s findings, and the
-helpers that word a pick, a retry, an amount of memory, a ratio and a time; and of the tests, to reset this
-process's state.
+It is also an internal entry of the command line (``_cli``), for what the public API does not offer: the
+cached measurements and decisions without measuring, the registered kinds, ``--doctor``'s findings, a
+measurement's pick and when a failure is retried; and of the tests, to reset this process's state.
 """
 
 from __future__ import annotations
@@ -55,7 +54,7 @@ from autotune._records import (
 from autotune._rules import preference
 from autotune._tools import canary as _check
 from autotune._tools.canary import CheckResult
-from autotune._wording import mib_words, ratio_words, reason, time_words
+from autotune._wording import reason
 
 log = logging.getLogger("autotune")
 
@@ -371,13 +370,10 @@ __all__ = [
     "family_names",
     "forget_demotion",
     "import_results",
-    "mib_words",
     "picked",
-    "ratio_words",
     "reset_state",
     "retry_at",
     "similar_record",
-    "time_words",
     "trace",
     "without",
 ]

@@ -1,10 +1,11 @@
 """``python -m autotune``: the arguments, the decisions table per model kind, ``--check``, ``--doctor``, one
 family in detail (``--explain``, ``--trace``, ``--max-batch``) and the progress display.
 
-Output is decided here; the logic is the library's: the public API, and for what it lacks ``autotune._api``,
-the CLI's one internal entry. That one is imported where it is used, not here: it loads torch, and
-``python -m autotune`` starts its worker before the host imports torch. Errors become a message on stderr and
-an exit code in one place: 0 ok, 1 failure, 2 usage, 3 ``--check`` recalibrated a family.
+Output is decided here; the logic and the words are the library's: the public API, for what it lacks
+``autotune._api``, and the words ``autotune._wording``. Both are imported where they are used, not here:
+``python -m autotune`` starts its worker before the host imports torch (``_api`` loads it) or pydantic. Errors
+become a message on stderr and an exit code in one place: 0 ok, 1 failure, 2 usage, 3 ``--check`` recalibrated
+a family.
 """
 
 from __future__ import annotations
@@ -167,10 +168,9 @@ def _decisions(args: argparse.Namespace) -> int:
         cached_configs,
         cached_families,
         family_names,
-        ratio_words,
         similar_record,
-        time_words,
     )
+    from autotune._wording import ratio_words, time_words
 
     kinds = [_register(value) for value in args.family] if args.family else builtin_family_names()
     missing = set(kinds) - set(cached_families(kinds, fresh_only=True))
@@ -312,9 +312,8 @@ def explain(kind: str, *, recalibrate: bool, as_json: bool, prefer: Prefer = "au
         cached_families,
         demotions,
         family_names,
-        ratio_words,
-        time_words,
     )
+    from autotune._wording import ratio_words, time_words
 
     # A kind registered here is measured again when stale; one only another process registered is shown
     # as the cache holds it.
@@ -375,7 +374,7 @@ def evidence_table(config: autotune.Config) -> Table:
     stopped against), interval and paired rounds, or its failure."""
     from rich.table import Table
 
-    from autotune._api import ratio_words  # loads torch: never before the early start
+    from autotune._wording import ratio_words
 
     pick = config.candidate
     table = Table(title=f"against the pick, {pick.label}")
@@ -485,7 +484,7 @@ def max_batch(kind: str, args: argparse.Namespace) -> int:
         return 0
     from rich.table import Table
 
-    from autotune._api import mib_words  # loads torch: never before the early start
+    from autotune._wording import mib_words
 
     out = console()
     capped = " (the search's upper bound)" if report.capped else ""

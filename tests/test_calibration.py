@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 import autotune
-from autotune._api import cached_configs, cached_families, ratio_words
+from autotune._api import cached_configs, cached_families
 from autotune._cache.store import Store
 from autotune._calibrate import CalibrationProgress
+from autotune._wording import ratio_words
 
 
 def test_end_to_end_calibration_of_builtin_tiny_mlp(isolated_autotune: Path) -> None:
