@@ -26,7 +26,7 @@ from autotune import _stats
 from autotune._config import Config
 from autotune._errors import CalibrationError
 from autotune._records import (
-    _FP32_CPU,
+    FP32_CPU,
     Candidate,
     CandidateResult,
     Evidence,
@@ -38,7 +38,7 @@ from autotune._records import (
     Verdict,
 )
 from autotune._rules import margin, preference
-from autotune._wording import _times_over, reason
+from autotune._wording import reason, times_over
 
 log = logging.getLogger("autotune")
 
@@ -91,7 +91,7 @@ def decide(
         verified_steps=len(numerics.losses) if numerics is not None else None,
         noisy=measured.noisy, origin=measured.origin,
     )
-    baseline = next((r for r in measured.candidates if r.usable and r.candidate == _FP32_CPU), None)
+    baseline = next((r for r in measured.candidates if r.usable and r.candidate == FP32_CPU), None)
     config = Config(
         **pick.candidate.model_dump(),
         model_kind=measured.model_kind,
@@ -115,8 +115,8 @@ def decide(
 def _speedup(pick: CandidateResult, baseline: CandidateResult, evidence: Evidence) -> float:
     """fp32 on the CPU's step time over the pick's: from paired evidence, as the reason words it (a chain of
     drops); from the medians where that chain breaks."""
-    found = next((r for r in evidence.rivals if r.candidate == _FP32_CPU), None)
-    paired = _times_over(found, pick.candidate, evidence) if found is not None else None
+    found = next((r for r in evidence.rivals if r.candidate == FP32_CPU), None)
+    paired = times_over(found, pick.candidate, evidence) if found is not None else None
     return paired if paired is not None else step_ms(baseline) / step_ms(pick)
 
 

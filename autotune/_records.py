@@ -77,7 +77,8 @@ class Candidate(Choice):
         return Candidate(device=self.device, precision=self.precision)
 
 
-_FP32_CPU = Candidate(device="cpu", precision="fp32")
+#: fp32 on the CPU: what every speed-up is against, and the answer that always trains
+FP32_CPU = Candidate(device="cpu", precision="fp32")
 
 
 class Failure(Record):
@@ -415,6 +416,7 @@ class MaxBatchReport(Record):
 
 
 __all__ = [
+    "FP32_CPU",
     "PRECISIONS",
     "Candidate",
     "CandidateResult",

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from autotune._records import _FP32_CPU, Candidate, Choice, Evidence, FailureKind, Precision, Rival
+from autotune._records import FP32_CPU, Candidate, Choice, Evidence, FailureKind, Precision, Rival
 
 
 def ratio_words(ratio: float) -> str:
@@ -79,7 +79,7 @@ def _device_claim(pick: Candidate, evidence: Evidence) -> str | None:
         return None
     rank = {"faster": 0, "finishes later": 0, "tie": 1}
     best = min(timed, key=lambda r: (rank.get(r.verdict, 2), r.ratio.estimate if r.ratio else 0.0))
-    times = _times_over(best, pick, evidence) or (best.ratio.estimate if best.ratio else 1.0)
+    times = times_over(best, pick, evidence) or (best.ratio.estimate if best.ratio else 1.0)
     where = _where(best.candidate.device)
     if best.verdict == "finishes later":
         return (f"finishes {evidence.expected_steps} steps first: {where}'s set-up of "
@@ -103,14 +103,14 @@ def _precision_claim(pick: Candidate, evidence: Evidence) -> str | None:
         return _against(fp32, pick, evidence) if fp32 is not None and fp32.verdict != "failed" else None
     timed = [r for r in same if r.role == "precision" and r.verdict not in ("failed", "untimed", "unpaired")]
     if timed:
-        return _against(min(timed, key=lambda r: _times_over(r, pick, evidence) or float("inf")), pick, evidence)
+        return _against(min(timed, key=lambda r: times_over(r, pick, evidence) or float("inf")), pick, evidence)
     failed = [r for r in same if r.role == "precision" and r.failure is not None]
     if failed:
         return "; ".join(f"{_named(r.candidate, pick)} {_FAILURE_WORDS[r.failure.kind]}" for r in failed if r.failure)
     return "the only candidate measured" if not evidence.rivals else None
 
 
-def _times_over(found: Rival, pick: Candidate, evidence: Evidence, seen: frozenset[Candidate] = frozenset()
+def times_over(found: Rival, pick: Candidate, evidence: Evidence, seen: frozenset[Candidate] = frozenset()
                 ) -> float | None:
     """``found``'s step time over the pick's, from paired evidence: its ratio to the pick, or to what it stopped
     against times that one's to the pick (a chain of drops); None where the chain breaks."""
@@ -121,14 +121,14 @@ def _times_over(found: Rival, pick: Candidate, evidence: Evidence, seen: frozens
     via = next((r for r in evidence.rivals if r.candidate == found.against), None)
     if via is None or via.candidate in seen:
         return None
-    rest = _times_over(via, pick, evidence, seen | {found.candidate})
+    rest = times_over(via, pick, evidence, seen | {found.candidate})
     return None if rest is None else found.ratio.estimate * rest
 
 
 def _against(found: Rival, pick: Candidate, evidence: Evidence) -> str:
     """e.g. ``'2.5x faster than fp32'``, ``'bf16 mixed precision was no faster'``."""
     name = _named(found.candidate, pick)
-    times = _times_over(found, pick, evidence)
+    times = times_over(found, pick, evidence)
     if found.verdict in ("dropped", "slower", "outpaced") and (times is None or times < 1):
         return f"{name} was clearly slower"
     if found.verdict not in ("dropped", "slower", "outpaced") or times is None or times < 1:
@@ -181,7 +181,7 @@ def _fallback(pick: Candidate, answer: str, evidence: Evidence, short: str) -> s
                                  f": forced by AUTOTUNE_DEVICE={evidence.forced}, which calibration did not measure"],
                         short=short)
     if evidence.similar is None:
-        always = ", which always trains" if pick == _FP32_CPU else ""
+        always = ", which always trains" if pick == FP32_CPU else ""
         return _fitting(answer, [f"{always}: no measurement of this machine yet ({why})",
                                  f": not measured here yet ({why})", ": not measured here yet"], short=short)
     differences = evidence.similar.differences
@@ -208,4 +208,5 @@ __all__ = [
     "ratio_words",
     "reason",
     "time_words",
+    "times_over",
 ]
