@@ -38,7 +38,7 @@ from autotune._records import (
     Verdict,
 )
 from autotune._rules import margin, preference
-from autotune._wording import reason, times_over
+from autotune._wording import no_gpu_words, reason, times_over
 
 log = logging.getLogger("autotune")
 
@@ -301,16 +301,6 @@ def _paired_rounds(a: CandidateResult, b: CandidateResult) -> int | None:
     return None
 
 
-def no_gpu_words(measured: FamilyResult) -> str:
-    """Why a GPU the user preferred cannot answer, e.g. "there is no usable GPU (cuda: not built)"."""
-    gpu_failures = [r for r in measured.candidates if not is_cpu(r) and r.failure is not None]
-    if gpu_failures:
-        return "every GPU candidate failed (" + "; ".join(
-            f"{r.candidate.label} {r.failure.kind}: {r.failure.detail}" for r in gpu_failures if r.failure) + ")"
-    notes = "; ".join(f"{name}: {why}" for name, why in measured.backend_notes.items() if name != "cpu")
-    return f"there is no usable GPU ({notes})" if notes else "there is no usable GPU"
-
-
 __all__ = [
     "PREFERENCES",
     "Prefer",
@@ -319,7 +309,6 @@ __all__ = [
     "decision_alpha",
     "finalists",
     "is_cpu",
-    "no_gpu_words",
     "pick_fastest",
     "picked",
     "ranking",

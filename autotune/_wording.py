@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from autotune._records import FP32_CPU, Candidate, Choice, Evidence, FailureKind, Precision, Rival
+from autotune._records import FP32_CPU, Candidate, Choice, Evidence, FailureKind, FamilyResult, Precision, Rival
 
 
 def ratio_words(ratio: float) -> str:
@@ -52,6 +52,16 @@ def answer_words(choice: Choice) -> str:
     listed = ", ".join(extras[:-1]) + " and " + extras[-1] if len(extras) > 1 else "".join(extras)
     return (_PRECISION_WORDS[choice.precision] + (f" with {listed}" if listed else "")
             + f" on {_where(choice.device)}")
+
+
+def no_gpu_words(measured: FamilyResult) -> str:
+    """Why a GPU the user preferred cannot answer, e.g. "there is no usable GPU (cuda: not built)"."""
+    gpu_failures = [r for r in measured.candidates if r.candidate.device != "cpu" and r.failure is not None]
+    if gpu_failures:
+        return "every GPU candidate failed (" + "; ".join(
+            f"{r.candidate.label} {r.failure.kind}: {r.failure.detail}" for r in gpu_failures if r.failure) + ")"
+    notes = "; ".join(f"{name}: {why}" for name, why in measured.backend_notes.items() if name != "cpu")
+    return f"there is no usable GPU ({notes})" if notes else "there is no usable GPU"
 
 
 def _where(device: str) -> str:
@@ -205,6 +215,7 @@ __all__ = [
     "REASON_CHARS",
     "answer_words",
     "mib_words",
+    "no_gpu_words",
     "ratio_words",
     "reason",
     "time_words",
