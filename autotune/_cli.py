@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from rich.console import Console
     from rich.table import Table
 
-    from autotune._api import CandidateResult, Demotion, FamilyResult, Prefer
+    from autotune._api import CandidateResult, FamilyResult, Prefer
 
 EPILOG = """\
 examples:
@@ -313,7 +313,7 @@ def explain(kind: str, *, recalibrate: bool, as_json: bool, prefer: Prefer = "au
         demotions,
         family_names,
     )
-    from autotune._wording import ratio_words, time_words
+    from autotune._wording import demotion_words, ratio_words, time_words
 
     # A kind registered here is measured again when stale; one only another process registered is shown
     # as the cache holds it.
@@ -422,15 +422,9 @@ def qualifiers(config: autotune.Config) -> list[str]:
     return lines
 
 
-def demotion_words(demotion: Demotion) -> str:
-    """e.g. ``'cpu bf16-mixed demoted on 2026-12-03 after NaN losses from step 5,120 (a run on cpu bf16-mixed: 3
-    non-finite losses within 100 steps ...)'``"""
-    return (f"{demotion.candidate.device} {demotion.candidate.precision} demoted on {demotion.at[:10]} after "
-            f"{demotion.words} from step {demotion.step:,} (a run on {demotion.candidate.label}: {demotion.detail})")
-
-
 def forget_demotion(kind: str) -> int:
     from autotune._api import forget_demotion as forget  # loads torch: never before the early start
+    from autotune._wording import demotion_words
 
     try:
         undone = forget(kind)

@@ -6,7 +6,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from autotune._records import FP32_CPU, Candidate, Choice, Evidence, FailureKind, FamilyResult, Precision, Rival
+from autotune._records import (
+    FP32_CPU,
+    Candidate,
+    Choice,
+    Demotion,
+    Evidence,
+    FailureKind,
+    FamilyResult,
+    Precision,
+    Rival,
+)
 
 
 def ratio_words(ratio: float) -> str:
@@ -25,6 +35,13 @@ def time_words(ms: float) -> str:
 def mib_words(value: float | None) -> str:
     """Bytes in MiB for a sentence, e.g. ``'12.5 MiB'``, or ``'an unknown amount'``."""
     return "an unknown amount" if value is None else f"{value / 2**20:.1f} MiB"
+
+
+def demotion_words(demotion: Demotion) -> str:
+    """e.g. ``'cpu bf16-mixed demoted on 2026-12-03 after NaN losses from step 5,120 (a run on cpu bf16-mixed: 3
+    non-finite losses within 100 steps ...)'``"""
+    return (f"{demotion.candidate.device} {demotion.candidate.precision} demoted on {demotion.at[:10]} after "
+            f"{demotion.words} from step {demotion.step:,} (a run on {demotion.candidate.label}: {demotion.detail})")
 
 
 # -- the reason: one sentence from the evidence ------------------------------------------------------------------
@@ -214,6 +231,7 @@ def _fitting(answer: str, forms: Sequence[str], *, short: str | None = None) -> 
 __all__ = [
     "REASON_CHARS",
     "answer_words",
+    "demotion_words",
     "mib_words",
     "no_gpu_words",
     "ratio_words",
