@@ -4,6 +4,7 @@ measured or decided."""
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Sequence
 
 from autotune._records import (
@@ -42,6 +43,38 @@ def demotion_words(demotion: Demotion) -> str:
     non-finite losses within 100 steps ...)'``"""
     return (f"{demotion.candidate.device} {demotion.candidate.precision} demoted on {demotion.at[:10]} after "
             f"{demotion.words} from step {demotion.step:,} (a run on {demotion.candidate.label}: {demotion.detail})")
+
+
+def qualifiers(evidence: Evidence, *, init_scale: float | None) -> list[str]:
+    """What qualifies the answer besides its rivals, one line each: preference, forced device, GradScaler, flags."""
+    lines = []
+    if evidence.prefer != "auto" or evidence.expected_steps is not None:
+        lines.append(f"asked for: prefer={evidence.prefer}, expected_steps={evidence.expected_steps}")
+    if evidence.forced is not None:
+        lines.append(f"device forced by AUTOTUNE_DEVICE={evidence.forced}")
+    if evidence.no_gpu is not None:
+        lines.append(f"GPU requested, but {evidence.no_gpu}")
+    if evidence.default_scale_skipped:
+        lines.append(f"GradScaler starts at init_scale {init_scale:g}: the default 65536 skipped "
+                     f"{evidence.default_scale_skipped} of {evidence.verified_steps} verification steps")
+    if evidence.noisy:
+        lines.append("measured while the machine was busy: the next calibration measures it again")
+    if evidence.older_rules is not None:
+        lines.append(f"measured under older rules (by autotune {evidence.older_rules}): the next calibration "
+                     "measures it again")
+    if evidence.origin is not None:
+        lines.append(f"measured on another machine with exactly this configuration: {evidence.origin}")
+    return lines
+
+
+def retry_words(at: dt.datetime | None) -> str:
+    """When a failure is measured again, from its retry time (None: not before the machine, the family or the
+    search changes), e.g. 'retried after 2026-12-01 14:03 UTC'."""
+    if at is None:
+        return "kept until the machine, the family or the search changes, or --recalibrate"
+    if at <= dt.datetime.now(dt.timezone.utc):
+        return "retried by the next calibration"
+    return f"retried after {at.astimezone(dt.timezone.utc):%Y-%m-%d %H:%M} UTC, or at once with --recalibrate"
 
 
 # -- the reason: one sentence from the evidence ------------------------------------------------------------------
@@ -234,8 +267,10 @@ __all__ = [
     "demotion_words",
     "mib_words",
     "no_gpu_words",
+    "qualifiers",
     "ratio_words",
     "reason",
+    "retry_words",
     "time_words",
     "times_over",
 ]
