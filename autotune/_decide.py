@@ -1,5 +1,5 @@
-"""From raw measurements to one Config, its evidence (every other candidate against the pick, as data) and its
-reason (one sentence from that evidence). Pure: no device is touched here.
+"""From raw measurements to one Config and its evidence (every other candidate against the pick, as data);
+``_wording`` words its reason from that evidence. Pure: no device is touched here.
 
 Rules, in order:
 1. Only candidates that were timed and passed the numerics gate can be picked, and only those timed in the

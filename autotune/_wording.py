@@ -1,6 +1,6 @@
-"""The words of a decision for people: the reason (one sentence of at most ``REASON_CHARS`` from the
-evidence) and the formatters of a ratio, a time and an amount of memory. Pure: words from records, nothing
-measured or decided."""
+"""The words of a decision for people: its reason (one sentence of at most ``REASON_CHARS`` from the
+evidence), the evidence's other lines (no usable GPU, a demotion, the qualifiers, a failure's retry) and a
+ratio, a time or an amount of memory. Pure: words from records; nothing here measures or decides."""
 
 from __future__ import annotations
 
@@ -19,6 +19,8 @@ from autotune._records import (
     Rival,
 )
 
+# -- amounts -----------------------------------------------------------------------------------------------------
+
 
 def ratio_words(ratio: float) -> str:
     """A ratio for people, to 2 significant digits, e.g. ``'2.5x'``, ``'0.55x'``, ``'24x'``."""
@@ -36,6 +38,19 @@ def time_words(ms: float) -> str:
 def mib_words(value: float | None) -> str:
     """Bytes in MiB for a sentence, e.g. ``'12.5 MiB'``, or ``'an unknown amount'``."""
     return "an unknown amount" if value is None else f"{value / 2**20:.1f} MiB"
+
+
+# -- the evidence, a line each -----------------------------------------------------------------------------------
+
+
+def no_gpu_words(measured: FamilyResult) -> str:
+    """Why a GPU the user preferred cannot answer, e.g. "there is no usable GPU (cuda: not built)"."""
+    gpu_failures = [r for r in measured.candidates if r.candidate.device != "cpu" and r.failure is not None]
+    if gpu_failures:
+        return "every GPU candidate failed (" + "; ".join(
+            f"{r.candidate.label} {r.failure.kind}: {r.failure.detail}" for r in gpu_failures if r.failure) + ")"
+    notes = "; ".join(f"{name}: {why}" for name, why in measured.backend_notes.items() if name != "cpu")
+    return f"there is no usable GPU ({notes})" if notes else "there is no usable GPU"
 
 
 def demotion_words(demotion: Demotion) -> str:
@@ -102,16 +117,6 @@ def answer_words(choice: Choice) -> str:
     listed = ", ".join(extras[:-1]) + " and " + extras[-1] if len(extras) > 1 else "".join(extras)
     return (_PRECISION_WORDS[choice.precision] + (f" with {listed}" if listed else "")
             + f" on {_where(choice.device)}")
-
-
-def no_gpu_words(measured: FamilyResult) -> str:
-    """Why a GPU the user preferred cannot answer, e.g. "there is no usable GPU (cuda: not built)"."""
-    gpu_failures = [r for r in measured.candidates if r.candidate.device != "cpu" and r.failure is not None]
-    if gpu_failures:
-        return "every GPU candidate failed (" + "; ".join(
-            f"{r.candidate.label} {r.failure.kind}: {r.failure.detail}" for r in gpu_failures if r.failure) + ")"
-    notes = "; ".join(f"{name}: {why}" for name, why in measured.backend_notes.items() if name != "cpu")
-    return f"there is no usable GPU ({notes})" if notes else "there is no usable GPU"
 
 
 def _where(device: str) -> str:
