@@ -20,12 +20,13 @@ from autotune._cache.freshness import family_key, fresh_until, freshness, now_ut
 from autotune._cache.locks import held_elsewhere
 from autotune._cache.store import Store
 from autotune._config import Config
-from autotune._decide import PREFERENCES, decide, finalists, reason, restate, step_ms
+from autotune._decide import PREFERENCES, decide, finalists, restate, step_ms
 from autotune._errors import CalibrationError, ConfigurationError
 from autotune._families import Family, family_names, get_family
 from autotune._fingerprint import Fingerprint, fingerprint
 from autotune._records import Candidate, Demotion, Difference, Evidence, FamilyResult, Prefer, SimilarMachine
 from autotune._rules import preference
+from autotune._wording import demoted_reason, reason
 
 log = logging.getLogger("autotune")
 
@@ -111,13 +112,7 @@ def decided(measured: FamilyResult, *, prefer: Prefer, expected_steps: int | Non
         config = restate(config, older_rules=measured.autotune_version)
     if not demoted:
         return config
-    latest = demoted[-1]
-    same_device = latest.candidate.device == config.device
-    was = latest.candidate.precision if same_device else f"{latest.candidate.device} {latest.candidate.precision}"
-    now = config.precision if same_device else f"{config.device} {config.precision}"
-    reason = f"{was} was demoted after {latest.words} at step {latest.step:,} of training on {latest.at[:10]}; using "
-    # One sentence under 160 characters: the variants are named only where they fit (the Config lists them all).
-    reason += now + config.variant_words if len(reason + now + config.variant_words) < 160 else now
+    reason = demoted_reason(demoted[-1], config)
     log.info("%s: %s", measured.model_kind, reason)
     return config.model_copy(update={"reason": reason})
 
@@ -236,7 +231,7 @@ def forget_demotion(model_kind: str) -> list[Demotion]:
 
 
 def forget() -> None:
-    """Forget this process's decisions (tests, between cache directories)."""
+    """Forget this process's decisions."""
     _decisions.clear()
 
 

@@ -3,7 +3,7 @@ one shared worker, stored as it finishes).
 
 ``calibrate`` (an app's first launch), ``run_calibration`` (the same for resolved families, handing its worker
 to a background job), ``ensure_measured`` (``best_config``'s miss, and each family of a calibration),
-``measure_family`` (one family now, no cache: benchmarks and tests).
+``measure_family`` (one family now, no cache involved).
 """
 
 from __future__ import annotations
@@ -189,8 +189,8 @@ def ensure_measured(
 
 
 def measure_family(model_kind: str, *, verify: bool = True) -> FamilyResult:
-    """Run one family's calibration now, in a worker of its own, with no cache involved (benchmarks and tests;
-    ``verify=False`` runs the numerics gate's steps unchecked, to price it)."""
+    """Run one family's calibration now, in a worker of its own, with no cache involved (``verify=False`` runs
+    the numerics gate's steps unchecked, to price it)."""
     family = get_family(model_kind)
     with new_worker() as worker:
         return measure(family, family_key(family), verify=verify, worker=worker)

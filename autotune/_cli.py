@@ -12,7 +12,6 @@ a family.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import logging
 import sys
@@ -30,10 +29,11 @@ from autotune._decide import picked
 from autotune._errors import AutotuneError, CalibrationError, UnknownFamilyError
 from autotune._families import builtin_family_names, family_names, register_family
 from autotune._fingerprint import fingerprint
-from autotune._records import CandidateResult, Demotion, FamilyResult, Prefer, mib_words, ratio_words, time_words
+from autotune._records import CandidateResult, FamilyResult, Prefer
 from autotune._tools.canary import check_cached
 from autotune._tools.max_batch import max_batch_report
 from autotune._tools.trace import trace as trace_kind
+from autotune._wording import demotion_words, mib_words, qualifiers, ratio_words, retry_words, time_words
 from autotune.backends import diagnose
 
 if TYPE_CHECKING:
@@ -276,7 +276,7 @@ def explain(kind: str, *, recalibrate: bool, as_json: bool, prefer: Prefer = "au
     out.print(table)
     for r in measured.candidates:
         if r.failure is not None:
-            out.print(f"{r.candidate.label} {r.failure.kind}: {r.failure.detail}; {retry_words(measured, r)}",
+            out.print(f"{r.candidate.label} {r.failure.kind}: {r.failure.detail}; {retry_words(retry_at(measured, r))}",
                       highlight=False)
     for note in measured.search_notes:
         out.print(f"[dim]{note}[/dim]", highlight=False)
@@ -289,7 +289,7 @@ def explain(kind: str, *, recalibrate: bool, as_json: bool, prefer: Prefer = "au
     out.print(f"decision: {config.reason}", highlight=False, soft_wrap=True)
     if config.evidence is not None:
         out.print(evidence_table(config))
-        for line in qualifiers(config):
+        for line in qualifiers(config.evidence, init_scale=config.init_scale):
             out.print(f"[dim]{line}[/dim]", highlight=False)
     return 0
 
@@ -321,36 +321,8 @@ def evidence_table(config: Config) -> Table:
     return table
 
 
-def qualifiers(config: Config) -> list[str]:
-    """What qualifies the answer besides its rivals, one line each: preference, forced device, GradScaler, flags."""
-    evidence = config.evidence
-    if evidence is None:
-        return []
-    lines = []
-    if evidence.prefer != "auto" or evidence.expected_steps is not None:
-        lines.append(f"asked for: prefer={evidence.prefer}, expected_steps={evidence.expected_steps}")
-    if evidence.forced is not None:
-        lines.append(f"device forced by AUTOTUNE_DEVICE={evidence.forced}")
-    if evidence.no_gpu is not None:
-        lines.append(f"GPU requested, but {evidence.no_gpu}")
-    if evidence.default_scale_skipped:
-        lines.append(f"GradScaler starts at init_scale {config.init_scale:g}: the default 65536 skipped "
-                     f"{evidence.default_scale_skipped} of {evidence.verified_steps} verification steps")
-    if evidence.noisy:
-        lines.append("measured while the machine was busy: the next calibration measures it again")
-    if evidence.older_rules is not None:
-        lines.append(f"measured under older rules (by autotune {evidence.older_rules}): the next calibration "
-                     "measures it again")
-    if evidence.origin is not None:
-        lines.append(f"measured on another machine with exactly this configuration: {evidence.origin}")
-    return lines
 
 
-def demotion_words(demotion: Demotion) -> str:
-    """e.g. ``'cpu bf16-mixed demoted on 2026-12-03 after NaN losses from step 5,120 (a run on cpu bf16-mixed: 3
-    non-finite losses within 100 steps ...)'``"""
-    return (f"{demotion.candidate.device} {demotion.candidate.precision} demoted on {demotion.at[:10]} after "
-            f"{demotion.words} from step {demotion.step:,} (a run on {demotion.candidate.label}: {demotion.detail})")
 
 
 def forget_demotion(kind: str) -> int:
@@ -442,15 +414,6 @@ def timed_in(result: CandidateResult) -> str:
     return "final" if result.timing.final else f"stage {result.timing.stage}"
 
 
-def retry_words(measured: FamilyResult, result: CandidateResult) -> str:
-    """When this failure is measured again, e.g. 'retried after 2026-12-01 14:03 UTC'."""
-
-    at = retry_at(measured, result)
-    if at is None:
-        return "kept until the machine, the family or the search changes, or --recalibrate"
-    if at <= dt.datetime.now(dt.timezone.utc):
-        return "retried by the next calibration"
-    return f"retried after {at.astimezone(dt.timezone.utc):%Y-%m-%d %H:%M} UTC, or at once with --recalibrate"
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-"""From raw measurements to one Config, its evidence (every other candidate against the pick, as data) and its
-reason (one sentence from that evidence). Pure: no device is touched here.
+"""From raw measurements to one Config and its evidence (every other candidate against the pick, as data);
+``_wording`` words its reason from that evidence. Pure: no device is touched here.
 
 Rules, in order:
 1. Only candidates that were timed and passed the numerics gate can be picked, and only those timed in the
@@ -26,27 +26,23 @@ from autotune import _stats
 from autotune._config import Config
 from autotune._errors import CalibrationError
 from autotune._records import (
+    FP32_CPU,
     Candidate,
     CandidateResult,
-    Choice,
     Evidence,
-    FailureKind,
     FamilyResult,
     Interval,
-    Precision,
     Prefer,
     Rival,
     Role,
     Verdict,
-    ratio_words,
-    time_words,
 )
 from autotune._rules import margin, preference
+from autotune._wording import no_gpu_words, reason, times_over
 
 log = logging.getLogger("autotune")
 
 PREFERENCES: tuple[Prefer, ...] = ("auto", "gpu", "cpu")
-_FP32_CPU = Candidate(device="cpu", precision="fp32")
 
 
 def finalists(measured: FamilyResult) -> list[CandidateResult]:
@@ -95,7 +91,7 @@ def decide(
         verified_steps=len(numerics.losses) if numerics is not None else None,
         noisy=measured.noisy, origin=measured.origin,
     )
-    baseline = next((r for r in measured.candidates if r.usable and r.candidate == _FP32_CPU), None)
+    baseline = next((r for r in measured.candidates if r.usable and r.candidate == FP32_CPU), None)
     config = Config(
         **pick.candidate.model_dump(),
         model_kind=measured.model_kind,
@@ -119,8 +115,8 @@ def decide(
 def _speedup(pick: CandidateResult, baseline: CandidateResult, evidence: Evidence) -> float:
     """fp32 on the CPU's step time over the pick's: from paired evidence, as the reason words it (a chain of
     drops); from the medians where that chain breaks."""
-    found = next((r for r in evidence.rivals if r.candidate == _FP32_CPU), None)
-    paired = _times_over(found, pick.candidate, evidence) if found is not None else None
+    found = next((r for r in evidence.rivals if r.candidate == FP32_CPU), None)
+    paired = times_over(found, pick.candidate, evidence) if found is not None else None
     return paired if paired is not None else step_ms(baseline) / step_ms(pick)
 
 
@@ -305,205 +301,17 @@ def _paired_rounds(a: CandidateResult, b: CandidateResult) -> int | None:
     return None
 
 
-def no_gpu_words(measured: FamilyResult) -> str:
-    """Why a GPU the user preferred cannot answer, e.g. "there is no usable GPU (cuda: not built)"."""
-    gpu_failures = [r for r in measured.candidates if not is_cpu(r) and r.failure is not None]
-    if gpu_failures:
-        return "every GPU candidate failed (" + "; ".join(
-            f"{r.candidate.label} {r.failure.kind}: {r.failure.detail}" for r in gpu_failures if r.failure) + ")"
-    notes = "; ".join(f"{name}: {why}" for name, why in measured.backend_notes.items() if name != "cpu")
-    return f"there is no usable GPU ({notes})" if notes else "there is no usable GPU"
-
-
-# -- the reason: one sentence from the evidence ------------------------------------------------------------------
-
-#: the longest reason: one line of a log or a status bar; the evidence holds the rest
-REASON_CHARS = 160
-
-_PRECISION_WORDS: dict[Precision, str] = {
-    "fp32": "fp32",
-    "tf32": "TF32",
-    "bf16-mixed": "bf16 mixed precision",
-    "fp16-mixed": "fp16 mixed precision",
-}
-_VARIANT_WORDS = {"fused-optimizer": "the fused optimizer", "foreach-optimizer": "the foreach optimizer",
-                  "compiled": "torch.compile"}
-_FAILURE_WORDS: dict[FailureKind, str] = {
-    "crashed": "crashed", "timeout": "timed out", "oom": "ran out of memory", "error": "failed",
-    "unsupported": "is unsupported", "numerics": "failed verification", "too_slow": "was too slow",
-}
-
-
-def answer_words(choice: Choice) -> str:
-    """e.g. ``'bf16 mixed precision with channels_last and the fused optimizer on the CPU'``"""
-    extras = [_VARIANT_WORDS.get(word, word) for word in choice.variants]
-    listed = ", ".join(extras[:-1]) + " and " + extras[-1] if len(extras) > 1 else "".join(extras)
-    return (_PRECISION_WORDS[choice.precision] + (f" with {listed}" if listed else "")
-            + f" on {_where(choice.device)}")
-
-
-def _where(device: str) -> str:
-    """e.g. ``'the CPU'``, ``'cuda:0'``"""
-    return "the CPU" if device == "cpu" else device
-
-
-def _named(candidate: Candidate, pick: Candidate) -> str:
-    """A rival in the fewest words that tell it from the pick, e.g. ``'cuda:0'``, ``'fp32'``, ``'plain bf16 mixed
-    precision'``, ``'bf16 mixed precision with channels_last'``."""
-    if candidate.device != pick.device:
-        return _where(candidate.device)
-    precision = _PRECISION_WORDS[candidate.precision]
-    if candidate.variants:
-        return f"{precision} with " + ", ".join(_VARIANT_WORDS.get(w, w) for w in candidate.variants)
-    return f"plain {precision}" if candidate.precision == pick.precision else precision
-
-
-def _device_claim(pick: Candidate, evidence: Evidence) -> str | None:
-    """The device choice in words: the pick against another device that was faster (the user's choice or a short
-    job kept the pick), else one that tied, else the closest one behind."""
-    timed = [r for r in evidence.rivals if r.role == "device" and r.ratio is not None
-             and r.verdict in ("slower", "tie", "faster", "finishes later", "outpaced")]
-    if not timed:
-        return None
-    rank = {"faster": 0, "finishes later": 0, "tie": 1}
-    best = min(timed, key=lambda r: (rank.get(r.verdict, 2), r.ratio.estimate if r.ratio else 0.0))
-    times = _times_over(best, pick, evidence) or (best.ratio.estimate if best.ratio else 1.0)
-    where = _where(best.candidate.device)
-    if best.verdict == "finishes later":
-        return (f"finishes {evidence.expected_steps} steps first: {where}'s set-up of "
-                f"{time_words(1000 * (best.setup_s or 0.0))} outweighs its faster steps")
-    if best.verdict == "faster":
-        if evidence.forced is not None:
-            return f"{where} is {ratio_words(1 / times)} faster"
-        return f"as requested, though {where} is {ratio_words(1 / times)} faster"
-    if best.verdict == "tie":
-        return f"{where} was no faster" + (", and on a tie the CPU wins" if pick.device == "cpu" else "")
-    return f"{ratio_words(times)} faster than {where}"
-
-
-def _precision_claim(pick: Candidate, evidence: Evidence) -> str | None:
-    """The pick against plain fp32 on its device; an fp32 pick whose settings did not clearly beat plain fp32
-    (the same math, a tie) against the other precisions instead: why not a lower one."""
-    same = [r for r in evidence.rivals if r.role != "device"]
-    fp32 = next((r for r in same if r.candidate == Candidate(device=pick.device, precision="fp32")), None)
-    gained = fp32 is not None and fp32.verdict in ("slower", "dropped", "outpaced")
-    if pick.precision != "fp32" or gained:
-        return _against(fp32, pick, evidence) if fp32 is not None and fp32.verdict != "failed" else None
-    timed = [r for r in same if r.role == "precision" and r.verdict not in ("failed", "untimed", "unpaired")]
-    if timed:
-        return _against(min(timed, key=lambda r: _times_over(r, pick, evidence) or float("inf")), pick, evidence)
-    failed = [r for r in same if r.role == "precision" and r.failure is not None]
-    if failed:
-        return "; ".join(f"{_named(r.candidate, pick)} {_FAILURE_WORDS[r.failure.kind]}" for r in failed if r.failure)
-    return "the only candidate measured" if not evidence.rivals else None
-
-
-def _times_over(found: Rival, pick: Candidate, evidence: Evidence, seen: frozenset[Candidate] = frozenset()
-                ) -> float | None:
-    """``found``'s step time over the pick's, from paired evidence: its ratio to the pick, or to what it stopped
-    against times that one's to the pick (a chain of drops); None where the chain breaks."""
-    if found.ratio is None or found.against is None:
-        return None
-    if found.against == pick:
-        return found.ratio.estimate
-    via = next((r for r in evidence.rivals if r.candidate == found.against), None)
-    if via is None or via.candidate in seen:
-        return None
-    rest = _times_over(via, pick, evidence, seen | {found.candidate})
-    return None if rest is None else found.ratio.estimate * rest
-
-
-def _against(found: Rival, pick: Candidate, evidence: Evidence) -> str:
-    """e.g. ``'2.5x faster than fp32'``, ``'bf16 mixed precision was no faster'``."""
-    name = _named(found.candidate, pick)
-    times = _times_over(found, pick, evidence)
-    if found.verdict in ("dropped", "slower", "outpaced") and (times is None or times < 1):
-        return f"{name} was clearly slower"
-    if found.verdict not in ("dropped", "slower", "outpaced") or times is None or times < 1:
-        return f"{name} was no faster"
-    return f"{ratio_words(times)} faster than {name}"
-
-
-def reason(pick: Candidate, evidence: Evidence, *, measured_at: str | None) -> str:
-    """One sentence of at most :data:`REASON_CHARS`: the answer, then its strongest evidence, or what it falls
-    back to and why; where the whole does not fit, the weaker parts are left to ``evidence``, down to the answer
-    and its qualifiers in a word each."""
-    answer = answer_words(pick)
-    short = answer_words(pick.base)
-    if evidence.unmeasured is not None:
-        return _fallback(pick, answer, evidence, short)
-    lead = [*([f"forced by AUTOTUNE_DEVICE={evidence.forced}"] if evidence.forced is not None else []),
-            *([f"GPU requested, but {evidence.no_gpu.partition(' (')[0]}"] if evidence.no_gpu is not None else [])]
-    claims = [c for c in (_device_claim(pick, evidence), _precision_claim(pick, evidence)) if c]
-    flags = [word for flag, word in ((evidence.noisy, "on a busy machine"),
-                                     (evidence.older_rules is not None, "under older rules")) if flag]
-    when = f"measured {measured_at[:10]}" if measured_at else "measured"
-    if flags:
-        when += " " + ", ".join(flags)
-    again = "; the next calibration measures it again" if flags else ""
-    origin = f", {evidence.origin}" if evidence.origin else ""
-    short_origin = f", {evidence.origin.split()[0]}" if evidence.origin else ""
-    marks = [word for word in ("forced" if evidence.forced else "", "no usable GPU" if evidence.no_gpu else "",
-                               *flags, short_origin[2:]) if word]
-    return _fitting(answer, [
-        _said([*lead, ", ".join(claims)], f"({when}{again}){origin}"),
-        _said([*lead, ", ".join(claims)], f"({when}){origin}"),
-        _said([*lead, *claims[:1]], f"({when}){origin}"),
-        _said([*lead, *claims[:1]], f"({when}){short_origin}"),
-        _said(lead[:1], f"({when}){short_origin}"),
-        _said([], f"({', '.join(marks or [when])})"),
-    ], short=short)
-
-
-def _said(parts: Sequence[str], tail: str) -> str:
-    """What follows the answer: ``': part; part (tail)'``, or only ``' (tail)'``."""
-    body = "; ".join(part for part in parts if part)
-    return f": {body} {tail}" if body else f" {tail}"
-
-
-def _fallback(pick: Candidate, answer: str, evidence: Evidence, short: str) -> str:
-    """What an answer without a measurement of this machine falls back to, and why."""
-    why = evidence.unmeasured or ""
-    if evidence.forced is not None:
-        return _fitting(answer, [f": forced by AUTOTUNE_DEVICE={evidence.forced}; {why}",
-                                 f": forced by AUTOTUNE_DEVICE={evidence.forced}, which calibration did not measure"],
-                        short=short)
-    if evidence.similar is None:
-        always = ", which always trains" if pick == _FP32_CPU else ""
-        return _fitting(answer, [f"{always}: no measurement of this machine yet ({why})",
-                                 f": not measured here yet ({why})", ": not measured here yet"], short=short)
-    differences = evidence.similar.differences
-    then = ", ".join(f"{d.name} {d.then}" for d in differences)
-    first = f"{differences[0].name} {differences[0].then}" if differences else "other software"
-    return _fitting(answer, [f": the pick measured with {then} on the same hardware; not measured here yet ({why})",
-                             f": the pick measured with {first} on the same hardware; not measured here yet ({why})",
-                             f": the pick measured with {first} on the same hardware; not measured here yet",
-                             ": the pick measured on the same hardware; not measured here yet",
-                             ": as measured on the same hardware, not measured here yet"], short=short)
-
-
-def _fitting(answer: str, forms: Sequence[str], *, short: str | None = None) -> str:
-    """``answer`` and the first (most detailed) of ``forms`` that fits in :data:`REASON_CHARS`; else the ``short``
-    answer (no variants: the Config lists them all) with the last form."""
-    return next((answer + form for form in forms if len(answer + form) <= REASON_CHARS),
-                (short or answer) + forms[-1])
-
-
 __all__ = [
     "PREFERENCES",
-    "REASON_CHARS",
     "Prefer",
-    "answer_words",
     "clearly_faster",
     "decide",
     "decision_alpha",
     "finalists",
     "is_cpu",
-    "no_gpu_words",
     "pick_fastest",
     "picked",
     "ranking",
-    "reason",
     "restate",
     "rival",
     "score_ms",

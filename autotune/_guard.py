@@ -1,40 +1,13 @@
 """The guard in the training loop: it watches the measured configuration over the thousands of steps that
 calibration's short verification cannot see, and demotes it on this machine when it misbehaves.
 
-    guard = cfg.guard()
-    for inputs, labels in loader:
-        ...
-        scaler.step(optimizer)
-        scaler.update()
-        guard.step(loss, scaler)    # after update(): a skipped step shows as a lower loss scale
-
-Cost: each step copies the loss (and the loss scale) into a buffer on the loss's device, allocated once: no
-host-device synchronization, no allocation. Every ``READ_EVERY_STEPS`` steps the buffer is read at once (one
-synchronization) and the rules run on the host. A finding needs evidence, not one bad batch:
-
-- **non-finite losses**: ``NON_FINITE_LOSSES`` within ``WINDOW_STEPS`` steps. One NaN or inf loss under fp16 is
-  GradScaler's to handle (it skips that update and halves the scale); without a scaler one poisons the weights and
-  the losses after it repeat it, so a dead run is found within ``NON_FINITE_LOSSES`` steps either way.
-- **skipped steps**: a step whose loss scale is lower than the step before's was skipped by GradScaler. Its early
-  back-off (halving from the initial scale until the gradients fit) is expected and not counted until the scale
-  has held for ``SETTLED_STEPS`` steps in a row; after that a healthy run skips once per doubling, one per
-  ``growth_interval`` (2,000 steps by default). A finding is ``SKIPPED_STEPS`` skipped within ``WINDOW_STEPS``
-  steps once settled, or a back-off of more than ``BACKOFF_SKIPS`` (from the default 65,536 the scale reaches 1
-  after 16 halvings: past that, it is not the scale that overflows).
-- **divergence**: the loss as medians of blocks of ``BLOCK_STEPS`` finite losses (robust to minibatch noise and
-  outlying batches), against where it started (the first block) and its running floor (the lowest block). A block
-  that has given back more than ``GIVE_BACK`` of the progress from start to floor diverges; a finding is
-  ``DIVERGED_BLOCKS`` in a row (a sustained rise, not one hard stretch of data). Judged once the loss has fallen
-  by ``MIN_PROGRESS`` of its start: before that, the noise is the whole signal.
-- **speed** (no demotion): ``SLOW_BLOCKS`` reads in a row at ``SLOW_FACTOR`` times this run's fastest pace (reads
-  over at least ``PACE_MIN_READ_MS``) log a WARNING that suggests ``python -m autotune --check`` (another workload,
-  a throttled machine). The yardstick is the run's own pace, not the measured step: the loop's step also holds what
-  calibration does not time (data loading, logging, the app's own model).
-
-On a finding: a :class:`ConfigMisbehaved` warning (or exception, ``on_failure="raise"``) naming the step, what was
-seen and what to do; the finding is recorded for this machine, family and candidate (``_cache.demotions``), and
-``best_config`` answers without that precision on that device from then on (``guard.fallback()``). fp32 on the CPU
-is the reference every candidate is verified against: its findings are reported, never demoted.
+Each ``step`` copies the loss (and the loss scale) into a device buffer allocated once, with no synchronization;
+every ``READ_EVERY_STEPS`` steps the buffer is read at once and the rules run on the host. A finding needs
+evidence, not one bad batch: ``NON_FINITE_LOSSES`` non-finite losses or ``SKIPPED_STEPS`` skipped steps within
+``WINDOW_STEPS`` (skips count once the scale has held ``SETTLED_STEPS``; before that, a back-off of more than
+``BACKOFF_SKIPS``), or ``DIVERGED_BLOCKS`` medians of ``BLOCK_STEPS`` losses in a row that gave back more than
+``GIVE_BACK`` of the progress from start to floor (once it reached ``MIN_PROGRESS``). ``SLOW_BLOCKS`` reads in a
+row at ``SLOW_FACTOR`` times the run's fastest pace only warn. fp32 on the CPU, the reference, is never demoted.
 """
 
 from __future__ import annotations

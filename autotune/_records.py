@@ -77,6 +77,10 @@ class Candidate(Choice):
         return Candidate(device=self.device, precision=self.precision)
 
 
+#: fp32 on the CPU: what every speed-up is against, and the answer that always trains
+FP32_CPU = Candidate(device="cpu", precision="fp32")
+
+
 class Failure(Record):
     """Why a candidate cannot be used, e.g. ``Failure(kind="crashed", detail="SIGABRT in step")``."""
 
@@ -291,19 +295,6 @@ class Evidence(Record):
     similar: SimilarMachine | None = Field(default=None, description="the record of the same hardware it used")
 
 
-def ratio_words(ratio: float) -> str:
-    """A ratio for people, to 2 significant digits, e.g. ``'2.5x'``, ``'0.55x'``, ``'24x'``."""
-    rounded = float(f"{ratio:.2g}")
-    return (f"{rounded:.1f}" if 1 <= rounded < 10 else f"{rounded:g}") + "x"
-
-
-def time_words(ms: float) -> str:
-    """A time for people, in ms or s as fits, e.g. ``'0.42 ms'``, ``'58 ms'``, ``'592 ms'``, ``'4.1 s'``."""
-    if ms >= 999.5:
-        return f"{float(f'{ms / 1000:.2g}') if ms < 9950 else round(ms / 1000):g} s"
-    return f"{float(f'{ms:.2g}') if ms < 99.5 else round(ms):g} ms"
-
-
 class Demotion(Record):
     """What a training run saw its measured candidate do (``Config.guard()``), kept for this machine: from then on
     ``best_config`` answers without that precision on that device.
@@ -370,11 +361,6 @@ class TraceReport(Record):
 ProbeOutcome = Literal["fits", "over", "oom"]
 
 
-def mib_words(value: float | None) -> str:
-    """Bytes in MiB for a sentence, e.g. ``'12.5 MiB'``, or ``'an unknown amount'``."""
-    return "an unknown amount" if value is None else f"{value / 2**20:.1f} MiB"
-
-
 class MemoryProbe(Record):
     """A few real training steps at one batch size, e.g. ``MemoryProbe(batch_size=16, peak_bytes=..., outcome="fits")``.
 
@@ -430,6 +416,7 @@ class MaxBatchReport(Record):
 
 
 __all__ = [
+    "FP32_CPU",
     "PRECISIONS",
     "Candidate",
     "CandidateResult",
@@ -460,7 +447,4 @@ __all__ = [
     "Timing",
     "TraceReport",
     "Verdict",
-    "mib_words",
-    "ratio_words",
-    "time_words",
 ]

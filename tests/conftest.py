@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import autotune
-from autotune import _decide, _fp32
+from autotune import _fp32, _wording
 from autotune.testing import reset_state
 
 
@@ -47,8 +47,8 @@ def tiny_family() -> str:
 
 
 def one_sentence_problem(reason: str) -> str | None:
-    """Why ``reason`` is not one sentence of at most ``_decide.REASON_CHARS`` characters; None when it is."""
-    if len(reason) > _decide.REASON_CHARS:
+    """Why ``reason`` is not one sentence of at most ``_wording.REASON_CHARS`` characters; None when it is."""
+    if len(reason) > _wording.REASON_CHARS:
         return f"{len(reason)} characters"
     if "\n" in reason or re.search(r"[.!?]\s+[A-Z]", reason):
         return "more than one sentence"
@@ -57,18 +57,18 @@ def one_sentence_problem(reason: str) -> str | None:
 
 @pytest.fixture(autouse=True)
 def reasons(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
-    """Every reason worded in this process during the test (all pass through ``_decide._fitting``: measured,
+    """Every reason worded in this process during the test (all pass through ``_wording._fitting``: measured,
     forced, heuristic, similar-machine, imported, shipped, noisy, older rules); the test fails when one is not
     one sentence of at most 160 characters."""
     worded: list[str] = []
-    fitting = _decide._fitting
+    fitting = _wording._fitting
 
     def recorded(answer: str, forms: Sequence[str], *, short: str | None = None) -> str:
         sentence = fitting(answer, forms, short=short)
         worded.append(sentence)
         return sentence
 
-    monkeypatch.setattr(_decide, "_fitting", recorded)
+    monkeypatch.setattr(_wording, "_fitting", recorded)
     yield worded
     wrong = {reason: problem for reason in worded if (problem := one_sentence_problem(reason)) is not None}
-    assert not wrong, f"reasons that are not one sentence of at most {_decide.REASON_CHARS} characters: {wrong}"
+    assert not wrong, f"reasons that are not one sentence of at most {_wording.REASON_CHARS} characters: {wrong}"

@@ -14,7 +14,7 @@ import autotune
 from autotune._answer import cached_configs, cached_families
 from autotune._cache.store import Store
 from autotune._calibrate import CalibrationProgress
-from autotune._records import ratio_words
+from autotune._wording import ratio_words
 
 
 def test_end_to_end_calibration_of_builtin_tiny_mlp(isolated_autotune: Path) -> None:

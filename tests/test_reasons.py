@@ -7,8 +7,9 @@ import pytest
 from conftest import one_sentence_problem
 from samples import family, timed
 
-from autotune._decide import answer_words, decide, restate
+from autotune._decide import decide, restate
 from autotune._records import CandidateResult, Difference, SimilarMachine
+from autotune._wording import answer_words
 
 DIGEST = "0123456789abcdef"
 LONG_WHY = "another process is still calibrating after AUTOTUNE_LOCK_TIMEOUT_S=86400 s of waiting"

@@ -60,7 +60,7 @@ def lock_file(directory: Path, name: str, consequence: str) -> filelock.BaseFile
 def measuring_lock() -> filelock.BaseFileLock | None:
     """The lock of this machine's measurements, one per user: in the temporary directory, which is the
     machine's own even where the cache directory is shared (a network home), and the same whatever cache
-    directory a process uses (an app's, a benchmark's). None, with one warning, where it cannot be used."""
+    directory a process uses. None, with one warning, where it cannot be used."""
     user = os.getuid() if hasattr(os, "getuid") else os.environ.get("USERNAME", "user")
     return lock_file(Path(tempfile.gettempdir()) / f"autotune-{user}", "measuring.lock",
                      "measuring without waiting for other measurements")

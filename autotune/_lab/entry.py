@@ -1,13 +1,9 @@
 """The worker's entry point: ``python -m autotune._lab.entry HOST_PID``.
 
-Its first instructions tie the worker's life to its host's, before anything heavy is imported: ``import torch``
-and the calibration's modules take seconds, and a host killed meanwhile must not leave its worker running.
-On Linux the kernel sends the worker SIGKILL when the host dies (``PR_SET_PDEATHSIG``), and since the host may
-have died before that was armed, the worker then checks that ``HOST_PID`` is still its parent. On Linux and
-macOS a watchdog thread exits within a second of the host going away (``os.getppid()`` changes when the orphan
-is reparented; no ``/proc``), even while a step is running, so a hung GPU candidate never outlives the app.
-Windows does not reparent: there the host's job object kills the worker (``autotune._worker._windows``).
-Only then is the worker itself (``child``) loaded and run.
+Before anything heavy is imported (torch takes seconds), the worker ties its life to its host's, so that a host
+killed meanwhile never leaves it running, even mid-step: on Linux the kernel's parent-death signal plus a check
+that ``HOST_PID`` is still its parent, on Linux and macOS a watchdog thread that exits once the parent changes,
+on Windows the host's job object (``autotune._worker._windows``). Only then does ``child`` run.
 """
 
 from __future__ import annotations
@@ -50,5 +46,5 @@ if __name__ == "__main__":
 
     code = child.main()
     sys.stderr.flush()
-    # Everything is reported; skip the interpreter's teardown (torch's takes ~0.5 s) that the host would wait for.
+    # Everything is reported; skip the interpreter's teardown (torch's is slow), which the host would wait for.
     os._exit(code)

@@ -1,28 +1,11 @@
 """What one look of the sequential test decides, pair by pair, from the paired ratio intervals (``_stats``).
 
-The method is successive elimination with an indifference zone (Even-Dar, Mannor & Mansour 2006; Kim & Nelson
-2001 for paired rounds): every look tests each candidate against its group's leader (and, in the final
-comparison, each group's leader against the fastest), with intervals whose error is split over the looks and
-over the pairs of the look (Bonferroni): a claim that a gain crosses a margin is wrong at most ``ALPHA`` per
-decision, not per pair. Between settings of the same math (no margin) the leader's side is chosen by the
-data, so a "faster" between near-equal settings is likelier than that; it costs no speed.
-
-- a candidate clearly slower than its group's leader (by more than the pair's margin) is *dropped* and keeps
-  that evidence: it counts as clearly slower in every later decision;
-- a pair is *resolved* once the pick it implies is within the pair's margin plus its indifference
-  (``_rules.indifference``) of the other with confidence: where a tie goes to the slower side (fp32 against
-  bf16, torch's thread count against another), when the faster cannot be faster by more than that; otherwise
-  (speed decides) as soon as the slower cannot be faster by more than it. Open pairs keep racing to the
-  budget, and past it, up to a cap, where their estimated gap is beyond that zone;
-- a group whose fastest candidate is clearly slower than another group's (in the final comparison, or far
-  behind after one round in any stage) is *outpaced*: it loses the device choice, is no longer timed, and
-  stays its own device's answer for a user who prefers that device;
-- a candidate whose every pair is resolved is *settled* and no longer timed.
-
-Leaders are ranked on paired estimates: each candidate's ratio to the longest-timed one over the rounds the two
-share, so a settled candidate's early rounds are never compared with another's later, drifted ones. The
-one-round far-behind rules (4x) are heuristics outside the error budget. The loop that times the rounds is
-``measure.interleave``.
+Successive elimination with an indifference zone (Even-Dar, Mannor & Mansour 2006; Kim & Nelson 2001 for paired
+rounds): each candidate is tested against its group's leader (in the final comparison also each leader against
+the fastest), at ``_stats.ALPHA_PER_LOOK`` split over the look's pairs. One clearly slower than its leader by
+more than the pair's margin is *dropped*, a group clearly slower than another is *outpaced*, a pair is
+*resolved* once its pick is surely within margin + indifference (``_rules.INDIFFERENCE``) of the other, and a
+candidate whose pairs are all resolved is *settled*. The rounds are timed by ``measure.interleave``.
 """
 
 from __future__ import annotations

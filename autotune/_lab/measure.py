@@ -1,25 +1,11 @@
 """Interleaved, sequential timing of candidates that already passed set-up and verification.
 
-Rounds run every active candidate in turn, in a fresh seeded random order each round, in the same process:
-drift (a browser tab, thermal throttling, a second job) hits all of them alike, and neither a steady ramp nor
-a position effect (the candidate after another one finds its caches evicted) favours anyone. At each look of
-the sequential test (``_stats.LOOKS``) the paired ratio intervals drop, outpace and settle candidates
-(``looks``).
-
-Timing stops when nothing is unresolved, or at the first look past the budget, except that the final
-comparison goes on timing the pick's open pairs up to ``overrun`` times the budget; a pick still open there is
-flagged (measured again by the next calibration). A control workload that no candidate can influence is timed
-after each of the first look's rounds, then whenever that keeps it within ``control_share`` of the time; when
-it drifts, the budget is doubled (and no pair settles before twice the first look's rounds), and a result that
-stays noisy is flagged.
-
-On an asynchronous device (CUDA, XPU, MPS) a step synchronised on its own adds its launch time to its device
-time, where a training loop overlaps them: that would penalise the candidates with many small kernels (an
-unfused optimizer, autocast's casts). A candidate whose steps run faster in a span than alone (``overlaps``) is
-timed in spans between two synchronisations, as a loop runs them (``per_step_s``).
-
-The clock and the steps are injected, so tests and ``benchmarks/decision_sim.py`` run this exact algorithm on
-a fake clock against known truths.
+Each round runs every active candidate once, in a fresh seeded random order, so drift and position effects hit
+all alike; at each of ``_stats.LOOKS`` the paired intervals drop, outpace and settle candidates (``looks``).
+Timing stops when nothing is open or at the first look past the budget, but the final comparison times the
+pick's open pairs on, up to ``overrun`` x the budget. A control workload flags a noisy machine and doubles the
+budget. On an asynchronous device a candidate whose steps overlap (``overlaps``) is timed in spans
+(``per_step_s``). The clock and the steps are injected (``Clock``, ``Steppable``).
 """
 
 from __future__ import annotations

@@ -1,20 +1,10 @@
-"""Stopping a pathologically slow candidate early: the step's deadline, and a probe before its first step.
+"""Stopping a pathologically slow candidate early (fp16 convolutions on a CPU without fp16 kernels).
 
-The verification window's **deadline** checks the clock at every module call (forward) and module-output
-gradient (backward) and raises from inside the step once the limit has passed, so an emulated dtype costs the
-limit, not a whole step. But native kernels cannot be interrupted, and one can take seconds (fp16 convolutions
-on a CPU without fp16 kernels).
-
-So before the first full step of a new precision on the CPU the lab **probes** it: two forward + backward
-passes on an eighth of the batch (families of 16 samples or more), against the same passes of the device's
-fastest first candidate. A candidate whose passes are both over the first-step factor of the reference's and,
-scaled to the full batch, over the full step's limit is stopped as ``too_slow`` before its full step. The
-first pass's excess over the second counts as the candidate's set-up; the probes' own cost is the
-calibration's (a family's wall time), not a candidate's.
-
-No probe for a family whose build takes no ``batch_size=`` or ignores it, inputs without one batch dimension,
-a compiled reference, or the canary; a probe that raises leaves the candidate to its deadline. Only on the
-CPU: an asynchronous device's host runs ahead of its kernels, and its first calls pay kernel loading.
+``deadline`` raises from inside a step once its limit has passed (between kernels: a native one cannot be
+interrupted). Before the first full step of a new precision on the CPU, :class:`Probe` times two forward +
+backward passes on 1/``SHARE`` of the batch (at least ``MIN_BATCH``) against the device's fastest first
+candidate; a candidate over the first-step factor both times and, scaled to the batch, over the step's limit is
+``too_slow``. Only on the CPU: an asynchronous device's host runs ahead of its kernels.
 """
 
 from __future__ import annotations

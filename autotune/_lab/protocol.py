@@ -31,7 +31,7 @@ class CalibrationSettings(_Message):
     #: ... and of a variant (layout, optimizer kernels, threads) of a verified precision: the same math, and
     #: its set-up is the main fixed cost of the later search stages
     variant_verify_steps: int = 4
-    #: False runs the same steps unchecked: only benchmarks/overheads.py uses it, to price the numerics gate
+    #: False runs the same steps unchecked, which prices the numerics gate
     verify: bool = True
     #: a first step this many times slower than the same device's best first step stops the candidate
     slow_first_step_factor: float = 8.0
@@ -88,7 +88,7 @@ class Job(_Message):
     fp32: Fp32Settings
     #: the host's intra-op thread count (part of the fingerprint): candidates without their own run with it
     threads: int
-    #: like multiprocessing's spawn: the worker must import what the host can (user families, tests)
+    #: like multiprocessing's spawn: the worker must import what the host can (user families)
     sys_path: list[str]
 
 

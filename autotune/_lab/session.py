@@ -1,20 +1,11 @@
 """One family's search: set-up, pruning stages, and the final paired comparison that decisions use.
 
-Stage 1 times every device x precision; stage 2 the layout and optimizer variants of *each device's* leader;
-stage 3 the combinations that helped, fewer CPU threads, and the leader's settings in each simpler precision
-still alive on its device (with those precisions timed again), once they pay over the leader's plain
-precision. Stages 2 and 3 time each device on its own, sharing the stage's budget; a device far behind another
-is refined too when its variants fit that budget, so ``prefer=`` gets its best configuration (it keeps its far-
-behind evidence). Each stage interleaves its candidates and only *prunes*: a candidate clearly slower than its
-device's leader is dropped with its evidence; what a stage cannot resolve stays alive. Then every live
-candidate (the best of each device, and every simpler one the tie rule could prefer) is timed again, together,
-in fresh interleaved rounds: the final comparison. Decisions compare only those paired final rounds, so a
-slowdown between stages (throttling, a background job) cannot turn into a "clearly faster" verdict. After
-each pruning stage the session emits a :class:`Checkpoint`; a worker restarted after a crash continues from
-the last one, without the candidates that failed (``failed``).
-
-The lab (real torch in the worker, a truth profile in the simulation), the clock and the control workload
-are injected: ``benchmarks/decision_sim.py`` runs this exact code on a fake clock.
+Stage 1 times every device x precision, stage 2 each device leader's layout and optimizer variants, stage 3 the
+combinations that helped, fewer CPU threads and the leader's settings in each simpler precision still alive
+(``plan.variants``). Stages only prune; every live candidate is then timed again, together, in fresh rounds
+(stage ``FINAL_STAGE``), and decisions compare only those: a slowdown between stages cannot become a verdict.
+Each pruning stage ends with a :class:`Checkpoint` that a worker restarted after a crash goes on from. The lab,
+the clock and the control workload are injected.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """macOS facts for the fingerprint, read with one ``sysctl`` call (no device is touched).
 
-Kept apart from the backends so the parsing can be tested on recorded output (``fixtures/platforms/``).
+Kept apart from the backends so the parsing can be tested on recorded output.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """Windows facts for the fingerprint: the CPU's marketing name and the installed memory.
 
 ``platform.processor()`` on Windows is ``'Intel64 Family 6 Model 158 Stepping 10, GenuineIntel'``, which names
-a family, not a CPU; the registry holds the name the vendor gave it. Tested on recorded values
-(``fixtures/platforms/``).
+a family, not a CPU; the registry holds the name the vendor gave it.
 """
 
 from __future__ import annotations

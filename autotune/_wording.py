@@ -1,0 +1,292 @@
+"""The words of a decision for people: its reason (one sentence of at most ``REASON_CHARS`` from the
+evidence), the evidence's other lines (no usable GPU, a demotion, the qualifiers, a failure's retry) and a
+ratio, a time or an amount of memory. Pure: words from records; nothing here measures or decides."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+
+from autotune._records import (
+    FP32_CPU,
+    Candidate,
+    Choice,
+    Demotion,
+    Evidence,
+    FailureKind,
+    FamilyResult,
+    Precision,
+    Rival,
+)
+
+# -- amounts -----------------------------------------------------------------------------------------------------
+
+
+def ratio_words(ratio: float) -> str:
+    """A ratio for people, to 2 significant digits, e.g. ``'2.5x'``, ``'0.55x'``, ``'24x'``."""
+    rounded = float(f"{ratio:.2g}")
+    return (f"{rounded:.1f}" if 1 <= rounded < 10 else f"{rounded:g}") + "x"
+
+
+def time_words(ms: float) -> str:
+    """A time for people, in ms or s as fits, e.g. ``'0.42 ms'``, ``'58 ms'``, ``'592 ms'``, ``'4.1 s'``."""
+    if ms >= 999.5:
+        return f"{float(f'{ms / 1000:.2g}') if ms < 9950 else round(ms / 1000):g} s"
+    return f"{float(f'{ms:.2g}') if ms < 99.5 else round(ms):g} ms"
+
+
+def mib_words(value: float | None) -> str:
+    """Bytes in MiB for a sentence, e.g. ``'12.5 MiB'``, or ``'an unknown amount'``."""
+    return "an unknown amount" if value is None else f"{value / 2**20:.1f} MiB"
+
+
+# -- the evidence, a line each -----------------------------------------------------------------------------------
+
+
+def no_gpu_words(measured: FamilyResult) -> str:
+    """Why a GPU the user preferred cannot answer, e.g. "there is no usable GPU (cuda: not built)"."""
+    gpu_failures = [r for r in measured.candidates if r.candidate.device != "cpu" and r.failure is not None]
+    if gpu_failures:
+        return "every GPU candidate failed (" + "; ".join(
+            f"{r.candidate.label} {r.failure.kind}: {r.failure.detail}" for r in gpu_failures if r.failure) + ")"
+    notes = "; ".join(f"{name}: {why}" for name, why in measured.backend_notes.items() if name != "cpu")
+    return f"there is no usable GPU ({notes})" if notes else "there is no usable GPU"
+
+
+def demotion_words(demotion: Demotion) -> str:
+    """e.g. ``'cpu bf16-mixed demoted on 2026-12-03 after NaN losses from step 5,120 (a run on cpu bf16-mixed: 3
+    non-finite losses within 100 steps ...)'``"""
+    return (f"{demotion.candidate.device} {demotion.candidate.precision} demoted on {demotion.at[:10]} after "
+            f"{demotion.words} from step {demotion.step:,} (a run on {demotion.candidate.label}: {demotion.detail})")
+
+
+def qualifiers(evidence: Evidence, *, init_scale: float | None) -> list[str]:
+    """What qualifies the answer besides its rivals, one line each: preference, forced device, GradScaler, flags."""
+    lines = []
+    if evidence.prefer != "auto" or evidence.expected_steps is not None:
+        lines.append(f"asked for: prefer={evidence.prefer}, expected_steps={evidence.expected_steps}")
+    if evidence.forced is not None:
+        lines.append(f"device forced by AUTOTUNE_DEVICE={evidence.forced}")
+    if evidence.no_gpu is not None:
+        lines.append(f"GPU requested, but {evidence.no_gpu}")
+    if evidence.default_scale_skipped:
+        lines.append(f"GradScaler starts at init_scale {init_scale:g}: the default 65536 skipped "
+                     f"{evidence.default_scale_skipped} of {evidence.verified_steps} verification steps")
+    if evidence.noisy:
+        lines.append("measured while the machine was busy: the next calibration measures it again")
+    if evidence.older_rules is not None:
+        lines.append(f"measured under older rules (by autotune {evidence.older_rules}): the next calibration "
+                     "measures it again")
+    if evidence.origin is not None:
+        lines.append(f"measured on another machine with exactly this configuration: {evidence.origin}")
+    return lines
+
+
+def retry_words(at: dt.datetime | None) -> str:
+    """When a failure is measured again, from its retry time (None: not before the machine, the family or the
+    search changes), e.g. 'retried after 2026-12-01 14:03 UTC'."""
+    if at is None:
+        return "kept until the machine, the family or the search changes, or --recalibrate"
+    if at <= dt.datetime.now(dt.timezone.utc):
+        return "retried by the next calibration"
+    return f"retried after {at.astimezone(dt.timezone.utc):%Y-%m-%d %H:%M} UTC, or at once with --recalibrate"
+
+
+# -- the reason: one sentence from the evidence ------------------------------------------------------------------
+
+#: the longest reason: one line of a log or a status bar; the evidence holds the rest
+REASON_CHARS = 160
+
+_PRECISION_WORDS: dict[Precision, str] = {
+    "fp32": "fp32",
+    "tf32": "TF32",
+    "bf16-mixed": "bf16 mixed precision",
+    "fp16-mixed": "fp16 mixed precision",
+}
+_VARIANT_WORDS = {"fused-optimizer": "the fused optimizer", "foreach-optimizer": "the foreach optimizer",
+                  "compiled": "torch.compile"}
+_FAILURE_WORDS: dict[FailureKind, str] = {
+    "crashed": "crashed", "timeout": "timed out", "oom": "ran out of memory", "error": "failed",
+    "unsupported": "is unsupported", "numerics": "failed verification", "too_slow": "was too slow",
+}
+
+
+def answer_words(choice: Choice) -> str:
+    """e.g. ``'bf16 mixed precision with channels_last and the fused optimizer on the CPU'``"""
+    extras = [_VARIANT_WORDS.get(word, word) for word in choice.variants]
+    listed = ", ".join(extras[:-1]) + " and " + extras[-1] if len(extras) > 1 else "".join(extras)
+    return (_PRECISION_WORDS[choice.precision] + (f" with {listed}" if listed else "")
+            + f" on {_where(choice.device)}")
+
+
+def _where(device: str) -> str:
+    """e.g. ``'the CPU'``, ``'cuda:0'``"""
+    return "the CPU" if device == "cpu" else device
+
+
+def _named(candidate: Candidate, pick: Candidate) -> str:
+    """A rival in the fewest words that tell it from the pick, e.g. ``'cuda:0'``, ``'fp32'``, ``'plain bf16 mixed
+    precision'``, ``'bf16 mixed precision with channels_last'``."""
+    if candidate.device != pick.device:
+        return _where(candidate.device)
+    precision = _PRECISION_WORDS[candidate.precision]
+    if candidate.variants:
+        return f"{precision} with " + ", ".join(_VARIANT_WORDS.get(w, w) for w in candidate.variants)
+    return f"plain {precision}" if candidate.precision == pick.precision else precision
+
+
+def _device_claim(pick: Candidate, evidence: Evidence) -> str | None:
+    """The device choice in words: the pick against another device that was faster (the user's choice or a short
+    job kept the pick), else one that tied, else the closest one behind."""
+    timed = [r for r in evidence.rivals if r.role == "device" and r.ratio is not None
+             and r.verdict in ("slower", "tie", "faster", "finishes later", "outpaced")]
+    if not timed:
+        return None
+    rank = {"faster": 0, "finishes later": 0, "tie": 1}
+    best = min(timed, key=lambda r: (rank.get(r.verdict, 2), r.ratio.estimate if r.ratio else 0.0))
+    times = times_over(best, pick, evidence) or (best.ratio.estimate if best.ratio else 1.0)
+    where = _where(best.candidate.device)
+    if best.verdict == "finishes later":
+        return (f"finishes {evidence.expected_steps} steps first: {where}'s set-up of "
+                f"{time_words(1000 * (best.setup_s or 0.0))} outweighs its faster steps")
+    if best.verdict == "faster":
+        if evidence.forced is not None:
+            return f"{where} is {ratio_words(1 / times)} faster"
+        return f"as requested, though {where} is {ratio_words(1 / times)} faster"
+    if best.verdict == "tie":
+        return f"{where} was no faster" + (", and on a tie the CPU wins" if pick.device == "cpu" else "")
+    return f"{ratio_words(times)} faster than {where}"
+
+
+def _precision_claim(pick: Candidate, evidence: Evidence) -> str | None:
+    """The pick against plain fp32 on its device; an fp32 pick whose settings did not clearly beat plain fp32
+    (the same math, a tie) against the other precisions instead: why not a lower one."""
+    same = [r for r in evidence.rivals if r.role != "device"]
+    fp32 = next((r for r in same if r.candidate == Candidate(device=pick.device, precision="fp32")), None)
+    gained = fp32 is not None and fp32.verdict in ("slower", "dropped", "outpaced")
+    if pick.precision != "fp32" or gained:
+        return _against(fp32, pick, evidence) if fp32 is not None and fp32.verdict != "failed" else None
+    timed = [r for r in same if r.role == "precision" and r.verdict not in ("failed", "untimed", "unpaired")]
+    if timed:
+        return _against(min(timed, key=lambda r: times_over(r, pick, evidence) or float("inf")), pick, evidence)
+    failed = [r for r in same if r.role == "precision" and r.failure is not None]
+    if failed:
+        return "; ".join(f"{_named(r.candidate, pick)} {_FAILURE_WORDS[r.failure.kind]}" for r in failed if r.failure)
+    return "the only candidate measured" if not evidence.rivals else None
+
+
+def times_over(found: Rival, pick: Candidate, evidence: Evidence, seen: frozenset[Candidate] = frozenset()
+                ) -> float | None:
+    """``found``'s step time over the pick's, from paired evidence: its ratio to the pick, or to what it stopped
+    against times that one's to the pick (a chain of drops); None where the chain breaks."""
+    if found.ratio is None or found.against is None:
+        return None
+    if found.against == pick:
+        return found.ratio.estimate
+    via = next((r for r in evidence.rivals if r.candidate == found.against), None)
+    if via is None or via.candidate in seen:
+        return None
+    rest = times_over(via, pick, evidence, seen | {found.candidate})
+    return None if rest is None else found.ratio.estimate * rest
+
+
+def _against(found: Rival, pick: Candidate, evidence: Evidence) -> str:
+    """e.g. ``'2.5x faster than fp32'``, ``'bf16 mixed precision was no faster'``."""
+    name = _named(found.candidate, pick)
+    times = times_over(found, pick, evidence)
+    if found.verdict in ("dropped", "slower", "outpaced") and (times is None or times < 1):
+        return f"{name} was clearly slower"
+    if found.verdict not in ("dropped", "slower", "outpaced") or times is None or times < 1:
+        return f"{name} was no faster"
+    return f"{ratio_words(times)} faster than {name}"
+
+
+def reason(pick: Candidate, evidence: Evidence, *, measured_at: str | None) -> str:
+    """One sentence of at most :data:`REASON_CHARS`: the answer, then its strongest evidence, or what it falls
+    back to and why; where the whole does not fit, the weaker parts are left to ``evidence``, down to the answer
+    and its qualifiers in a word each."""
+    answer = answer_words(pick)
+    short = answer_words(pick.base)
+    if evidence.unmeasured is not None:
+        return _fallback(pick, answer, evidence, short)
+    lead = [*([f"forced by AUTOTUNE_DEVICE={evidence.forced}"] if evidence.forced is not None else []),
+            *([f"GPU requested, but {evidence.no_gpu.partition(' (')[0]}"] if evidence.no_gpu is not None else [])]
+    claims = [c for c in (_device_claim(pick, evidence), _precision_claim(pick, evidence)) if c]
+    flags = [word for flag, word in ((evidence.noisy, "on a busy machine"),
+                                     (evidence.older_rules is not None, "under older rules")) if flag]
+    when = f"measured {measured_at[:10]}" if measured_at else "measured"
+    if flags:
+        when += " " + ", ".join(flags)
+    again = "; the next calibration measures it again" if flags else ""
+    origin = f", {evidence.origin}" if evidence.origin else ""
+    short_origin = f", {evidence.origin.split()[0]}" if evidence.origin else ""
+    marks = [word for word in ("forced" if evidence.forced else "", "no usable GPU" if evidence.no_gpu else "",
+                               *flags, short_origin[2:]) if word]
+    return _fitting(answer, [
+        _said([*lead, ", ".join(claims)], f"({when}{again}){origin}"),
+        _said([*lead, ", ".join(claims)], f"({when}){origin}"),
+        _said([*lead, *claims[:1]], f"({when}){origin}"),
+        _said([*lead, *claims[:1]], f"({when}){short_origin}"),
+        _said(lead[:1], f"({when}){short_origin}"),
+        _said([], f"({', '.join(marks or [when])})"),
+    ], short=short)
+
+
+def _said(parts: Sequence[str], tail: str) -> str:
+    """What follows the answer: ``': part; part (tail)'``, or only ``' (tail)'``."""
+    body = "; ".join(part for part in parts if part)
+    return f": {body} {tail}" if body else f" {tail}"
+
+
+def _fallback(pick: Candidate, answer: str, evidence: Evidence, short: str) -> str:
+    """What an answer without a measurement of this machine falls back to, and why."""
+    why = evidence.unmeasured or ""
+    if evidence.forced is not None:
+        return _fitting(answer, [f": forced by AUTOTUNE_DEVICE={evidence.forced}; {why}",
+                                 f": forced by AUTOTUNE_DEVICE={evidence.forced}, which calibration did not measure"],
+                        short=short)
+    if evidence.similar is None:
+        always = ", which always trains" if pick == FP32_CPU else ""
+        return _fitting(answer, [f"{always}: no measurement of this machine yet ({why})",
+                                 f": not measured here yet ({why})", ": not measured here yet"], short=short)
+    differences = evidence.similar.differences
+    then = ", ".join(f"{d.name} {d.then}" for d in differences)
+    first = f"{differences[0].name} {differences[0].then}" if differences else "other software"
+    return _fitting(answer, [f": the pick measured with {then} on the same hardware; not measured here yet ({why})",
+                             f": the pick measured with {first} on the same hardware; not measured here yet ({why})",
+                             f": the pick measured with {first} on the same hardware; not measured here yet",
+                             ": the pick measured on the same hardware; not measured here yet",
+                             ": as measured on the same hardware, not measured here yet"], short=short)
+
+
+def demoted_reason(latest: Demotion, now: Choice) -> str:
+    """The reason of an answer without what a training run demoted, e.g. "bf16-mixed was demoted after NaN losses
+    at step 5,120 of training on 2026-12-03; using fp32": one sentence, the variants named only where they fit
+    (the Config lists them all)."""
+    same_device = latest.candidate.device == now.device
+    was = latest.candidate.precision if same_device else f"{latest.candidate.device} {latest.candidate.precision}"
+    using = now.precision if same_device else f"{now.device} {now.precision}"
+    return _fitting(f"{was} was demoted after {latest.words} at step {latest.step:,} of training on "
+                    f"{latest.at[:10]}; using ", [using + now.variant_words, using])
+
+
+def _fitting(answer: str, forms: Sequence[str], *, short: str | None = None) -> str:
+    """``answer`` and the first (most detailed) of ``forms`` that fits in :data:`REASON_CHARS`; else the ``short``
+    answer (no variants: the Config lists them all) with the last form."""
+    return next((answer + form for form in forms if len(answer + form) <= REASON_CHARS),
+                (short or answer) + forms[-1])
+
+
+__all__ = [
+    "REASON_CHARS",
+    "answer_words",
+    "demotion_words",
+    "mib_words",
+    "no_gpu_words",
+    "qualifiers",
+    "ratio_words",
+    "reason",
+    "retry_words",
+    "time_words",
+    "times_over",
+]
