@@ -15,8 +15,10 @@ from torch import nn
 from autotune import _fp32
 from autotune._errors import FrameworkError
 from autotune._guard import Guard, OnFailure
-from autotune._precision import AUTOCAST_DTYPES, DEFAULT_INIT_SCALE, MEMORY_FORMATS, move
-from autotune._records import Candidate, Choice, Evidence, OptimizerImpl, Precision
+from autotune._precision import AUTOCAST_DTYPES, DEFAULT_INIT_SCALE
+from autotune._records import Candidate, Choice, Evidence, Precision
+from autotune._variants import OptimizerImpl
+from autotune._variants.apply import MEMORY_FORMATS, move
 from autotune.backends import backend_for
 
 Source = Literal["measured", "forced", "heuristic"]

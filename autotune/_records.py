@@ -8,6 +8,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from autotune._variants import MemoryFormat, OptimizerImpl
+
 Precision = Literal["fp32", "tf32", "bf16-mixed", "fp16-mixed"]
 PRECISIONS: tuple[Precision, ...] = ("fp32", "tf32", "bf16-mixed", "fp16-mixed")
 
@@ -15,8 +17,6 @@ FailureKind = Literal["crashed", "timeout", "oom", "error", "unsupported", "nume
 Misbehaviour = Literal["non_finite", "skipped_steps", "diverged"]
 #: the user's device choice ("GPU" is whatever accelerator this machine has), not a backend
 Prefer = Literal["auto", "gpu", "cpu"]
-MemoryFormat = Literal["contiguous", "channels_last"]
-OptimizerImpl = Literal["default", "foreach", "fused"]
 
 
 class Record(BaseModel):
@@ -444,13 +444,11 @@ __all__ = [
     "FamilyResult",
     "Interval",
     "MaxBatchReport",
-    "MemoryFormat",
     "MemoryLine",
     "MemoryProbe",
     "Misbehaviour",
     "Numerics",
     "OperatorTime",
-    "OptimizerImpl",
     "Precision",
     "Prefer",
     "ProbeOutcome",

@@ -19,9 +19,10 @@ from autotune import _fp32
 from autotune._decide import finalists, pick_fastest
 from autotune._families import adamw, get_family
 from autotune._lab.measure import per_step_s
-from autotune._lab.plan import fewer_threads, plan
+from autotune._lab.plan import plan
 from autotune._lab.step import TrainStep
 from autotune._records import Candidate, FamilyResult
+from autotune._variants import fewer_threads
 from autotune.backends import backend_for
 
 BUILTINS = ("tiny_mlp", "mlp", "cnn", "transformer")

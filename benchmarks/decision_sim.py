@@ -34,9 +34,9 @@ from pathlib import Path
 
 from autotune._cache.store import StoreFile
 from autotune._decide import decide, finalists
-from autotune._lab.plan import Facts, fewer_threads
 from autotune._records import Candidate, Failure
 from autotune._rules import MARGIN, complexity
+from autotune._variants import Facts, fewer_threads
 from autotune.testing.simulate import CandidateTruth, Truth, simulate, true_pick, true_score, truth_from_record
 
 MACHINES = Path(__file__).parent.parent / "fixtures" / "machines"

@@ -7,23 +7,13 @@ the same search with candidates taken from a truth profile.
 from __future__ import annotations
 
 from collections.abc import Collection
-from dataclasses import dataclass
 
 from autotune._env import Search
 from autotune._records import Candidate
+from autotune._variants import Facts, fewer_threads
 from autotune.backends import all_backends
 
 BASELINE = Candidate(device="cpu", precision="fp32")
-
-
-@dataclass(frozen=True)
-class Facts:
-    """What a built workload says about which variants are worth trying."""
-
-    #: a 4-D (image) input: channels_last may pay off
-    image_inputs: bool
-    #: the built-in AdamW, which has foreach and fused kernels
-    default_optimizer: bool
 
 
 def plan() -> tuple[list[Candidate], dict[str, str]]:
@@ -39,11 +29,6 @@ def plan() -> tuple[list[Candidate], dict[str, str]]:
             candidates += [Candidate(device=device, precision=p) for p in backend.precisions(device)]
     candidates.sort(key=lambda c: c != BASELINE)
     return candidates, notes
-
-
-def fewer_threads(default: int) -> list[int]:
-    """CPU thread counts worth trying below torch's ``default``, e.g. ``[1]`` on 2 cores, ``[1, 4]`` on 8."""
-    return sorted({1, default // 2} - {0, default})
 
 
 def variants(
@@ -81,4 +66,4 @@ def variants(
     return found
 
 
-__all__ = ["BASELINE", "Facts", "fewer_threads", "plan", "variants"]
+__all__ = ["BASELINE", "plan", "variants"]

@@ -19,12 +19,13 @@ import torch
 from autotune import _fp32, _stats
 from autotune._families import Family
 from autotune._lab.measure import Steppable
-from autotune._lab.plan import BASELINE, Facts
+from autotune._lab.plan import BASELINE
 from autotune._lab.probe import Overtime, Probe, TooSlow, deadline
 from autotune._lab.protocol import CalibrationSettings
 from autotune._lab.step import TrainStep, start_device
 from autotune._lab.verify import INIT_SCALES, Trajectory, compare
 from autotune._records import Candidate, CandidateResult, Failure
+from autotune._variants import Facts
 from autotune.backends import Backend, backend_for
 
 

@@ -17,37 +17,11 @@ from torch import Tensor
 from torch.overrides import TorchFunctionMode
 
 from autotune import _fp32
-from autotune._families import Family, Workload, adamw
-from autotune._precision import AUTOCAST_DTYPES, DEFAULT_INIT_SCALE, MEMORY_FORMATS, move
-from autotune._records import Candidate, OptimizerImpl
+from autotune._families import Family, adamw
+from autotune._precision import AUTOCAST_DTYPES, DEFAULT_INIT_SCALE
+from autotune._records import Candidate
+from autotune._variants.apply import MEMORY_FORMATS, make_optimizer, move, threads_context
 from autotune.backends import Backend
-
-
-def make_optimizer(workload: Workload, model: torch.nn.Module, impl: OptimizerImpl) -> torch.optim.Optimizer:
-    """The workload's optimizer; the built-in AdamW in its foreach or fused implementation when asked."""
-    if impl == "default":
-        return workload.optimizer(model.parameters())
-    if workload.optimizer is not adamw:
-        raise ValueError(f"the {impl} optimizer variant needs the built-in AdamW, not {workload.optimizer!r}")
-    return torch.optim.AdamW(model.parameters(), foreach=impl == "foreach", fused=impl == "fused")
-
-
-@contextlib.contextmanager
-def threads_context(num_threads: int | None) -> Iterator[None]:
-    """CPU intra-op threads for one candidate's steps; candidates with other counts interleave with it.
-
-    Entered around a candidate's share of a round, outside its timed steps: switching the count is not
-    part of a training step, so no candidate's time includes it.
-    """
-    if num_threads is None:
-        yield
-        return
-    before = torch.get_num_threads()
-    torch.set_num_threads(num_threads)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def start_device(backend: Backend, device: str) -> float:
@@ -188,4 +162,4 @@ def dropout_off() -> Iterator[None]:
         yield
 
 
-__all__ = ["TrainStep", "dropout_off", "make_optimizer", "start_device", "threads_context"]
+__all__ = ["TrainStep", "dropout_off", "start_device"]
