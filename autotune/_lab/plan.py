@@ -1,4 +1,5 @@
-"""What to measure: device x precision for this machine, then variants of each device's best.
+"""What to measure: device x precision for this machine, then variants of each device's best (the axes of
+:mod:`autotune._variants`).
 
 ``plan`` asks the backends (in the worker); everything else here is pure, so the simulation harness drives
 the same search with candidates taken from a truth profile.
@@ -8,9 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
+from autotune import _variants
 from autotune._env import Search
 from autotune._records import Candidate
-from autotune._variants import Facts, fewer_threads
+from autotune._variants import Facts, Situation
 from autotune.backends import all_backends
 
 BASELINE = Candidate(device="cpu", precision="fp32")
@@ -35,7 +37,8 @@ def variants(
     leader: Candidate, stage: int, facts: Facts, *, search: Search, default_threads: int,
     tried: Collection[Candidate],
 ) -> list[Candidate]:
-    """Stage 2: layout and optimizer variants of a device's leader. Stage 3: combinations, and CPU threads.
+    """Variants of a device's leader on each axis its stage proposes (stage 2: layout, optimizer kernels,
+    compilation; stage 3: CPU threads); in stage 3 first the combinations of the stage-2 variants.
 
     ``tried`` holds the candidates the previous stage timed: every other stage-2 variant combines with the new
     leader in stage 3, dropped or not. Stage 2 compares each variant with the stage leader, so a variant of a
@@ -43,26 +46,19 @@ def variants(
     only in the combination.
     """
     found: list[Candidate] = []
-    if stage == 2:
-        if facts.image_inputs and leader.memory_format == "contiguous":
-            found.append(leader.model_copy(update={"memory_format": "channels_last"}))
-        if facts.default_optimizer and leader.optimizer == "default":
-            found.append(leader.model_copy(update={"optimizer": "fused"}))
-        if search == "extended" and not leader.compiled:
-            found.append(leader.model_copy(update={"compiled": True}))
-        return found
-    for other in tried:
-        if other.base == leader.base and other != leader and other.num_threads is None:
-            combined = leader.model_copy(update={
-                "memory_format": "channels_last" if "channels_last" in (leader.memory_format, other.memory_format)
-                else "contiguous",
-                "optimizer": other.optimizer if other.optimizer != "default" else leader.optimizer,
-                "compiled": leader.compiled or other.compiled,
-            })
-            if combined not in tried and combined not in found:
-                found.append(combined)
-    if leader.device == "cpu":
-        found += [leader.model_copy(update={"num_threads": count}) for count in fewer_threads(default_threads)]
+    if stage == 3:
+        for other in tried:
+            if (other.base == leader.base and other != leader
+                    and all(getattr(other, axis.field) == axis.default for axis in _variants.AXES if axis.stage == 3)):
+                combined = leader.model_copy(update={
+                    axis.field: value if (value := getattr(other, axis.field)) != axis.default
+                    else getattr(leader, axis.field) for axis in _variants.AXES if axis.stage == 2})
+                if combined not in tried and combined not in found:
+                    found.append(combined)
+    situation = Situation(facts=facts, device=leader.device, search=search, default_threads=default_threads)
+    for axis in _variants.AXES:
+        if axis.stage == stage and getattr(leader, axis.field) == axis.default:
+            found += [leader.model_copy(update={axis.field: value}) for value in axis.propose(situation)]
     return found
 
 
