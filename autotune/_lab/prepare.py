@@ -129,8 +129,7 @@ class TorchLab:
             raise CandidateFailed(result)
         steady = trajectory.step_s[1:] or trajectory.step_s
         self.best_step_s = min(self.best_step_s, _stats.median(steady))
-        facts = Facts(image_inputs=step.image_inputs, default_optimizer=step.default_optimizer)
-        return Prepared(step, result, steady, facts)
+        return Prepared(step, result, steady, step.facts)
 
     def _probe(self, candidate: Candidate, backend: Backend) -> float:
         """Stop a new precision on the CPU whose probe is already far too slow, before its first full step

@@ -17,10 +17,10 @@ from torch import Tensor
 from torch.overrides import TorchFunctionMode
 
 from autotune import _fp32
-from autotune._families import Family, adamw
+from autotune._families import Family
 from autotune._precision import AUTOCAST_DTYPES, DEFAULT_INIT_SCALE
 from autotune._records import Candidate
-from autotune._variants.apply import MEMORY_FORMATS, make_optimizer, move, threads_context
+from autotune._variants import apply
 from autotune.backends import Backend
 
 
@@ -53,16 +53,16 @@ class TrainStep:
         workload = family.build(batch_size)  # None: the family's own batch
         self.initial_params = [p.detach().clone() for p in workload.model.parameters()]
         start_device(backend, candidate.device)  # a no-op after the device's first candidate
-        self.memory_format = MEMORY_FORMATS[candidate.memory_format]
-        self.model = workload.model.to(self.device, memory_format=self.memory_format)  # type: ignore[call-overload]
+        self.model = workload.model.to(self.device, **apply.model_keywords(candidate))
         self.model.train()
         self.inputs = workload.inputs
+        #: how each input is copied to the device (an image batch in the model's memory format)
+        self.input_keywords = [apply.batch_keywords(candidate, t) for t in self.inputs]
         self.loss_fn = workload.loss
-        self.optimizer = make_optimizer(workload, self.model, candidate.optimizer)
-        self.forward = torch.compile(self.model) if candidate.compiled else self.model
-        #: facts that decide which variants are worth trying: conv-style 4-D inputs, the built-in optimizer
-        self.image_inputs = any(t.dim() == 4 for t in self.inputs)
-        self.default_optimizer = workload.optimizer is adamw
+        self.optimizer = apply.make_optimizer(workload, self.model, candidate)
+        self.forward = apply.forward(candidate, self.model)
+        #: what the workload says about which variants are worth trying
+        self.facts = apply.facts(workload)
         self.dtype = AUTOCAST_DTYPES[candidate.precision]
         self.init_scale = (init_scale or DEFAULT_INIT_SCALE) if self.dtype is torch.float16 else None
         self.scaler = torch.amp.GradScaler(
@@ -71,12 +71,13 @@ class TrainStep:
         self.build_s = time.perf_counter() - started
 
     def _forward_backward(self, *, checked: bool = False) -> Tensor:
-        inputs = tuple(move(t, self.device, self.memory_format) for t in self.inputs)
+        inputs = tuple(apply.move(t, self.device, keywords)
+                       for t, keywords in zip(self.inputs, self.input_keywords, strict=True))
         # Checked steps compare arithmetic with the CPU reference, whose random stream other devices lack.
         autocast = torch.autocast(self.backend.device_type, dtype=self.dtype or torch.float32,
                                   enabled=self.dtype is not None)
         with autocast, (dropout_off() if checked else contextlib.nullcontext()):
-            loss = self.loss_fn(self.forward, inputs)  # type: ignore[arg-type]
+            loss = self.loss_fn(self.forward, inputs)
         self.optimizer.zero_grad(set_to_none=True)
         self.scaler.scale(loss).backward()
         return loss
@@ -90,9 +91,9 @@ class TrainStep:
     @contextlib.contextmanager
     def selected(self) -> Iterator[None]:
         """This candidate's process-wide settings for a block of steps, applied outside the timed region:
-        the fp32 settings its precision means and its thread count."""
+        the fp32 settings its precision means and its variants' (its thread count)."""
         _fp32.ensure(self.fp32)
-        with threads_context(self.candidate.num_threads):
+        with apply.process(self.candidate):
             yield
 
     def run(self, steps: int = 1) -> None:
