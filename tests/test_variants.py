@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, get_args
 
 import pytest
@@ -41,10 +42,12 @@ def test_the_table_names_each_choice_field_once_with_its_default_and_its_torch_s
     assert fields == [name for name in Choice.model_fields if name not in ("device", "precision")]
     assert {name: Choice.model_fields[name].default for name in fields} == {a.field: a.default for a in AXES}
     assert set(apply.APPLY) == set(fields)
-    # The JSON stored before the table: the same field names and defaults, so older results load unchanged.
-    assert Candidate(device="cpu", precision="fp32").model_dump(mode="json") == {
-        "device": "cpu", "precision": "fp32", "memory_format": "contiguous", "optimizer": "default",
-        "num_threads": None, "compiled": False}
+    # Candidates as stored before the table keep their field names, settings and defaults.
+    plain = {"device": "cpu", "precision": "fp32", "memory_format": "contiguous", "optimizer": "default",
+             "num_threads": None, "compiled": False}
+    assert plain.items() <= Candidate(device="cpu", precision="fp32").model_dump(mode="json").items()
+    stored = {**plain, "memory_format": "channels_last", "optimizer": "fused", "num_threads": 1, "compiled": True}
+    assert stored.items() <= Candidate.model_validate(stored).model_dump(mode="json").items()
 
 
 @pytest.mark.parametrize(("axis", "value"), SETTINGS, ids=IDS)
@@ -105,3 +108,10 @@ def test_a_setting_reaches_torch_in_the_timed_step_and_in_prepare(axis: Axis[Any
 def test_facts_come_from_the_built_workload() -> None:
     assert apply.facts(build_tiny_cnn()) == Facts(image_inputs=True, default_optimizer=True)
     assert apply.facts(build_tiny_with_sgd()) == Facts(image_inputs=False, default_optimizer=False)
+
+
+def test_the_reachable_space_holds_every_combination_of_the_proposed_settings_once() -> None:
+    base = Candidate(device="cpu", precision="bf16-mixed")
+    space = _variants.reachable(base, _EVERYTHING)
+    assert len(space) == len(set(space)) == math.prod(1 + len(axis.propose(_EVERYTHING)) for axis in AXES)
+    assert base in space and {c.base for c in space} == {base}

@@ -8,9 +8,12 @@ nothing of autotune, nor torch: the records read it.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
+
+from pydantic import BaseModel
 
 if TYPE_CHECKING:
     from autotune._env import Search
@@ -19,6 +22,7 @@ MemoryFormat = Literal["contiguous", "channels_last"]
 OptimizerImpl = Literal["default", "foreach", "fused"]
 
 V = TypeVar("V")
+C = TypeVar("C", bound=BaseModel)
 
 
 @dataclass(frozen=True)
@@ -101,6 +105,15 @@ def changed(choice: object) -> list[tuple[Axis[Any], Any]]:
     return [(axis, value) for axis in AXES if (value := getattr(choice, axis.field)) != axis.default]
 
 
+def reachable(choice: C, situation: Situation) -> list[C]:
+    """``choice`` with every combination of the settings the search may propose in ``situation`` (torch's own
+    included), whether or not a search would reach each, e.g. 8 for a CPU candidate of an image model with the
+    built-in AdamW, 2 threads and the default search: 2 layouts x 2 optimizer kernels x 2 thread counts."""
+    settings = [[axis.default, *axis.propose(situation)] for axis in AXES]
+    return [choice.model_copy(update={axis.field: value for axis, value in zip(AXES, combination, strict=True)})
+            for combination in itertools.product(*settings)]
+
+
 def prose(choice: object) -> list[str]:
     """``choice``'s variants in a reason's words, e.g. ``['channels_last', 'the fused optimizer']``."""
     return [axis.prose(value) for axis, value in changed(choice)]
@@ -108,5 +121,5 @@ def prose(choice: object) -> list[str]:
 
 __all__ = [
     "AXES", "COMPILED", "MEMORY_FORMAT", "NUM_THREADS", "OPTIMIZER", "Axis", "Facts", "MemoryFormat", "OptimizerImpl",
-    "Situation", "changed", "fewer_threads", "prose",
+    "Situation", "changed", "fewer_threads", "prose", "reachable",
 ]
