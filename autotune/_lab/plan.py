@@ -48,11 +48,9 @@ def variants(
     found: list[Candidate] = []
     if stage == 3:
         for other in tried:
-            if (other.base == leader.base and other != leader
-                    and all(getattr(other, axis.field) == axis.default for axis in _variants.AXES if axis.stage == 3)):
-                combined = leader.model_copy(update={
-                    axis.field: value if (value := getattr(other, axis.field)) != axis.default
-                    else getattr(leader, axis.field) for axis in _variants.AXES if axis.stage == 2})
+            settings = _variants.changed(other)
+            if other.base == leader.base and other != leader and all(axis.stage == 2 for axis, _ in settings):
+                combined = leader.model_copy(update={axis.field: value for axis, value in settings})
                 if combined not in tried and combined not in found:
                     found.append(combined)
     situation = Situation(facts=facts, device=leader.device, search=search, default_threads=default_threads)
