@@ -15,8 +15,9 @@ from torch import nn
 from autotune import _fp32
 from autotune._errors import FrameworkError
 from autotune._guard import Guard, OnFailure
-from autotune._precision import AUTOCAST_DTYPES, DEFAULT_INIT_SCALE, MEMORY_FORMATS, move
-from autotune._records import Candidate, Choice, Evidence, OptimizerImpl, Precision
+from autotune._precision import AUTOCAST_DTYPES, DEFAULT_INIT_SCALE
+from autotune._records import Candidate, Choice, Evidence, Precision
+from autotune._variants import apply
 from autotune.backends import backend_for
 
 Source = Literal["measured", "forced", "heuristic"]
@@ -99,13 +100,13 @@ class Config(Choice):
         """
         _fp32.apply(self.precision)
 
-    def optimizer_kwargs(self, optimizer: Callable[..., torch.optim.Optimizer] = torch.optim.AdamW) -> dict[str, bool]:
+    def optimizer_kwargs(self, optimizer: Callable[..., torch.optim.Optimizer] = torch.optim.AdamW) -> dict[str, Any]:
         """``{"fused": True}``, ``{"foreach": True}`` or ``{}``: the measured implementation, if ``optimizer`` takes it.
 
         Calibration measures these variants with AdamW; an optimizer without the keyword (RMSprop has no
         ``fused``) gets ``{}``, and a WARNING on the ``autotune`` logger says the measured variant is not applied.
         """
-        return optimizer_kwargs_for(optimizer, self.optimizer, {})
+        return optimizer_kwargs_for(optimizer, self, {})
 
     def prepare(
         self,
@@ -120,9 +121,9 @@ class Config(Choice):
         implementation is passed only to an optimizer that takes it, and never over the caller's own ``fused=``
         or ``foreach=`` (a log line says when the measured variant is not applied).
         """
-        model = model.to(self.device, memory_format=MEMORY_FORMATS[self.memory_format])  # type: ignore[call-overload]
-        built = optimizer(model.parameters(), **options, **optimizer_kwargs_for(optimizer, self.optimizer, options))
-        return (torch.compile(model) if self.compiled else model), built  # type: ignore[return-value]
+        model = model.to(self.device, **apply.model_keywords(self))
+        built = optimizer(model.parameters(), **options, **optimizer_kwargs_for(optimizer, self, options))
+        return apply.forward(self, model), built
 
     def prepare_batch(self, batch: Batch) -> Batch:
         """A batch (tensor, or tuple / list / dict of them) on the device; images in the measured layout.
@@ -130,7 +131,7 @@ class Config(Choice):
         ``images, labels = cfg.prepare_batch((images, labels))``
         """
         if isinstance(batch, torch.Tensor):
-            return cast(Batch, move(batch, torch.device(self.device), MEMORY_FORMATS[self.memory_format]))
+            return cast(Batch, apply.move(batch, torch.device(self.device), apply.batch_keywords(self, batch)))
         if isinstance(batch, dict):
             return cast(Batch, {k: self.prepare_batch(v) for k, v in batch.items()})
         if isinstance(batch, (list, tuple)):
@@ -139,8 +140,7 @@ class Config(Choice):
 
     def apply_threads(self) -> None:
         """Set torch's CPU thread count (process-wide) when fewer threads measured faster; else a no-op."""
-        if self.device == "cpu" and self.num_threads is not None:
-            torch.set_num_threads(self.num_threads)
+        apply.set_process(self)
 
     def lightning_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``lightning.Trainer``,
@@ -227,9 +227,6 @@ class Config(Choice):
 
 log = logging.getLogger("autotune")
 
-_IMPLEMENTATION_KEYWORDS = ("fused", "foreach")
-
-
 def accepts_keyword(optimizer: Callable[..., Any], keyword: str) -> bool:
     """Whether ``optimizer(params, **{keyword: True})`` names the keyword in its signature
     (``**kwargs`` does not count)."""
@@ -243,26 +240,29 @@ def accepts_keyword(optimizer: Callable[..., Any], keyword: str) -> bool:
 
 
 def optimizer_kwargs_for(
-    optimizer: Callable[..., Any], implementation: OptimizerImpl, options: Mapping[str, Any]
-) -> dict[str, bool]:
-    """``{"fused": True}`` when ``implementation`` is "fused", ``optimizer`` takes it and ``options`` do not choose.
+    optimizer: Callable[..., Any], choice: Choice, options: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The optimizer keywords ``choice`` was measured with, e.g. ``{"fused": True}``, that ``optimizer`` takes
+    and ``options`` leave to it.
 
-    The caller's own ``fused=`` / ``foreach=`` in ``options`` wins (INFO log); an optimizer without the keyword
-    gets nothing (WARNING log: the measured gain is not realised).
+    The caller's own choice in ``options`` of any keyword an axis may set (``fused=`` / ``foreach=``) wins (INFO
+    log); an optimizer without the keyword gets nothing of that axis (WARNING log: the measured gain is not
+    realised).
     """
-    if implementation == "default":
-        return {}
     name = getattr(optimizer, "__qualname__", repr(optimizer))
-    chosen = [k for k in _IMPLEMENTATION_KEYWORDS if k in options]
-    if chosen:
-        log.info("%s: the caller's %s wins over the measured %s implementation", name,
-                 ", ".join(f"{k}={options[k]!r}" for k in chosen), implementation)
-        return {}
-    if not accepts_keyword(optimizer, implementation):
-        log.warning("%s takes no %s= keyword: the %s implementation calibration measured (with AdamW) is not "
-                    "applied", name, implementation, implementation)
-        return {}
-    return {implementation: True}
+    kwargs: dict[str, Any] = {}
+    for wanted, keywords in apply.optimizer_requests(choice):
+        measured = ", ".join(wanted)
+        chosen = [k for k in options if k in keywords]
+        if chosen:
+            log.info("%s: the caller's %s wins over the measured %s implementation", name,
+                     ", ".join(f"{k}={options[k]!r}" for k in chosen), measured)
+        elif missing := [k for k in wanted if not accepts_keyword(optimizer, k)]:
+            log.warning("%s takes no %s= keyword: the %s implementation calibration measured (with AdamW) is not "
+                        "applied", name, "=, ".join(missing), measured)
+        else:
+            kwargs.update(wanted)
+    return kwargs
 
 
 __all__ = ["Config", "Source", "accepts_keyword", "optimizer_kwargs_for"]

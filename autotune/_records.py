@@ -8,6 +8,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from autotune import _variants
+from autotune._variants import MemoryFormat, OptimizerImpl
+
 Precision = Literal["fp32", "tf32", "bf16-mixed", "fp16-mixed"]
 PRECISIONS: tuple[Precision, ...] = ("fp32", "tf32", "bf16-mixed", "fp16-mixed")
 
@@ -15,8 +18,6 @@ FailureKind = Literal["crashed", "timeout", "oom", "error", "unsupported", "nume
 Misbehaviour = Literal["non_finite", "skipped_steps", "diverged"]
 #: the user's device choice ("GPU" is whatever accelerator this machine has), not a backend
 Prefer = Literal["auto", "gpu", "cpu"]
-MemoryFormat = Literal["contiguous", "channels_last"]
-OptimizerImpl = Literal["default", "foreach", "fused"]
 
 
 class Record(BaseModel):
@@ -29,33 +30,24 @@ class Record(BaseModel):
 
 class Choice(Record):
     """What a candidate sets and a Config applies: the device, the precision and each variant, e.g.
-    ``device="cpu", precision="bf16-mixed", memory_format="channels_last"``. A new variant is one field here.
+    ``device="cpu", precision="bf16-mixed", memory_format="channels_last"``.
 
-    The variants: the memory format of the model and of 4-D inputs, the optimizer's implementation (torch's
-    ``foreach`` or ``fused`` kernels, for the built-in AdamW), the CPU thread count (None: torch's default),
-    and ``torch.compile`` (only in the extended search).
+    The variants, one field per axis of :mod:`autotune._variants`: the memory format of the model and of 4-D
+    inputs, the optimizer's implementation (torch's ``foreach`` or ``fused`` kernels, for the built-in AdamW),
+    the CPU thread count (None: torch's default), and ``torch.compile`` (only in the extended search).
     """
 
     device: str
     precision: Precision
-    memory_format: MemoryFormat = "contiguous"
-    optimizer: OptimizerImpl = "default"
-    num_threads: int | None = None
-    compiled: bool = False
+    memory_format: MemoryFormat = _variants.MEMORY_FORMAT.default
+    optimizer: OptimizerImpl = _variants.OPTIMIZER.default
+    num_threads: int | None = _variants.NUM_THREADS.default
+    compiled: bool = _variants.COMPILED.default
 
     @property
     def variants(self) -> list[str]:
         """The non-default settings, e.g. ``['channels_last', 'fused-optimizer']``; empty for a plain candidate."""
-        words: list[str] = []
-        if self.memory_format != "contiguous":
-            words.append(self.memory_format)
-        if self.optimizer != "default":
-            words.append(f"{self.optimizer}-optimizer")
-        if self.num_threads is not None:
-            words.append(f"{self.num_threads} thread" + ("s" if self.num_threads != 1 else ""))
-        if self.compiled:
-            words.append("compiled")
-        return words
+        return [axis.label(value) for axis, value in _variants.changed(self)]
 
     @property
     def variant_words(self) -> str:
@@ -431,13 +423,11 @@ __all__ = [
     "FamilyResult",
     "Interval",
     "MaxBatchReport",
-    "MemoryFormat",
     "MemoryLine",
     "MemoryProbe",
     "Misbehaviour",
     "Numerics",
     "OperatorTime",
-    "OptimizerImpl",
     "Precision",
     "Prefer",
     "ProbeOutcome",

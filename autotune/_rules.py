@@ -5,6 +5,7 @@ The calibration prunes with these rules and ``_decide`` picks with them, so both
 
 from __future__ import annotations
 
+from autotune import _variants
 from autotune._records import Candidate, Precision
 
 #: a lower precision or another device must be faster by more than this (with the decision's confidence)
@@ -48,11 +49,13 @@ def indifference(a: Candidate, b: Candidate) -> float:
     return INDIFFERENCE if margin(a, b) > 0 else SAME_MATH_INDIFFERENCE
 
 
-def preference(candidate: Candidate) -> tuple[int, bool, bool]:
+def preference(candidate: Candidate) -> tuple[int, ...]:
     """Among candidates nothing clearly beats, lower is preferred before speed: fp32 < tf32 < bf16 < fp16
-    (numerics headroom), then torch's thread count, then eager over compiled. Layout and optimizer kernels
-    (the same math) are left to speed: the faster estimate costs nothing if the difference is not real."""
-    return _SIMPLICITY[candidate.precision], candidate.num_threads is not None, candidate.compiled
+    (numerics headroom), then torch's own setting of each preferred variant axis in turn (its thread count, then
+    eager over compiled). Layout and optimizer kernels (the same math) are left to speed: the faster estimate
+    costs nothing if the difference is not real."""
+    return _SIMPLICITY[candidate.precision], *(
+        getattr(candidate, axis.field) != axis.default for axis in _variants.AXES if axis.preferred)
 
 
 def tie_winner(a: Candidate, b: Candidate) -> Candidate | None:
@@ -69,9 +72,7 @@ def tie_winner(a: Candidate, b: Candidate) -> Candidate | None:
 
 def complexity(candidate: Candidate) -> tuple[int, int]:
     """Lower is simpler: the CPU, then fp32 < tf32 < bf16 < fp16, then each non-default variant adds one."""
-    variants = (int(candidate.memory_format != "contiguous") + int(candidate.optimizer != "default")
-                + int(candidate.num_threads is not None) + int(candidate.compiled))
-    return _SIMPLICITY[candidate.precision], variants
+    return _SIMPLICITY[candidate.precision], len(_variants.changed(candidate))
 
 
 __all__ = [

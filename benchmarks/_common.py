@@ -17,11 +17,12 @@ with warnings.catch_warnings():
 
 from autotune import _fp32
 from autotune._decide import finalists, pick_fastest
-from autotune._families import adamw, get_family
+from autotune._families import get_family
 from autotune._lab.measure import per_step_s
-from autotune._lab.plan import fewer_threads, plan
+from autotune._lab.plan import plan
 from autotune._lab.step import TrainStep
 from autotune._records import Candidate, FamilyResult
+from autotune._variants import Situation, apply, reachable
 from autotune.backends import backend_for
 
 BUILTINS = ("tiny_mlp", "mlp", "cnn", "transformer")
@@ -38,17 +39,11 @@ def search_space(kind: str) -> list[Candidate]:
     combination the search never tried still counts against its pick.
     """
     planned, _ = plan()
-    workload = get_family(kind).build()
-    layouts = ["contiguous", "channels_last"] if any(t.dim() == 4 for t in workload.inputs) else ["contiguous"]
-    optimizers = ["default", "fused"] if workload.optimizer is adamw else ["default"]
+    facts = apply.facts(get_family(kind).build())
     space = []
     for base in planned:
-        threads: list[int | None] = [None, *fewer_threads(torch.get_num_threads())] if base.device == "cpu" else [None]
-        for layout in layouts:
-            for optimizer in optimizers:
-                for count in threads:
-                    space.append(base.model_copy(
-                        update={"memory_format": layout, "optimizer": optimizer, "num_threads": count}))
+        space += reachable(base, Situation(facts=facts, device=base.device, search="default",
+                                           default_threads=torch.get_num_threads()))
     return space
 
 

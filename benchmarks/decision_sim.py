@@ -25,7 +25,6 @@ what counts is that every one of them is flagged noisy (``wrong_not_noisy_pct`` 
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import statistics
 import sys
@@ -34,9 +33,9 @@ from pathlib import Path
 
 from autotune._cache.store import StoreFile
 from autotune._decide import decide, finalists
-from autotune._lab.plan import Facts, fewer_threads
 from autotune._records import Candidate, Failure
 from autotune._rules import MARGIN, complexity
+from autotune._variants import Facts, Situation, reachable
 from autotune.testing.simulate import CandidateTruth, Truth, simulate, true_pick, true_score, truth_from_record
 
 MACHINES = Path(__file__).parent.parent / "fixtures" / "machines"
@@ -191,13 +190,9 @@ def space_best(truth: Truth, expected_steps: int | None) -> float:
     for candidate, one in truth.candidates.items():
         if one.failure is not None:
             continue
-        layouts = ["contiguous", "channels_last"] if truth.facts.image_inputs else ["contiguous"]
-        optimizers = ["default", "fused"] if truth.facts.default_optimizer else ["default"]
-        threads = [None, *fewer_threads(truth.default_threads)] if candidate.device == "cpu" else [None]
-        for layout, optimizer, count in itertools.product(layouts, optimizers, threads):
-            variant = candidate.model_copy(update={"memory_format": layout, "optimizer": optimizer,
-                                                   "num_threads": count})
-            scores.append(true_score(truth, variant, expected_steps))
+        situation = Situation(facts=truth.facts, device=candidate.device, search="default",
+                              default_threads=truth.default_threads)
+        scores += [true_score(truth, variant, expected_steps) for variant in reachable(candidate, situation)]
     return min(scores)
 
 

@@ -65,7 +65,7 @@ def test_every_backend_answers_the_whole_interface_without_a_device() -> None:
     from autotune import FrameworkError
     from autotune._config import Config
     from autotune._env import DEVICE
-    from autotune._precision import copies_non_blocking
+    from autotune._variants.apply import copies_non_blocking
     from autotune.backends import Finding, all_backends, backend_for
     from autotune.backends.api import Backend
 

@@ -8,7 +8,7 @@ import torch
 import autotune
 from autotune import Config, _fp32
 from autotune._answer import cached_families
-from autotune._precision import copies_non_blocking
+from autotune._variants.apply import copies_non_blocking
 
 has_cuda = torch.cuda.is_available()
 has_tf32 = has_cuda and torch.version.hip is None and torch.cuda.get_device_capability(0)[0] >= 8

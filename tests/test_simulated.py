@@ -10,8 +10,8 @@ from samples import rival
 
 import autotune
 from autotune._decide import decide
-from autotune._lab.plan import Facts
 from autotune._records import Candidate, CandidateResult, Failure
+from autotune._variants import Facts
 from autotune.testing.simulate import CandidateTruth, Truth, simulate
 
 SEEDS = range(20)

@@ -1,4 +1,5 @@
-"""What to measure: device x precision for this machine, then variants of each device's best.
+"""What to measure: device x precision for this machine, then variants of each device's best (the axes of
+:mod:`autotune._variants`).
 
 ``plan`` asks the backends (in the worker); everything else here is pure, so the simulation harness drives
 the same search with candidates taken from a truth profile.
@@ -7,23 +8,14 @@ the same search with candidates taken from a truth profile.
 from __future__ import annotations
 
 from collections.abc import Collection
-from dataclasses import dataclass
 
+from autotune import _variants
 from autotune._env import Search
 from autotune._records import Candidate
+from autotune._variants import Facts, Situation
 from autotune.backends import all_backends
 
 BASELINE = Candidate(device="cpu", precision="fp32")
-
-
-@dataclass(frozen=True)
-class Facts:
-    """What a built workload says about which variants are worth trying."""
-
-    #: a 4-D (image) input: channels_last may pay off
-    image_inputs: bool
-    #: the built-in AdamW, which has foreach and fused kernels
-    default_optimizer: bool
 
 
 def plan() -> tuple[list[Candidate], dict[str, str]]:
@@ -41,16 +33,12 @@ def plan() -> tuple[list[Candidate], dict[str, str]]:
     return candidates, notes
 
 
-def fewer_threads(default: int) -> list[int]:
-    """CPU thread counts worth trying below torch's ``default``, e.g. ``[1]`` on 2 cores, ``[1, 4]`` on 8."""
-    return sorted({1, default // 2} - {0, default})
-
-
 def variants(
     leader: Candidate, stage: int, facts: Facts, *, search: Search, default_threads: int,
     tried: Collection[Candidate],
 ) -> list[Candidate]:
-    """Stage 2: layout and optimizer variants of a device's leader. Stage 3: combinations, and CPU threads.
+    """Variants of a device's leader on each axis its stage proposes (stage 2: layout, optimizer kernels,
+    compilation; stage 3: CPU threads); in stage 3 first the combinations of the stage-2 variants.
 
     ``tried`` holds the candidates the previous stage timed: every other stage-2 variant combines with the new
     leader in stage 3, dropped or not. Stage 2 compares each variant with the stage leader, so a variant of a
@@ -58,27 +46,18 @@ def variants(
     only in the combination.
     """
     found: list[Candidate] = []
-    if stage == 2:
-        if facts.image_inputs and leader.memory_format == "contiguous":
-            found.append(leader.model_copy(update={"memory_format": "channels_last"}))
-        if facts.default_optimizer and leader.optimizer == "default":
-            found.append(leader.model_copy(update={"optimizer": "fused"}))
-        if search == "extended" and not leader.compiled:
-            found.append(leader.model_copy(update={"compiled": True}))
-        return found
-    for other in tried:
-        if other.base == leader.base and other != leader and other.num_threads is None:
-            combined = leader.model_copy(update={
-                "memory_format": "channels_last" if "channels_last" in (leader.memory_format, other.memory_format)
-                else "contiguous",
-                "optimizer": other.optimizer if other.optimizer != "default" else leader.optimizer,
-                "compiled": leader.compiled or other.compiled,
-            })
-            if combined not in tried and combined not in found:
-                found.append(combined)
-    if leader.device == "cpu":
-        found += [leader.model_copy(update={"num_threads": count}) for count in fewer_threads(default_threads)]
+    if stage == 3:
+        for other in tried:
+            settings = _variants.changed(other)
+            if other.base == leader.base and other != leader and all(axis.stage == 2 for axis, _ in settings):
+                combined = leader.model_copy(update={axis.field: value for axis, value in settings})
+                if combined not in tried and combined not in found:
+                    found.append(combined)
+    situation = Situation(facts=facts, device=leader.device, search=search, default_threads=default_threads)
+    for axis in _variants.AXES:
+        if axis.stage == stage and getattr(leader, axis.field) == axis.default:
+            found += [leader.model_copy(update={axis.field: value}) for value in axis.propose(situation)]
     return found
 
 
-__all__ = ["BASELINE", "Facts", "fewer_threads", "plan", "variants"]
+__all__ = ["BASELINE", "plan", "variants"]

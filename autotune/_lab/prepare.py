@@ -19,12 +19,13 @@ import torch
 from autotune import _fp32, _stats
 from autotune._families import Family
 from autotune._lab.measure import Steppable
-from autotune._lab.plan import BASELINE, Facts
+from autotune._lab.plan import BASELINE
 from autotune._lab.probe import Overtime, Probe, TooSlow, deadline
 from autotune._lab.protocol import CalibrationSettings
 from autotune._lab.step import TrainStep, start_device
 from autotune._lab.verify import INIT_SCALES, Trajectory, compare
 from autotune._records import Candidate, CandidateResult, Failure
+from autotune._variants import Facts
 from autotune.backends import Backend, backend_for
 
 
@@ -128,8 +129,7 @@ class TorchLab:
             raise CandidateFailed(result)
         steady = trajectory.step_s[1:] or trajectory.step_s
         self.best_step_s = min(self.best_step_s, _stats.median(steady))
-        facts = Facts(image_inputs=step.image_inputs, default_optimizer=step.default_optimizer)
-        return Prepared(step, result, steady, facts)
+        return Prepared(step, result, steady, step.facts)
 
     def _probe(self, candidate: Candidate, backend: Backend) -> float:
         """Stop a new precision on the CPU whose probe is already far too slow, before its first full step

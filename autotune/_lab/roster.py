@@ -15,10 +15,11 @@ from typing import Protocol
 
 from autotune import _stats
 from autotune._lab.looks import Dropped
-from autotune._lab.plan import BASELINE, Facts
+from autotune._lab.plan import BASELINE
 from autotune._lab.prepare import CandidateFailed, Prepared, classify, unverified
 from autotune._lab.protocol import Begin, Checkpoint, Done, Failed, Planned
 from autotune._records import Candidate, CandidateResult, Drop, Failure, Interval
+from autotune._variants import Facts
 
 Emit = Callable[[Planned | Begin | Failed | Checkpoint | Done], None]
 

@@ -17,37 +17,11 @@ from torch import Tensor
 from torch.overrides import TorchFunctionMode
 
 from autotune import _fp32
-from autotune._families import Family, Workload, adamw
-from autotune._precision import AUTOCAST_DTYPES, DEFAULT_INIT_SCALE, MEMORY_FORMATS, move
-from autotune._records import Candidate, OptimizerImpl
+from autotune._families import Family
+from autotune._precision import AUTOCAST_DTYPES, DEFAULT_INIT_SCALE
+from autotune._records import Candidate
+from autotune._variants import apply
 from autotune.backends import Backend
-
-
-def make_optimizer(workload: Workload, model: torch.nn.Module, impl: OptimizerImpl) -> torch.optim.Optimizer:
-    """The workload's optimizer; the built-in AdamW in its foreach or fused implementation when asked."""
-    if impl == "default":
-        return workload.optimizer(model.parameters())
-    if workload.optimizer is not adamw:
-        raise ValueError(f"the {impl} optimizer variant needs the built-in AdamW, not {workload.optimizer!r}")
-    return torch.optim.AdamW(model.parameters(), foreach=impl == "foreach", fused=impl == "fused")
-
-
-@contextlib.contextmanager
-def threads_context(num_threads: int | None) -> Iterator[None]:
-    """CPU intra-op threads for one candidate's steps; candidates with other counts interleave with it.
-
-    Entered around a candidate's share of a round, outside its timed steps: switching the count is not
-    part of a training step, so no candidate's time includes it.
-    """
-    if num_threads is None:
-        yield
-        return
-    before = torch.get_num_threads()
-    torch.set_num_threads(num_threads)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def start_device(backend: Backend, device: str) -> float:
@@ -79,16 +53,16 @@ class TrainStep:
         workload = family.build(batch_size)  # None: the family's own batch
         self.initial_params = [p.detach().clone() for p in workload.model.parameters()]
         start_device(backend, candidate.device)  # a no-op after the device's first candidate
-        self.memory_format = MEMORY_FORMATS[candidate.memory_format]
-        self.model = workload.model.to(self.device, memory_format=self.memory_format)  # type: ignore[call-overload]
+        self.model = workload.model.to(self.device, **apply.model_keywords(candidate))
         self.model.train()
         self.inputs = workload.inputs
+        #: how each input is copied to the device (an image batch in the model's memory format)
+        self.input_keywords = [apply.batch_keywords(candidate, t) for t in self.inputs]
         self.loss_fn = workload.loss
-        self.optimizer = make_optimizer(workload, self.model, candidate.optimizer)
-        self.forward = torch.compile(self.model) if candidate.compiled else self.model
-        #: facts that decide which variants are worth trying: conv-style 4-D inputs, the built-in optimizer
-        self.image_inputs = any(t.dim() == 4 for t in self.inputs)
-        self.default_optimizer = workload.optimizer is adamw
+        self.optimizer = apply.make_optimizer(workload, self.model, candidate)
+        self.forward = apply.forward(candidate, self.model)
+        #: what the workload says about which variants are worth trying
+        self.facts = apply.facts(workload)
         self.dtype = AUTOCAST_DTYPES[candidate.precision]
         self.init_scale = (init_scale or DEFAULT_INIT_SCALE) if self.dtype is torch.float16 else None
         self.scaler = torch.amp.GradScaler(
@@ -97,12 +71,13 @@ class TrainStep:
         self.build_s = time.perf_counter() - started
 
     def _forward_backward(self, *, checked: bool = False) -> Tensor:
-        inputs = tuple(move(t, self.device, self.memory_format) for t in self.inputs)
+        inputs = tuple(apply.move(t, self.device, keywords)
+                       for t, keywords in zip(self.inputs, self.input_keywords, strict=True))
         # Checked steps compare arithmetic with the CPU reference, whose random stream other devices lack.
         autocast = torch.autocast(self.backend.device_type, dtype=self.dtype or torch.float32,
                                   enabled=self.dtype is not None)
         with autocast, (dropout_off() if checked else contextlib.nullcontext()):
-            loss = self.loss_fn(self.forward, inputs)  # type: ignore[arg-type]
+            loss = self.loss_fn(self.forward, inputs)
         self.optimizer.zero_grad(set_to_none=True)
         self.scaler.scale(loss).backward()
         return loss
@@ -116,9 +91,9 @@ class TrainStep:
     @contextlib.contextmanager
     def selected(self) -> Iterator[None]:
         """This candidate's process-wide settings for a block of steps, applied outside the timed region:
-        the fp32 settings its precision means and its thread count."""
+        the fp32 settings its precision means and its variants' (its thread count)."""
         _fp32.ensure(self.fp32)
-        with threads_context(self.candidate.num_threads):
+        with apply.process(self.candidate):
             yield
 
     def run(self, steps: int = 1) -> None:
@@ -188,4 +163,4 @@ def dropout_off() -> Iterator[None]:
         yield
 
 
-__all__ = ["TrainStep", "dropout_off", "make_optimizer", "start_device", "threads_context"]
+__all__ = ["TrainStep", "dropout_off", "start_device"]

@@ -18,12 +18,12 @@ import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from autotune._lab.plan import Facts
 from autotune._lab.prepare import CandidateFailed, Prepared
 from autotune._lab.protocol import CalibrationSettings, Checkpoint, Done
 from autotune._lab.session import Session
 from autotune._records import Candidate, CandidateResult, Failure, FamilyResult, Numerics
 from autotune._rules import margin, preference
+from autotune._variants import Facts
 
 #: the control workload's true time: pure Python on the CPU
 CONTROL_MS = 1.0

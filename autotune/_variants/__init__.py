@@ -1,0 +1,125 @@
+"""The variant axes: the settings of the same math a candidate may change beside its device and precision.
+
+One row per axis (:data:`AXES`): its :class:`~autotune._records.Choice` field and default, its words, whether
+torch's own setting wins a tie, and when the search proposes another setting. The records, the rules, the plan
+and the reasons iterate these rows; :mod:`autotune._variants.apply` applies each axis to torch. Imports
+nothing of autotune, nor torch: the records read it.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
+
+from pydantic import BaseModel
+
+if TYPE_CHECKING:
+    from autotune._env import Search
+
+MemoryFormat = Literal["contiguous", "channels_last"]
+OptimizerImpl = Literal["default", "foreach", "fused"]
+
+V = TypeVar("V")
+C = TypeVar("C", bound=BaseModel)
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What a built workload says about which variants are worth trying."""
+
+    #: a 4-D (image) input: channels_last may pay off
+    image_inputs: bool
+    #: the built-in AdamW, which has foreach and fused kernels
+    default_optimizer: bool
+
+
+@dataclass(frozen=True)
+class Situation:
+    """What a search stage knows when it proposes variants of a device's leader."""
+
+    facts: Facts
+    device: str
+    search: Search
+    #: torch's CPU thread count in the process that times the candidates
+    default_threads: int
+
+
+@dataclass(frozen=True)
+class Axis(Generic[V]):
+    """One variant axis, e.g. the optimizer's implementation: ``default``, ``foreach`` or ``fused``."""
+
+    #: the :class:`~autotune._records.Choice` field that holds the setting
+    field: str
+    #: torch's own setting: what a candidate without this variant runs
+    default: V
+    #: a non-default setting in a candidate's label, e.g. ``'fused-optimizer'``
+    label: Callable[[V], str]
+    #: a non-default setting in a reason, e.g. ``'the fused optimizer'``
+    prose: Callable[[V], str]
+    #: torch's own setting is preferred where nothing is clearly faster; else the faster estimate wins
+    preferred: bool
+    #: the search stage that proposes it: 2 (of a device's leader, then combined with the other stage-2 axes in
+    #: stage 3) or 3 (of the stage-3 leader, not combined)
+    stage: Literal[2, 3]
+    #: the settings worth trying on a leader that runs the default
+    propose: Callable[[Situation], Sequence[V]]
+
+
+def fewer_threads(default: int) -> list[int]:
+    """CPU thread counts worth trying below torch's ``default``, e.g. ``[1]`` on 2 cores, ``[1, 4]`` on 8."""
+    return sorted({1, default // 2} - {0, default})
+
+
+def _threads(count: int | None) -> str:
+    return f"{count} thread" + ("s" if count != 1 else "")
+
+
+MEMORY_FORMAT: Axis[MemoryFormat] = Axis(
+    field="memory_format", default="contiguous", label=str, prose=str, preferred=False, stage=2,
+    propose=lambda s: ["channels_last"] if s.facts.image_inputs else [],
+)
+# foreach is not proposed: on the CPU, where torch's default is the single-tensor loop, fused was faster than
+# foreach wherever the optimizer's share of a step showed at all; on CUDA and XPU foreach is torch's default.
+OPTIMIZER: Axis[OptimizerImpl] = Axis(
+    field="optimizer", default="default", label=lambda impl: f"{impl}-optimizer",
+    prose=lambda impl: f"the {impl} optimizer", preferred=False, stage=2,
+    propose=lambda s: ["fused"] if s.facts.default_optimizer else [],
+)
+NUM_THREADS: Axis[int | None] = Axis(
+    field="num_threads", default=None, label=_threads, prose=_threads, preferred=True, stage=3,
+    propose=lambda s: fewer_threads(s.default_threads) if s.device == "cpu" else [],
+)
+COMPILED: Axis[bool] = Axis(
+    field="compiled", default=False, label=lambda _: "compiled", prose=lambda _: "torch.compile", preferred=True,
+    stage=2, propose=lambda s: [True] if s.search == "extended" else [],
+)
+#: every axis, in the order of a label's words and of the preference's keys
+AXES: tuple[Axis[Any], ...] = (MEMORY_FORMAT, OPTIMIZER, NUM_THREADS, COMPILED)
+
+
+def changed(choice: object) -> list[tuple[Axis[Any], Any]]:
+    """The axes on which ``choice`` (a :class:`~autotune._records.Choice`) does not run torch's own setting,
+    each with its setting, e.g. ``[(MEMORY_FORMAT, 'channels_last')]``."""
+    return [(axis, value) for axis in AXES if (value := getattr(choice, axis.field)) != axis.default]
+
+
+def reachable(choice: C, situation: Situation) -> list[C]:
+    """``choice`` with every combination of the settings the search may propose in ``situation`` (torch's own
+    included), whether or not a search would reach each, e.g. 8 for a CPU candidate of an image model with the
+    built-in AdamW, 2 threads and the default search: 2 layouts x 2 optimizer kernels x 2 thread counts."""
+    settings = [[axis.default, *axis.propose(situation)] for axis in AXES]
+    return [choice.model_copy(update={axis.field: value for axis, value in zip(AXES, combination, strict=True)})
+            for combination in itertools.product(*settings)]
+
+
+def prose(choice: object) -> list[str]:
+    """``choice``'s variants in a reason's words, e.g. ``['channels_last', 'the fused optimizer']``."""
+    return [axis.prose(value) for axis, value in changed(choice)]
+
+
+__all__ = [
+    "AXES", "COMPILED", "MEMORY_FORMAT", "NUM_THREADS", "OPTIMIZER", "Axis", "Facts", "MemoryFormat", "OptimizerImpl",
+    "Situation", "changed", "fewer_threads", "prose", "reachable",
+]
