@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Sequence
 
+from autotune import _variants
 from autotune._records import (
     FP32_CPU,
     Candidate,
@@ -103,8 +104,6 @@ _PRECISION_WORDS: dict[Precision, str] = {
     "bf16-mixed": "bf16 mixed precision",
     "fp16-mixed": "fp16 mixed precision",
 }
-_VARIANT_WORDS = {"fused-optimizer": "the fused optimizer", "foreach-optimizer": "the foreach optimizer",
-                  "compiled": "torch.compile"}
 _FAILURE_WORDS: dict[FailureKind, str] = {
     "crashed": "crashed", "timeout": "timed out", "oom": "ran out of memory", "error": "failed",
     "unsupported": "is unsupported", "numerics": "failed verification", "too_slow": "was too slow",
@@ -113,7 +112,7 @@ _FAILURE_WORDS: dict[FailureKind, str] = {
 
 def answer_words(choice: Choice) -> str:
     """e.g. ``'bf16 mixed precision with channels_last and the fused optimizer on the CPU'``"""
-    extras = [_VARIANT_WORDS.get(word, word) for word in choice.variants]
+    extras = _variants.prose(choice)
     listed = ", ".join(extras[:-1]) + " and " + extras[-1] if len(extras) > 1 else "".join(extras)
     return (_PRECISION_WORDS[choice.precision] + (f" with {listed}" if listed else "")
             + f" on {_where(choice.device)}")
@@ -131,7 +130,7 @@ def _named(candidate: Candidate, pick: Candidate) -> str:
         return _where(candidate.device)
     precision = _PRECISION_WORDS[candidate.precision]
     if candidate.variants:
-        return f"{precision} with " + ", ".join(_VARIANT_WORDS.get(w, w) for w in candidate.variants)
+        return f"{precision} with " + ", ".join(_variants.prose(candidate))
     return f"plain {precision}" if candidate.precision == pick.precision else precision
 
 

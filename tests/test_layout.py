@@ -11,13 +11,17 @@ import pytest
 
 PACKAGE = Path(__file__).parent.parent / "autotune"
 
-#: room -> the rooms it never imports. The records, errors and statistics import nothing of autotune; the worker's
-#: package prunes and never decides or touches the cache; the cache times nothing and knows no Config; the
-#: decision is pure; the host side of the worker process holds no results.
+#: room -> all it imports of autotune: the variant table, the errors and the statistics import nothing of it; the
+#: records, only the variant table (a Choice's fields are its rows)
+ONLY = {
+    "autotune._variants": set(),
+    "autotune._errors": set(),
+    "autotune._stats": set(),
+    "autotune._records": {"autotune._variants"},
+}
+#: room -> the rooms it never imports: the worker's package prunes and never decides or touches the cache; the cache
+#: times nothing and knows no Config; the decision is pure; the host side of the worker process holds no results
 NEVER = {
-    "autotune._records": {"autotune."},
-    "autotune._errors": {"autotune."},
-    "autotune._stats": {"autotune."},
     "autotune.backends": {"autotune._cache", "autotune._lab", "autotune._worker", "autotune._config",
                           "autotune._decide", "autotune._answer", "autotune._calibrate"},
     "autotune._lab": {"autotune._answer", "autotune._cache", "autotune._decide", "autotune._config",
@@ -112,6 +116,11 @@ def test_imports_have_no_circle() -> None:
         if node not in index:
             visit(node)
     assert circles == []
+
+
+@pytest.mark.parametrize("room", sorted(ONLY))
+def test_the_lowest_rooms_import_only_what_they_name(room: str) -> None:
+    assert GRAPH[room] - {"autotune"} <= ONLY[room]
 
 
 @pytest.mark.parametrize("room", sorted(NEVER))
