@@ -27,6 +27,7 @@ from autotune._fingerprint import Fingerprint, fingerprint
 from autotune._lab.measure import MeasureSettings
 from autotune._lab.protocol import CalibrationSettings
 from autotune._records import Candidate, FamilyKey, FamilyResult, Record
+from autotune._variants import threads_per_process
 from autotune._worker.worker import Worker
 
 log = logging.getLogger("autotune")
@@ -174,7 +175,8 @@ def ensure_measured(
             verdict = freshness(existing, key, now_utc())
             if verdict.answers and (existing.measured_at >= asked_at or (verdict.final and not force)):
                 return existing
-        result = measure(family, key, progress=progress, index=index, total=total, worker=worker)
+        result = measure(family, key, progress=progress, index=index, total=total, worker=worker,
+                         processes=fp.processes, cores=fp.usable_cores)
         reference = reference_failure(result)
         if reference is not None and reference.failure is not None:
             log.warning("%s: the fp32 CPU reference failed (%s: %s); nothing is stored, the next call measures "
@@ -198,10 +200,12 @@ def measure_family(model_kind: str, *, verify: bool = True) -> FamilyResult:
 
 def measure(
     family: Family, key: FamilyKey, *, progress: Callable[[CalibrationProgress], None] | None = None, index: int = 0,
-    total: int = 1, verify: bool = True, worker: Worker,
+    total: int = 1, verify: bool = True, worker: Worker, processes: int = 1, cores: int = 1,
 ) -> FamilyResult:
     """Measure ``family`` in ``worker`` (a calibration's shared worker) and stamp the result with ``key``, what it
-    was measured for; ``index`` of ``total`` families place its progress in the calibration's."""
+    was measured for; ``index`` of ``total`` families place its progress in the calibration's. ``processes`` of
+    one job share this machine's ``cores``: each CPU candidate is timed with that many running its step, and runs
+    with its share of the cores unless it has a count of its own."""
     settings = CalibrationSettings(search=_env.SEARCH.get(), verify=verify,
                                    measure=MeasureSettings(budget_s=_env.BUDGET_S.get()))
 
@@ -218,7 +222,8 @@ def measure(
     # Stamped with what it was measured for (``key`` read the same variables as the settings above) and by which
     # rules (the worker runs this same installation).
     with measuring(cancelled=lambda: worker.cancelled):
-        measured = worker.run_family(family, settings, progress=on_progress)
+        measured = worker.run_family(family, settings, progress=on_progress, processes=processes,
+                                     threads=threads_per_process(cores, processes) if processes > 1 else None)
     result = measured.model_copy(update={"key": key, "rules": rules_digest()})
     log.info("calibrated %s in %.1f s", family.name, result.wall_s)
     if result.noisy:

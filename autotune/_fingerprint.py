@@ -30,6 +30,9 @@ from autotune.backends.cpu import cpu_facts
 
 #: Environment variables that set the CPU thread pools of the worker (it inherits the environment).
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+#: The processes of one job sharing this machine (torchrun's name), in ``environment`` when more than one: a CPU
+#: candidate is timed with that many copies of its step running at once, an answer no single process should read.
+PROCESSES_VARIABLE = "LOCAL_WORLD_SIZE"
 
 
 @functools.cache
@@ -57,7 +60,8 @@ class Fingerprint(Record):
     torch_threads: int
     ram_gib: int
     accelerators: list[Accelerator]
-    #: the set ones of device_variables() and THREAD_VARIABLES, e.g. ``{'OMP_NUM_THREADS': '1'}``
+    #: the set ones of device_variables() and THREAD_VARIABLES, e.g. ``{'OMP_NUM_THREADS': '1'}``, and in a job the
+    #: processes sharing this machine (PROCESSES_VARIABLE), e.g. ``{'LOCAL_WORLD_SIZE': '2'}``
     environment: dict[str, str]
 
     @computed_field  # type: ignore[prop-decorator]
@@ -66,6 +70,11 @@ class Fingerprint(Record):
         """16 hex digits of SHA-256 over the canonical JSON of every field above."""
         canonical = json.dumps(self.model_dump(exclude={"digest"}), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+    @property
+    def processes(self) -> int:
+        """The processes of one job that share this machine and were measured running at once, e.g. 2; 1 alone."""
+        return int(self.environment.get(PROCESSES_VARIABLE, "1"))
 
     def summary(self) -> str:
         gpus = ", ".join(f"{a.name} ({a.backend})" for a in self.accelerators) or "no GPU"
@@ -126,10 +135,15 @@ def _accelerators(device_environment: tuple[tuple[str, str], ...]) -> tuple[Acce
     return tuple(a for backend in all_backends() for a in backend.host_accelerators())
 
 
-def fingerprint() -> Fingerprint:
-    """This machine's fingerprint; hardware facts are read once per process, settings on every call."""
+def fingerprint(*, processes: int = 1) -> Fingerprint:
+    """This machine's fingerprint; hardware facts are read once per process, settings on every call.
+
+    ``processes``: the processes of one job that share this machine, each running its own training steps (a
+    job's answer is measured for them, and kept apart from a single process's)."""
     # Process-level settings that change speed are re-read: an app may set them at any time before calibrating.
     values = [(name, os.environ.get(name)) for name in (*device_variables(), *THREAD_VARIABLES)]
+    if processes > 1:
+        values.append((PROCESSES_VARIABLE, str(processes)))
     environment = tuple((name, value) for name, value in values if value is not None)
     return _fingerprint(_usable_cores(), torch.get_num_threads(), environment)
 
@@ -143,4 +157,4 @@ def _fingerprint(usable_cores: int, torch_threads: int, environment: tuple[tuple
     })
 
 
-__all__ = ["THREAD_VARIABLES", "Fingerprint", "device_variables", "fingerprint", "kernel_release"]
+__all__ = ["PROCESSES_VARIABLE", "THREAD_VARIABLES", "Fingerprint", "device_variables", "fingerprint", "kernel_release"]

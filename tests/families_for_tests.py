@@ -437,3 +437,27 @@ def build_oom_above(batch_size: int = 8) -> Workload:
 def build_killed_above(batch_size: int = 8) -> Workload:
     base = build_batched(batch_size)
     return Workload(base.model, base.inputs, _killed_above)
+
+
+def _counted(model: nn.Module, inputs: tuple[Tensor, ...]) -> Tensor:
+    """Each step leaves a line in ``$RANKS_TEST_STEPS/<pid>``: which processes ran the family's steps."""
+    with open(os.path.join(os.environ["RANKS_TEST_STEPS"], str(os.getpid())), "a") as steps:
+        steps.write("step\n")
+    return cross_entropy(model, inputs)
+
+
+def build_counted() -> Workload:
+    return _failing(_counted)
+
+
+def _slow_in(model: nn.Module, inputs: tuple[Tensor, ...]) -> Tensor:
+    """5 ms more per step in what ``$RANKS_TEST_SLOW`` names: ``fp32`` (no autocast) or ``mixed`` (CPU autocast): a
+    machine whose precisions compare the other way round from another's."""
+    mixed = torch.is_autocast_enabled("cpu")
+    if os.environ.get("RANKS_TEST_SLOW") == ("mixed" if mixed else "fp32"):
+        time.sleep(0.005)
+    return cross_entropy(model, inputs)
+
+
+def build_slow_in() -> Workload:
+    return _failing(_slow_in)

@@ -17,6 +17,7 @@ from collections.abc import Callable
 import torch
 
 from autotune import _fp32
+from autotune._lab.load import Load, LoadSetup
 from autotune._lab.memory import pin_allocator, probe_memory
 from autotune._lab.plan import plan
 from autotune._lab.prepare import TorchLab, warm_process
@@ -75,10 +76,22 @@ def calibrate(job: Job, emit: Callable[[Planned | Begin | Failed | Checkpoint | 
             finished.append(True)
         emit(event)
 
-    session = Session(TorchLab(job.family, job.settings), job.settings, tracking, clock=time.perf_counter,
-                      control=Control(), settle=time.sleep, discard_on_device_error=discard_on_device_error)
-    candidates, notes = plan()
-    session.run(candidates, staged=True, backend_notes=notes, failed=job.failed, resume=job.resume)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(job.threads)  # in-process, the host's own count: put back after
+    try:
+        with contextlib.ExitStack() as stack:
+            load = None
+            if job.processes > 1:  # the job's other processes on this machine, as copies of each CPU step
+                load = stack.enter_context(Load(job.processes - 1, LoadSetup(
+                    family=job.family, seed=job.settings.seed, fp32=job.fp32, threads=job.threads,
+                    sys_path=job.sys_path)))
+            session = Session(TorchLab(job.family, job.settings, load=load), job.settings, tracking,
+                              clock=time.perf_counter, control=Control(), settle=time.sleep,
+                              discard_on_device_error=discard_on_device_error)
+            candidates, notes = plan()
+            session.run(candidates, staged=True, backend_notes=notes, failed=job.failed, resume=job.resume)
+    finally:
+        torch.set_num_threads(threads)
     return bool(finished)
 
 

@@ -86,8 +86,12 @@ class Job(_Message):
     #: the host's fp32 settings: mixed precisions run with them, as they will in the app (fp32 and tf32 set
     #: their own)
     fp32: Fp32Settings
-    #: the host's intra-op thread count (part of the fingerprint): candidates without their own run with it
+    #: the host's intra-op thread count (part of the fingerprint): candidates without their own run with it; in a
+    #: job, each process's share of the cores
     threads: int
+    #: the processes of one job sharing this machine: a CPU candidate is timed while ``processes - 1`` copies of its
+    #: step run alongside it (``load``)
+    processes: int = Field(default=1, ge=1)
     #: like multiprocessing's spawn: the worker must import what the host can (user families)
     sys_path: list[str]
 

@@ -72,6 +72,12 @@ def fewer_threads(default: int) -> list[int]:
     return sorted({1, default // 2} - {0, default})
 
 
+def threads_per_process(cores: int, processes: int) -> int:
+    """Each process's share of ``cores`` when ``processes`` train at once, e.g. 8 of 16 cores for 2: what a CPU
+    candidate of a job runs with unless it has a count of its own (and :func:`fewer_threads` proposes below)."""
+    return max(1, cores // processes)
+
+
 def _threads(count: int | None) -> str:
     return f"{count} thread" + ("s" if count != 1 else "")
 
@@ -121,5 +127,5 @@ def prose(choice: object) -> list[str]:
 
 __all__ = [
     "AXES", "COMPILED", "MEMORY_FORMAT", "NUM_THREADS", "OPTIMIZER", "Axis", "Facts", "MemoryFormat", "OptimizerImpl",
-    "Situation", "changed", "fewer_threads", "prose", "reachable",
+    "Situation", "changed", "fewer_threads", "prose", "reachable", "threads_per_process",
 ]

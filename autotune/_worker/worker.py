@@ -120,9 +120,13 @@ class Worker:
             self._process = None
 
     def run_family(
-        self, family: Family, settings: CalibrationSettings, progress: Progress | None = None
+        self, family: Family, settings: CalibrationSettings, progress: Progress | None = None, *,
+        processes: int = 1, threads: int | None = None,
     ) -> FamilyResult:
-        """Calibrate ``family``, restarting the worker after each crash, until every candidate has an answer."""
+        """Calibrate ``family``, restarting the worker after each crash, until every candidate has an answer.
+
+        ``processes``: of one job, sharing this machine (each CPU candidate is timed with that many running its
+        step); ``threads``: what a candidate without a count of its own runs with (default: this process's)."""
         started = time.perf_counter()
         planned: list[Candidate] | None = None
         backend_notes: dict[str, str] = {}
@@ -141,7 +145,8 @@ class Worker:
             answered, resumed_from = len(failed), checkpoint
             # A restarted worker goes on from the last stage finished, without the candidates that failed.
             job = Job(family=family, failed=list(failed.values()),
-                      resume=checkpoint, settings=settings, fp32=_fp32.current(), threads=torch.get_num_threads(),
+                      resume=checkpoint, settings=settings, fp32=_fp32.current(),
+                      threads=threads or torch.get_num_threads(), processes=processes,
                       sys_path=[p for p in sys.path if p])
             start_s += self._attempt(job, attempt, progress, since=started)
             for event in attempt.events:
