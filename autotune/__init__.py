@@ -35,7 +35,7 @@ _WHERE = {
     **dict.fromkeys([
         "AutotuneError", "BatchSizeUnsupportedError", "CalibrationCancelled", "CalibrationError",
         "CalibrationPending", "ConfigMisbehaved", "ConfigurationError", "FamilyRegistrationError", "FrameworkError",
-        "ImportFileError", "MaxBatchError", "TraceError", "UnknownFamilyError",
+        "ImportFileError", "MaxBatchError", "RanksError", "TraceError", "UnknownFamilyError",
     ], "_errors"),
     "use_defaults": "_cache.exchange",
     "Family": "_families", "Workload": "_families", "get_family": "_families", "register_family": "_families",
@@ -72,6 +72,7 @@ if TYPE_CHECKING:
         FrameworkError,
         ImportFileError,
         MaxBatchError,
+        RanksError,
         TraceError,
         UnknownFamilyError,
     )
@@ -123,6 +124,7 @@ __all__ = [
     "MemoryLine",
     "MemoryProbe",
     "OperatorTime",
+    "RanksError",
     "Rival",
     "TraceError",
     "TraceReport",

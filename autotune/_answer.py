@@ -24,8 +24,12 @@ from autotune._decide import PREFERENCES, decide, finalists, restate, step_ms
 from autotune._errors import CalibrationError, ConfigurationError
 from autotune._families import Family, family_names, get_family
 from autotune._fingerprint import Fingerprint, fingerprint
+from autotune._ranks.agree import device_counts, own_device, view
+from autotune._ranks.group import JobGroup, joined
+from autotune._ranks.job import Machine, agreed
 from autotune._records import Candidate, Demotion, Difference, Evidence, FamilyResult, Prefer, SimilarMachine
 from autotune._rules import preference
+from autotune._variants import threads_per_process
 from autotune._wording import demoted_reason, reason
 
 log = logging.getLogger("autotune")
@@ -45,7 +49,7 @@ def _validate(prefer: str, expected_steps: int | None) -> None:
 
 def best_config(
     model_kind: str, *, prefer: Prefer = "auto", expected_steps: int | None = None, calibrate_on_miss: bool = True,
-    wait: bool = True,
+    wait: bool = True, distributed: bool | None = None,
 ) -> Config:
     """The fastest correct device and precision for ``model_kind`` on this machine.
 
@@ -57,26 +61,57 @@ def best_config(
     record of the same hardware with other software, else fp32 on the CPU); ``calibrate_on_miss=False`` is the
     older spelling. ``prefer`` is the user's choice ("auto", "gpu" or "cpu"), not a backend;
     ``expected_steps`` makes set-up cost count for short jobs.
+
+    In a job of many processes (torchrun, ``accelerate launch``, Lightning under torchrun: the launcher's
+    ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE`` and ``LOCAL_WORLD_SIZE``, or torch.distributed's default group of
+    more than one) every rank must call it, with the same arguments, in the same order: each machine's first rank
+    measures, with a CPU candidate timed while as many copies of its step run as the machine has processes, and
+    every rank gets rank 0's machine's choice on its own device (``cuda:LOCAL_RANK``), its CPU thread count
+    measured for its machine (``Config.ranks`` says where it stands). ``distributed=False`` answers for this
+    process alone; ``distributed=True`` raises :class:`RanksError` outside a job.
     """
     _validate(prefer, expected_steps)
     return answer(get_family(model_kind), prefer=prefer, expected_steps=expected_steps,
                   may_measure=wait and calibrate_on_miss,
-                  unmeasured="calibration not allowed by calibrate_on_miss=False" if wait else None)
+                  unmeasured="calibration not allowed by calibrate_on_miss=False" if wait else None,
+                  distributed=distributed)
 
 
 def answer(family: Family, *, prefer: Prefer = "auto", expected_steps: int | None = None, may_measure: bool = True,
-           unmeasured: str | None = None) -> Config:
+           unmeasured: str | None = None, distributed: bool | None = None) -> Config:
     """``best_config`` of a resolved family, with validated arguments. ``may_measure``: a miss goes through the
     miss path; else it falls back, saying why (``unmeasured``; by default what wait=False sees)."""
+    job = joined(required=True) if distributed else None if distributed is False else joined()
+    if job is not None:
+        def machine(job: JobGroup) -> Machine:
+            return _machine(job, family, prefer=prefer, expected_steps=expected_steps, may_measure=may_measure,
+                            unmeasured=unmeasured)
+
+        return agreed(job, family.name, (prefer, expected_steps, may_measure, _env.DEVICE.get()), machine)
     fp = fingerprint()
     store = _lookup.store()
     forced = _env.DEVICE.get()
-    key = family_key(family)
-    memo = (str(store.root), fp.digest, family.name, key, prefer, expected_steps, forced, may_measure,
+    memo = (str(store.root), fp.digest, family.name, family_key(family), prefer, expected_steps, forced, may_measure,
             _exchange.layer_stamp(), _demotions.stamp(fp.digest, store.root), store.stamp(fp.digest))
     cached = _decisions.get(memo)
     if cached is not None and (cached[1] is None or now_utc() < cached[1]):
         return cached[0]
+    measured = _measured(family, fp, store, prefer=prefer, expected_steps=expected_steps, may_measure=may_measure,
+                         unmeasured=unmeasured)
+    if isinstance(measured, Config):
+        return measured
+    memo = (*memo[:-1], store.stamp(fp.digest))  # what it read now, which a measurement just wrote
+    config = decided(measured, prefer=prefer, expected_steps=expected_steps, forced_device=forced, digest=fp.digest)
+    # A transient failure's retry is due later: the memo answers until then, so a long-running app retries too.
+    _decisions[memo] = (config, fresh_until(measured) if may_measure else None)
+    return config
+
+
+def _measured(family: Family, fp: Fingerprint, store: Store, *, prefer: Prefer, expected_steps: int | None,
+              may_measure: bool, unmeasured: str | None) -> FamilyResult | Config:
+    """The measurements of ``family`` that answer on ``fp``'s machine configuration, measured first on a miss where
+    ``may_measure``; else the Config that falls back (:func:`fallback`)."""
+    key = family_key(family)
     measured = _lookup.known(fp, store, family.name)
     verdict = freshness(measured, key, now_utc()) if measured is not None else None
     if verdict is not None and verdict.state == "other_key":
@@ -93,11 +128,32 @@ def answer(family: Family, *, prefer: Prefer = "auto", expected_steps: int | Non
             return fallback(family.name, fp, store, "another process is still calibrating after "
                             f"AUTOTUNE_LOCK_TIMEOUT_S={_env.LOCK_TIMEOUT_S.get():g} s of waiting",
                             prefer=prefer, expected_steps=expected_steps)
-        memo = (*memo[:-1], store.stamp(fp.digest))
-    config = decided(measured, prefer=prefer, expected_steps=expected_steps, forced_device=forced, digest=fp.digest)
-    # A transient failure's retry is due later: the memo answers until then, so a long-running app retries too.
-    _decisions[memo] = (config, fresh_until(measured) if may_measure else None)
-    return config
+    return measured
+
+
+def _machine(job: JobGroup, family: Family, *, prefer: Prefer, expected_steps: int | None, may_measure: bool,
+             unmeasured: str | None) -> Machine:
+    """What this machine's first rank answers for each rank of its machine in ``job``: measured for as many
+    processes as share it, each rank on its own view (its own device of each kind; ``AUTOTUNE_DEVICE`` names the
+    kind)."""
+    fp = fingerprint(processes=job.ranks.local_world_size)
+    store = _lookup.store()
+    counts = device_counts(fp.accelerators)
+    measured = _measured(family, fp, store, prefer=prefer, expected_steps=expected_steps, may_measure=may_measure,
+                         unmeasured=unmeasured)
+    forced = _env.DEVICE.get()
+    own = {}
+    for member in job.machine:
+        if isinstance(measured, Config):
+            own[member.local_rank] = measured.model_copy(
+                update={"device": own_device(measured.device, member.local_rank, counts)})
+        else:
+            own[member.local_rank] = decided(
+                view(measured, member.local_rank, counts), prefer=prefer, expected_steps=expected_steps,
+                forced_device=own_device(forced, member.local_rank, counts) if forced is not None else None,
+                digest=fp.digest)
+    return Machine(own=own, measured=measured if isinstance(measured, FamilyResult) else None, counts=counts,
+                   share=threads_per_process(fp.usable_cores, job.ranks.local_world_size))
 
 
 def decided(measured: FamilyResult, *, prefer: Prefer, expected_steps: int | None, forced_device: str | None,

@@ -13,10 +13,11 @@ from pydantic import Field
 from torch import nn
 
 from autotune import _fp32
-from autotune._errors import FrameworkError
+from autotune._errors import ConfigurationError, FrameworkError
 from autotune._guard import Guard, OnFailure
 from autotune._precision import AUTOCAST_DTYPES, DEFAULT_INIT_SCALE
-from autotune._records import Candidate, Choice, Evidence, Precision
+from autotune._ranks.group import joined
+from autotune._records import Candidate, Choice, Evidence, Precision, Ranks
 from autotune._variants import apply
 from autotune.backends import backend_for
 
@@ -57,6 +58,8 @@ class Config(Choice):
     noisy: bool = False
     fingerprint_digest: str
     measured_at: str | None = None
+    ranks: Ranks | None = Field(default=None, description=(
+        "the job of many processes this answer was agreed for, and this process's place in it; None: one process"))
 
     @property
     def candidate(self) -> Candidate:
@@ -142,14 +145,22 @@ class Config(Choice):
         """Set torch's CPU thread count (process-wide) when fewer threads measured faster; else a no-op."""
         apply.set_process(self)
 
-    def lightning_kwargs(self) -> dict[str, Any]:
+    def lightning_kwargs(self, *, devices: int | None = None) -> dict[str, Any]:
         """Keyword arguments for ``lightning.Trainer``,
         e.g. ``{"accelerator": "cpu", "devices": 1, "precision": "bf16-mixed"}``.
 
         ``trainer = lightning.Trainer(**cfg.lightning_kwargs(), max_epochs=10)``
 
         Carries over the device (``"cuda:1"`` -> ``accelerator="cuda", devices=[1]``; ``"mps"``; ``"cpu"``, one
-        process) and the precision (``"32-true"``, ``"bf16-mixed"``, ``"16-mixed"``). The rest you apply:
+        process) and the precision (``"32-true"``, ``"bf16-mixed"``, ``"16-mixed"``). For many processes:
+
+        - a Config answered in a job (``ranks``: the script runs under torchrun, which Lightning detects) gives the
+          job's ``devices`` (the processes per machine), ``num_nodes`` and ``strategy="ddp"``: Lightning places each
+          rank on ``cuda:LOCAL_RANK``, as the Config does;
+        - ``devices=N`` asks Lightning's own launcher for N processes on this machine (``strategy="ddp"``); their
+          CPU thread counts are then Lightning's (the cores divided among them), not measured.
+
+        The rest you apply:
 
         - tf32: ``torch.set_float32_matmul_precision("high")`` before ``fit`` (Lightning has no switch for it);
         - threads: ``cfg.apply_threads()``;
@@ -162,8 +173,11 @@ class Config(Choice):
         - compiled: ``trainer.fit(torch.compile(model))``.
 
         Raises :class:`FrameworkError` where Lightning would run something else than was measured: fp16 on the
-        CPU (Lightning warns and trains in bf16 instead) and Intel XPU (no built-in Lightning accelerator).
+        CPU (Lightning warns and trains in bf16 instead), Intel XPU (no built-in Lightning accelerator) and more
+        than one process on MPS (one device, which Lightning's DDP does not take).
         """
+        if devices is not None and (isinstance(devices, bool) or not isinstance(devices, int) or devices < 1):
+            raise ConfigurationError("devices", devices, "a positive int: the processes on this machine")
         device = torch.device(self.device)
         backend = backend_for(self.device)
         if backend.lightning_accelerator is None:
@@ -174,8 +188,17 @@ class Config(Choice):
             raise FrameworkError("Lightning", "fp16 mixed precision on the CPU", (
                 "Lightning replaces precision='16-mixed' on the CPU with 'bf16-mixed'; train with cfg.autocast() "
                 "in your own loop, or pass plugins=[MixedPrecision('16-mixed', 'cpu')] with precision=None"))
-        devices: int | list[int] = [device.index] if device.index is not None else 1
-        return {"accelerator": backend.lightning_accelerator, "devices": devices,
+        per_machine = devices if devices is not None else self.ranks.local_world_size if self.ranks else 1
+        nodes = self.ranks.nodes if self.ranks is not None and devices is None else 1
+        if per_machine == 1 and nodes == 1:
+            placed: int | list[int] = [device.index] if device.index is not None else 1
+            return {"accelerator": backend.lightning_accelerator, "devices": placed,
+                    "precision": LIGHTNING_PRECISIONS[self.precision]}
+        if device.type == "mps":
+            raise FrameworkError("Lightning", f"{per_machine * nodes} processes on MPS", (
+                "Lightning trains on one MPS device, in one process; ask for devices=1"))
+        return {"accelerator": backend.lightning_accelerator, "devices": per_machine,
+                **({"num_nodes": nodes} if nodes > 1 else {}), "strategy": "ddp",
                 "precision": LIGHTNING_PRECISIONS[self.precision]}
 
     def accelerate_kwargs(self) -> dict[str, Any]:
@@ -184,9 +207,12 @@ class Config(Choice):
         ``accelerator = accelerate.Accelerator(**cfg.accelerate_kwargs())``
 
         Carries over the device (``cpu=True`` for the CPU; otherwise Accelerate takes the GPU it finds, the
-        current CUDA device for CUDA) and the precision (``"no"``, ``"bf16"``, ``"fp16"``). The rest you apply:
+        current CUDA device for CUDA) and the precision (``"no"``, ``"bf16"``, ``"fp16"``). In a job (``accelerate
+        launch`` or torchrun) the launch is Accelerate's to read: it places each process on ``cuda:LOCAL_RANK``, as
+        the Config does, and with ``cpu=True`` trains every process on the CPU over gloo. The rest you apply:
 
-        - a GPU other than the first: ``torch.cuda.set_device(cfg.device)`` before creating the Accelerator;
+        - one process on a GPU other than the first: ``torch.cuda.set_device(cfg.device)`` before creating the
+          Accelerator;
         - tf32: ``torch.set_float32_matmul_precision("high")``;
         - threads: ``cfg.apply_threads()``;
         - channels_last: ``model.to(memory_format=torch.channels_last)`` before ``prepare``, and
@@ -213,8 +239,11 @@ class Config(Choice):
         diverges, at no synchronization per step; on a finding it warns (:class:`ConfigMisbehaved`; raises it with
         ``on_failure="raise"``) and demotes this candidate's precision on this device for this machine, so that
         ``best_config`` and ``guard.fallback()`` answer the best remaining one. The rules: ``autotune._guard``.
+        In a job (``ranks``), a finding on one rank is the job's: every rank warns at the same step, each machine
+        records one demotion, and every rank must call ``step`` (and ``check``) alike.
         """
-        return Guard(self.model_kind, self.candidate, self.fingerprint_digest, on_failure=on_failure)
+        return Guard(self.model_kind, self.candidate, self.fingerprint_digest, on_failure=on_failure,
+                     job=joined(required=True) if self.ranks is not None else None)
 
     def grad_scaler(self) -> torch.amp.GradScaler:
         """A GradScaler enabled only for fp16, starting at the init_scale calibration found safe."""

@@ -102,6 +102,11 @@ LOCK_TIMEOUT_S: Knob[float] = Knob(
     "how long a process waits for another one's calibration before answering heuristically, and for "
     "another measurement on this machine before measuring alongside it",
 )
+RANKS_TIMEOUT_S: Knob[float] = Knob(
+    "AUTOTUNE_RANKS_TIMEOUT_S", 1800.0, _positive_float, "seconds > 0",
+    "in a job of many processes, how long a rank waits for the others (a machine's calibration, rank 0's answer) "
+    "before it raises, naming the rank it waited for",
+)
 BUDGET_S: Knob[float] = Knob(
     "AUTOTUNE_BUDGET_S", 8.0, _positive_float, "seconds > 0",
     "timing budget per model kind, after set-up and verification",
@@ -120,7 +125,7 @@ DEFAULTS: Knob[Path | None] = Knob(
 
 KNOBS: tuple[Knob[object], ...] = cast(
     "tuple[Knob[object], ...]",
-    (CACHE_DIR, DEVICE, ISOLATION, CANDIDATE_TIMEOUT_S, LOCK_TIMEOUT_S, BUDGET_S, SEARCH, DEFAULTS),
+    (CACHE_DIR, DEVICE, ISOLATION, CANDIDATE_TIMEOUT_S, LOCK_TIMEOUT_S, RANKS_TIMEOUT_S, BUDGET_S, SEARCH, DEFAULTS),
 )
 
 #: the settings a context reads instead of the environment (a background job's thread: those at its start)

@@ -176,6 +176,21 @@ class ConfigMisbehaved(AutotuneError, UserWarning):
                        f"`python -m autotune --forget-demotion {self.model_kind}` undoes it")
 
 
+class RanksError(AutotuneError, RuntimeError):
+    """The processes of one job (torchrun, Lightning, Accelerate) could not agree on an answer: a rank died, hung,
+    failed or answered something else. Raised on every rank that learns of it, instead of a hang in training."""
+
+    def __init__(self, model_kind: str | None, why: str) -> None:
+        self.model_kind = model_kind
+        self.why = why
+        super().__init__(model_kind, why)
+
+    def __str__(self) -> str:
+        about = f" on {self.model_kind!r}" if self.model_kind is not None else ""
+        return (f"the ranks of this job could not agree{about}: {self.why}. Every rank must call best_config with the "
+                "same arguments, in the same order; look at the other ranks' logs")
+
+
 class ImportFileError(AutotuneError, ValueError):
     """A results file given to ``--import`` or ``AUTOTUNE_DEFAULTS`` cannot be used; nothing was written."""
 
@@ -201,6 +216,7 @@ __all__ = [
     "FrameworkError",
     "ImportFileError",
     "MaxBatchError",
+    "RanksError",
     "TraceError",
     "UnknownFamilyError",
 ]

@@ -13,6 +13,7 @@ row at ``SLOW_FACTOR`` times the run's fastest pace only warn. fp32 on the CPU, 
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 import math
 import statistics
@@ -30,6 +31,7 @@ from autotune._version import __version__
 
 if TYPE_CHECKING:
     from autotune._config import Config
+    from autotune._ranks.group import JobGroup
 
 log = logging.getLogger("autotune")
 
@@ -87,10 +89,11 @@ class Guard:
     """Watches one training run of ``model_kind`` on ``candidate``; made by ``Config.guard()``.
 
     ``finding`` is the first misbehaviour seen (None while there is none); after it the guard stops watching.
+    In a ``job`` of many processes the ranks compare at each read: the first rank's finding is every rank's.
     """
 
     def __init__(self, model_kind: str, candidate: Candidate, digest: str, *, on_failure: OnFailure = "warn",
-                 read_every: int = READ_EVERY_STEPS) -> None:
+                 read_every: int = READ_EVERY_STEPS, job: JobGroup | None = None) -> None:
         if on_failure not in _ON_FAILURE:
             raise ConfigurationError("on_failure", on_failure, " | ".join(_ON_FAILURE))
         if isinstance(read_every, bool) or not isinstance(read_every, int) or read_every < 1:
@@ -100,6 +103,7 @@ class Guard:
         self.digest = digest
         self.on_failure = on_failure
         self.read_every = read_every
+        self.job = job
         self.steps = 0
         self.finding: Demotion | None = None
         self._buffer: torch.Tensor | None = None  # row 0: losses, row 1: loss scales (NaN: no scaler)
@@ -173,12 +177,28 @@ class Guard:
         first = self.steps - self._filled + 1
         self._filled = 0
         self._buffer[1].fill_(math.nan)
+        found = None
         for offset, (loss, scale) in enumerate(zip(losses, scales, strict=True)):
             step = first + offset
             found = self._judge_loss(step, loss) or (self._judge_scale(step, scale) if not math.isnan(scale) else None)
             if found is not None:
-                self._found(*found)
-                return
+                break
+        if self.job is not None:
+            found = self._the_jobs(found)
+        if found is not None:
+            self._found(*found)
+
+    def _the_jobs(self, found: tuple[Misbehaviour, int, str, list[float]] | None
+                  ) -> tuple[Misbehaviour, int, str, list[float]] | None:
+        """The first rank's finding at this read, on every rank of the job (each rank reads at the same step)."""
+        assert self.job is not None
+        said = self.job.first(json.dumps(found) if found is not None else None,
+                              waiting_for=f"the other ranks' guard at step {self.steps:,}")
+        if said is None:
+            return None
+        rank, text = said
+        seen, step, detail, evidence = json.loads(text)
+        return seen, step, f"{detail}, on rank {rank}", evidence
 
     def _judge_loss(self, step: int, loss: float) -> tuple[Misbehaviour, int, str, list[float]] | None:
         if not math.isfinite(loss):
@@ -244,8 +264,10 @@ class Guard:
             autotune_version=__version__,
         )
         demoted = not is_reference(self.candidate)
-        if demoted:
+        if demoted and (self.job is None or self.job.leads):  # in a job, once per machine
             _demotions.record(self.digest, self.finding)
+        if self.job is not None:
+            self.job.forget(self.model_kind)  # every rank asks again, together
         error = ConfigMisbehaved(self.model_kind, self.candidate.label, step, detail, demoted=demoted)
         log.warning("%s", error)
         if self.on_failure == "raise":

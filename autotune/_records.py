@@ -262,6 +262,37 @@ class SimilarMachine(Record):
     measured_at: str
 
 
+class Ranks(Record):
+    """The job of many processes an answer was agreed for (torchrun, Lightning, Accelerate), e.g. ``Ranks(rank=3,
+    local_rank=1, world_size=4, local_world_size=2)``: this process's place in it."""
+
+    rank: int
+    local_rank: int = Field(description="the rank among the processes sharing this machine")
+    world_size: int
+    local_world_size: int = Field(description="the processes sharing this machine (torchrun's --nproc-per-node)")
+
+    @property
+    def nodes(self) -> int:
+        """Machines in the job, e.g. 2 for 4 processes, 2 per machine."""
+        return max(1, self.world_size // self.local_world_size)
+
+
+class Agreement(Record):
+    """How a rank's answer relates to the job's choice, e.g. ``Agreement(decided_by=0, own=Candidate(device="cpu",
+    precision="fp32"), cost=1.4)``: the job trains with what the deciding rank's machine measured best; a machine
+    whose own measurements disagree says what that choice costs there."""
+
+    decided_by: int = Field(description="the rank whose machine's measurements chose for the whole job")
+    own: Candidate | None = Field(default=None, description=(
+        "this machine's own pick, where it differs from the job's choice"))
+    cost: float | None = Field(default=None, description=(
+        "the job's choice's step time over ``own``'s, as measured on this machine, e.g. 1.4; None where this machine "
+        "did not measure its precision"))
+    measured_as: Candidate | None = Field(default=None, description=(
+        "what ``cost`` timed here: the job's choice, or where this machine's search did not try its variants, its "
+        "precision without them (against ``own``'s precision without them)"))
+
+
 class Evidence(Record):
     """What a decision rests on, as data (``--explain`` renders it, ``--json`` carries it): every other candidate
     against the pick, and what qualifies the answer, e.g. ``Evidence(device_name="Intel Xeon, 2 threads",
@@ -285,6 +316,8 @@ class Evidence(Record):
         "why no measurement of this machine configuration answers (a fallback), e.g. 'calibration running in "
         "this process'"))
     similar: SimilarMachine | None = Field(default=None, description="the record of the same hardware it used")
+    agreement: Agreement | None = Field(default=None, description=(
+        "in a job of many processes: the rank whose measurements chose, and what this machine's own say"))
 
 
 class Demotion(Record):
@@ -410,6 +443,7 @@ class MaxBatchReport(Record):
 __all__ = [
     "FP32_CPU",
     "PRECISIONS",
+    "Agreement",
     "Candidate",
     "CandidateResult",
     "Choice",
@@ -431,6 +465,7 @@ __all__ = [
     "Precision",
     "Prefer",
     "ProbeOutcome",
+    "Ranks",
     "Rival",
     "Role",
     "SimilarMachine",

@@ -269,6 +269,31 @@ def demoted_reason(latest: Demotion, now: Choice) -> str:
                     f"{latest.at[:10]}; using ", [using + now.variant_words, using])
 
 
+def agreed_reason(choice: Candidate, own: Candidate, cost: float | None, *, decided_by: int,
+                  plain: bool = False) -> str:
+    """The reason of a rank that trains with its job's choice where its own machine picked ``own``, and what its own
+    measurements say the choice costs there (``cost``: the choice's step time over ``own``'s; ``plain``: the two
+    precisions without their variants, which the search here did not try), e.g. "bf16 mixed precision on the CPU:
+    the job's choice (rank 0's machine measured it); here 1.4x slower per step than fp32, this machine's own pick"."""
+    chose = f": the job's choice (rank {decided_by}'s machine measured it)"
+    named, short = _named(own, choice), _named(own.base, choice.base)
+    if plain:
+        named = short = _PRECISION_WORDS[own.precision] if own.device == choice.device else _where(own.device)
+    without = ", without its variants," if plain else ""
+    if cost is None:
+        here, brief = f"not measured here, where {named} is the pick", f"not measured here, where {short} is the pick"
+    elif cost >= 1.005:
+        here = f"here{without} {ratio_words(cost)} slower per step than {named}"
+        brief = f"here{without} {ratio_words(cost)} slower than {short}"
+    else:
+        here, brief = f"here{without} no slower than {named}", f"here{without} no slower than {short}"
+    answer, short_answer = answer_words(choice), answer_words(choice.base)
+    return _fitting("", [*(f"{said}{chose}; {part}" for part in (f"{here}, this machine's own pick", here)
+                           for said in (answer, short_answer)),
+                         *(f"{said}{chose}; {brief}" for said in (answer, short_answer)),
+                         f"{short_answer}: the job's choice (rank {decided_by}'s machine)"])
+
+
 def _fitting(answer: str, forms: Sequence[str], *, short: str | None = None) -> str:
     """``answer`` and the first (most detailed) of ``forms`` that fits in :data:`REASON_CHARS`; else the ``short``
     answer (no variants: the Config lists them all) with the last form."""
@@ -278,6 +303,7 @@ def _fitting(answer: str, forms: Sequence[str], *, short: str | None = None) -> 
 
 __all__ = [
     "REASON_CHARS",
+    "agreed_reason",
     "answer_words",
     "demotion_words",
     "mib_words",

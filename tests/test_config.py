@@ -82,6 +82,7 @@ def test_a_decided_config_dumps_every_key_it_always_had() -> None:
         "num_threads": None, "memory_format": "channels_last", "optimizer": "fused", "compiled": False,
         "noisy": False, "fingerprint_digest": "d", "measured_at": "2026-11-30T00:00:00+00:00",
         "evidence": dumped["evidence"],  # added, the decision's evidence
+        "ranks": None,  # added: the job of many processes it was agreed for
     }
     assert config.evidence is not None and dumped["evidence"] == config.evidence.model_dump()
     assert 1.9 < dumped["speedup_vs_fp32_cpu"] < 2.1

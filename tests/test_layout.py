@@ -12,16 +12,23 @@ import pytest
 PACKAGE = Path(__file__).parent.parent / "autotune"
 
 #: room -> all it imports of autotune: the variant table, the errors and the statistics import nothing of it; the
-#: records, only the variant table (a Choice's fields are its rows)
+#: records, only the variant table (a Choice's fields are its rows); where a launcher put a process, only the errors;
+#: the job's group, no Config (the guard and the Config use it)
 ONLY = {
     "autotune._variants": set(),
     "autotune._errors": set(),
     "autotune._stats": set(),
     "autotune._records": {"autotune._variants"},
+    "autotune._ranks.launch": {"autotune._errors"},
+    "autotune._ranks.group": {"autotune._env", "autotune._errors", "autotune._ranks.launch", "autotune._records",
+                              "autotune._version"},
 }
 #: room -> the rooms it never imports: the worker's package prunes and never decides or touches the cache; the cache
-#: times nothing and knows no Config; the decision is pure; the host side of the worker process holds no results
+#: times nothing and knows no Config; the decision is pure; the host side of the worker process holds no results; the
+#: ranks of a job exchange answers and never measure (the one way to an answer hands them what to exchange)
 NEVER = {
+    "autotune._ranks": {"autotune._answer", "autotune._calibrate", "autotune._cache", "autotune._lab",
+                        "autotune._worker", "autotune._background", "autotune._tools"},
     "autotune.backends": {"autotune._cache", "autotune._lab", "autotune._worker", "autotune._config",
                           "autotune._decide", "autotune._answer", "autotune._calibrate"},
     "autotune._lab": {"autotune._answer", "autotune._cache", "autotune._decide", "autotune._config",
