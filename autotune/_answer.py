@@ -3,7 +3,9 @@
 From the cache when a measurement of this machine configuration still answers (``_cache.freshness``), through
 the one miss path (``_calibrate.ensure_measured``) when it does not and measuring is allowed, else from what
 is known without measuring (:func:`fallback`). Decisions are memoised per process, keyed by what they read, so
-a warm call costs a fingerprint and a few ``stat`` calls. The calibration machinery loads only on a miss.
+a warm call costs a fingerprint and a few ``stat`` calls. The calibration machinery loads only on a miss. In a job
+of many processes the same way runs on each machine's first rank, for its machine's ranks, and ``_ranks.job`` makes
+one answer of them for the job.
 """
 
 from __future__ import annotations

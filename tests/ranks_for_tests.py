@@ -1,0 +1,123 @@
+"""The training scripts the launcher tests start (torchrun, accelerate launch, a launcher of the test's own): each
+rank answers, trains a little, and prints ``RESULT {json}`` lines for the test to read.
+
+``python ranks_for_tests.py MODE``: ``answer`` (best_config only), ``lightning`` (then a Lightning DDP fit with
+the Config's keywords and the guard callback; rank 1's loss reads NaN from batch 10, its gradients stay finite),
+``lightning-own`` (the same fit, two processes started by Lightning's own launcher), ``accelerate`` (then a few
+steps through Accelerate, the guard in the loop).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import warnings
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))  # the families the worker imports by name
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import autotune
+from autotune._ranks.agree import digest
+
+logging.basicConfig(level=logging.INFO, format=f"[rank {os.environ.get('RANK', '?')}] %(message)s", stream=sys.stderr)
+
+
+def emit(rank: int | None = None, **fields: object) -> None:
+    # One write per line: the ranks share the launcher's stdout.
+    rank = rank if rank is not None else int(os.environ.get("RANK", "0"))
+    sys.stdout.write("RESULT " + json.dumps({"rank": rank, **fields}) + "\n")
+    sys.stdout.flush()
+
+
+def answered(config: autotune.Config) -> dict[str, object]:
+    agreement = config.evidence.agreement if config.evidence is not None else None
+    return {"digest": digest(config), "device": config.device, "label": config.candidate.label,
+            "precision": config.precision, "threads": config.num_threads, "torch_threads": torch.get_num_threads(),
+            "reason": config.reason, "ranks": config.ranks.model_dump() if config.ranks else None,
+            "own": agreement.own.label if agreement is not None and agreement.own is not None else None,
+            "machine": os.environ.get("RANKS_TEST_MACHINE"), "fingerprint": config.fingerprint_digest}
+
+
+def _data() -> TensorDataset:
+    torch.manual_seed(0)
+    return TensorDataset(torch.randn(480, 8), torch.randint(0, 4, (480,)))
+
+
+def lightning_fit(config: autotune.Config, *, devices: int | None = None) -> None:
+    import lightning
+
+    class Tiny(lightning.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+
+        def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+            features, labels = batch
+            loss = F.cross_entropy(self.net(features), labels)
+            if self.global_rank == 1 and batch_idx >= 10:
+                loss = loss + torch.tensor(float("nan"))  # the loss reads NaN; its gradients stay finite
+            return loss
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.AdamW(self.parameters(), **config.optimizer_kwargs())
+
+        def train_dataloader(self) -> DataLoader[tuple[Tensor, ...]]:
+            return DataLoader(_data(), batch_size=4)
+
+    callback = autotune.GuardCallback(config)
+    kwargs = config.lightning_kwargs(devices=devices)
+    trainer = lightning.Trainer(**kwargs, callbacks=[callback], max_steps=50, logger=False,
+                                enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                                default_root_dir=os.environ["RANKS_TEST_DIR"])
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        trainer.fit(Tiny())
+    finding = callback.guard.finding
+    emit(trainer.global_rank, trainer={k: str(v) for k, v in kwargs.items()}, world_size=trainer.world_size,
+         job=callback.guard.job is not None,
+         finding=finding.detail if finding is not None else None, step=finding.step if finding is not None else None,
+         warned=sum(isinstance(w.message, autotune.ConfigMisbehaved) for w in warned))
+
+
+def accelerate_steps(config: autotune.Config) -> None:
+    import accelerate
+
+    accelerator = accelerate.Accelerator(**config.accelerate_kwargs())
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    model, optimizer, loader = accelerator.prepare(
+        model, torch.optim.AdamW(model.parameters(), **config.optimizer_kwargs()), DataLoader(_data(), batch_size=8))
+    guard = config.guard()
+    for features, labels in loader:
+        loss = F.cross_entropy(model(features), labels)
+        optimizer.zero_grad(set_to_none=True)
+        accelerator.backward(loss)
+        optimizer.step()
+        guard.step(loss)
+    emit(processes=accelerator.num_processes, distributed=str(accelerator.distributed_type),
+         accelerator_device=str(accelerator.device), steps=guard.steps, finding=guard.check())
+
+
+def main(mode: str) -> None:
+    autotune.register_family("slow_in", "families_for_tests:build_slow_in")
+    config = autotune.best_config("slow_in")
+    config.apply_threads()
+    emit(**answered(config))
+    if mode == "lightning":
+        lightning_fit(config)
+        again = autotune.best_config("slow_in")  # after the job-wide demotion: every rank asks again, together
+        emit(again=answered(again))
+    elif mode == "lightning-own":  # Lightning's own launcher starts rank 1 at fit, re-running this script
+        lightning_fit(config, devices=2)
+    elif mode == "accelerate":
+        accelerate_steps(config)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
