@@ -13,7 +13,6 @@ row at ``SLOW_FACTOR`` times the run's fastest pace only warn. fp32 on the CPU, 
 from __future__ import annotations
 
 import datetime as dt
-import json
 import logging
 import math
 import statistics
@@ -26,7 +25,7 @@ import torch
 
 from autotune._cache import demotions as _demotions
 from autotune._errors import ConfigMisbehaved, ConfigurationError
-from autotune._records import Candidate, Demotion, Misbehaviour, Prefer
+from autotune._records import Candidate, Demotion, Misbehaviour, Prefer, Record
 from autotune._version import __version__
 
 if TYPE_CHECKING:
@@ -192,13 +191,14 @@ class Guard:
                   ) -> tuple[Misbehaviour, int, str, list[float]] | None:
         """The first rank's finding at this read, on every rank of the job (each rank reads at the same step)."""
         assert self.job is not None
-        said = self.job.first(json.dumps(found) if found is not None else None,
+        mine = _Seen(seen=found[0], step=found[1], detail=found[2], evidence=found[3]) if found is not None else None
+        said = self.job.first(mine.model_dump_json() if mine is not None else None,
                               waiting_for=f"the other ranks' guard at step {self.steps:,}")
         if said is None:
             return None
         rank, text = said
-        seen, step, detail, evidence = json.loads(text)
-        return seen, step, f"{detail}, on rank {rank}", evidence
+        seen = _Seen.model_validate_json(text)
+        return seen.seen, seen.step, f"{seen.detail}, on rank {rank}", seen.evidence
 
     def _judge_loss(self, step: int, loss: float) -> tuple[Misbehaviour, int, str, list[float]] | None:
         if not math.isfinite(loss):
@@ -286,6 +286,15 @@ class Guard:
                         "workload or a throttled machine? `python -m autotune --check` re-times the pick",
                         self.model_kind, self.candidate.label, SLOW_BLOCKS * self.read_every, step_ms,
                         step_ms / self._fastest_ms, self._fastest_ms)
+
+
+class _Seen(Record):
+    """A rank's finding at one read, as it crosses to the other ranks of its job."""
+
+    seen: Misbehaviour
+    step: int
+    detail: str
+    evidence: list[float]
 
 
 def _number(values: list[float]) -> str:

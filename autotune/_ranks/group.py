@@ -13,7 +13,6 @@ one-time work per node waits the same way (a gloo group with a timeout of its ow
 from __future__ import annotations
 
 import datetime as dt
-import json
 import logging
 import os
 import re
@@ -29,7 +28,7 @@ from torch.distributed.rendezvous import rendezvous
 from autotune import _env
 from autotune._errors import RanksError
 from autotune._ranks.launch import Launch, from_environment, from_group
-from autotune._records import Ranks
+from autotune._records import Ranks, Record
 from autotune._version import __version__
 
 log = logging.getLogger("autotune")
@@ -64,13 +63,13 @@ class JobGroup:
         self.group = group
         self.timeout_s = timeout_s
         self.answers: dict[tuple[object, ...], object] = {}
-        roster = self.allgather(json.dumps({"node": launch.node, "local_rank": launch.local_rank,
-                                            "version": __version__}), waiting_for="the other ranks to join")
-        members = [_member(rank, json.loads(text)) for rank, text in enumerate(roster)]
-        versions = {json.loads(text)["version"] for text in roster}
-        if len(versions) > 1:
+        roster = [_Joined.model_validate_json(text) for text in self.allgather(
+            _Joined(node=launch.node, local_rank=launch.local_rank, version=__version__).model_dump_json(),
+            waiting_for="the other ranks to join")]
+        members = [_member(rank, joined) for rank, joined in enumerate(roster)]
+        if len({joined.version for joined in roster}) > 1:
             raise RanksError(None, "the ranks run different autotune versions (" + ", ".join(
-                f"rank {rank}: {json.loads(text)['version']}" for rank, text in enumerate(roster)) + ")")
+                f"rank {rank}: {joined.version}" for rank, joined in enumerate(roster)) + ")")
         me = members[launch.rank]
         #: the ranks on this machine, by local rank
         self.machine = sorted((m for m in members if m.node == me.node), key=lambda m: m.local_rank)
@@ -150,11 +149,19 @@ def _bytes_tensor(data: bytes) -> torch.Tensor:
     return torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
 
 
-def _member(rank: int, said: dict[str, object]) -> Member:
-    local_rank = int(str(said["local_rank"]))
+class _Joined(Record):
+    """What a rank says of itself when it joins: its machine (None: its launcher did not say), its local rank there,
+    its autotune."""
+
+    node: str | None
+    local_rank: int
+    version: str
+
+
+def _member(rank: int, joined: _Joined) -> Member:
     # No machine index from the launcher: ranks are numbered machine by machine, as launchers do.
-    node = said["node"] if said["node"] is not None else f"first rank {rank - local_rank}"
-    return Member(rank=rank, node=str(node), local_rank=local_rank)
+    node = joined.node if joined.node is not None else f"first rank {rank - joined.local_rank}"
+    return Member(rank=rank, node=node, local_rank=joined.local_rank)
 
 
 #: this process's job, once joined
