@@ -212,9 +212,11 @@ class Config(Choice):
         It watches for non-finite losses, steps GradScaler skips beyond its early back-off, and a loss that
         diverges, at no synchronization per step; on a finding it warns (:class:`ConfigMisbehaved`; raises it with
         ``on_failure="raise"``) and demotes this candidate's precision on this device for this machine, so that
-        ``best_config`` and ``guard.fallback()`` answer the best remaining one. The rules: ``autotune._guard``.
+        ``best_config`` and ``guard.fallback()`` answer the best remaining one. ``for batch in guard.data(loader):``
+        also times the loop's waits for data (``guard.summary()``). The rules: ``autotune._guard``.
         """
-        return Guard(self.model_kind, self.candidate, self.fingerprint_digest, on_failure=on_failure)
+        return Guard(self.model_kind, self.candidate, self.fingerprint_digest, on_failure=on_failure,
+                     step_ms=self.step_ms, speedup=self.speedup_vs_fp32_cpu)
 
     def grad_scaler(self) -> torch.amp.GradScaler:
         """A GradScaler enabled only for fp16, starting at the init_scale calibration found safe."""

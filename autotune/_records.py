@@ -319,6 +319,30 @@ class Demotion(Record):
         return candidate.device == self.candidate.device and candidate.precision == self.candidate.precision
 
 
+class LoopSummary(Record):
+    """What a training loop's guard saw of the loop's time (``guard.summary()``), kept per family on this machine,
+    e.g. ``LoopSummary(model_kind="cnn", candidate=Candidate(device="cpu", precision="bf16-mixed"), steps=1200,
+    batches=1200, data_wait_share=0.62, data_ms=75.1, step_ms=46.3, measured_step_ms=45.8, ...)``.
+
+    Per training step, one batch each: the wait for the batch (``guard.data(loader)``) and the rest of the loop's
+    time (the step, and whatever else the loop does), timed on the host between batches, with no synchronization
+    of the device added.
+    """
+
+    model_kind: str
+    candidate: Candidate
+    steps: int = Field(description="training steps the guard saw (guard.step)")
+    batches: int = Field(description="batches guard.data delivered whose step ended")
+    data_wait_share: float | None = Field(default=None, description=(
+        "the share of the loop's time spent waiting for a batch, e.g. 0.62; None where no batch was timed"))
+    data_ms: float | None = Field(default=None, description="ms waiting for data per batch")
+    step_ms: float | None = Field(default=None, description="ms of the rest of the loop per batch: the step")
+    measured_step_ms: float | None = Field(default=None, description="the step time calibration measured")
+    started_at: str = Field(description="when the guard was made, ISO 8601 UTC: the run's identity")
+    at: str = Field(description="when this was summed up, ISO 8601 UTC")
+    autotune_version: str
+
+
 class OperatorTime(Record):
     """One operator's share of a traced step, e.g. ``OperatorTime(name="aten::convolution_backward", ...)``.
 
@@ -422,6 +446,7 @@ __all__ = [
     "FamilyKey",
     "FamilyResult",
     "Interval",
+    "LoopSummary",
     "MaxBatchReport",
     "MemoryLine",
     "MemoryProbe",
