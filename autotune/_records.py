@@ -343,6 +343,60 @@ class LoopSummary(Record):
     autotune_version: str
 
 
+class LoaderTrial(Record):
+    """One DataLoader setting timed in the loop, e.g. ``LoaderTrial(num_workers=2, num_threads=1, prefetch_factor=2,
+    loop_ms=52.0, data_wait_share=0.08, start_s=0.21, batches=14)``, or ruled out (``failure``)."""
+
+    num_workers: int
+    num_threads: int | None = Field(default=None, description="the training's CPU threads; None: left as they are")
+    prefetch_factor: int | None = None
+    loop_ms: float | None = Field(default=None, description="ms per training step of the loop, its data included")
+    data_wait_share: float | None = None
+    start_s: float | None = Field(default=None, description="until the first batch: the workers' start")
+    batches: int = 0
+    failure: str | None = Field(default=None, description="why it was ruled out: a worker died, hung, or never started")
+
+
+class LoaderReport(Record):
+    """What ``Config.dataloader_report`` measured for one dataset: the DataLoader settings it chose, why, and every
+    setting it timed in the loop with the config's own training step.
+
+    ``reason`` is one line, e.g. ``"num_workers=2 with 1 training thread: the cheapest setting that kept up with the
+    training step (52 ms per step, the step alone 49 ms; without workers 95 ms)"``.
+    """
+
+    model_kind: str
+    candidate: Candidate
+    dataset: str = Field(description="the dataset's signature: type, length, one sample's structure")
+    batch_size: int
+    num_workers: int
+    pin_memory: bool
+    persistent_workers: bool
+    prefetch_factor: int | None
+    multiprocessing_context: str | None
+    num_threads: int | None = Field(default=None, description=(
+        "the training's CPU threads the choice was measured with, where it differs from the config's"))
+    reason: str
+    step_ms: float | None = Field(description="the training step alone, on batches already in memory")
+    trials: list[LoaderTrial]
+    measured_at: str
+    wall_s: float = Field(description="what the measurement cost, in seconds")
+    budget_s: float
+
+    def tuned(self) -> dict[str, object]:
+        """The DataLoader keywords it chose, e.g. ``{"num_workers": 2, "persistent_workers": True, ...}``:
+        the keywords that only workers take are left out without them (DataLoader refuses them)."""
+        if self.num_workers == 0:
+            return {"num_workers": 0, "pin_memory": self.pin_memory}
+        chosen: dict[str, object] = {"num_workers": self.num_workers, "pin_memory": self.pin_memory,
+                                     "persistent_workers": self.persistent_workers}
+        if self.prefetch_factor is not None:
+            chosen["prefetch_factor"] = self.prefetch_factor
+        if self.multiprocessing_context is not None:
+            chosen["multiprocessing_context"] = self.multiprocessing_context
+        return chosen
+
+
 class OperatorTime(Record):
     """One operator's share of a traced step, e.g. ``OperatorTime(name="aten::convolution_backward", ...)``.
 
@@ -446,6 +500,8 @@ __all__ = [
     "FamilyKey",
     "FamilyResult",
     "Interval",
+    "LoaderReport",
+    "LoaderTrial",
     "LoopSummary",
     "MaxBatchReport",
     "MemoryLine",

@@ -96,13 +96,15 @@ class TrainStep:
         with apply.process(self.candidate):
             yield
 
-    def run(self, steps: int = 1) -> None:
-        """``steps`` training steps, synchronised after the last (inside ``selected()``)."""
+    def run(self, steps: int = 1, *, synchronize: bool = True) -> None:
+        """``steps`` training steps, synchronised after the last unless ``synchronize=False`` (a loop's steps,
+        which overlap the host's next work as the user's do) (inside ``selected()``)."""
         for _ in range(steps):
             self._forward_backward()
             self.scaler.step(self.optimizer)
             self.scaler.update()
-        self.backend.synchronize(self.candidate.device)
+        if synchronize:
+            self.backend.synchronize(self.candidate.device)
 
     def run_checked(self) -> tuple[float, float, bool]:
         """One training step that also reports (loss, gradient norm, whether GradScaler skipped it); no dropout.
