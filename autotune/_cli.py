@@ -143,7 +143,7 @@ def _decisions(args: argparse.Namespace) -> int:
 
     out = console()
     out.print(f"[bold]Machine[/bold] {fp.summary()}  [dim](fingerprint {fp.digest})[/dim]")
-    table = Table()
+    table = Table(caption="vs fp32 CPU: per training step, the loop's data loading not in it")
     for column in ("kind", "device", "precision", "also", "step", "vs fp32 CPU", "peak MiB", "source"):
         table.add_column(column, overflow="fold")
     for kind, config in configs.items():

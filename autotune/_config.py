@@ -35,7 +35,7 @@ class Config(Choice):
 
     The device, precision and variants are the measured candidate's (:class:`Choice`); ``reason`` is one
     sentence of at most 160 characters for a log or a status bar, the answer and its strongest evidence, e.g.
-    ``"bf16 mixed precision with channels_last on the CPU: 2.5x faster than fp32 (measured 2026-12-02)"``;
+    ``"bf16 mixed precision with channels_last on the CPU: 2.5x faster per step than fp32 (measured 2026-12-02)"``;
     ``evidence`` holds the whole argument as data. ``source`` says where the answer came from: ``measured`` on
     this machine, ``forced`` by ``AUTOTUNE_DEVICE``, or ``heuristic`` when no measurement was possible (the
     reason says why and what it falls back to).

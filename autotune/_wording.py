@@ -207,11 +207,11 @@ def _device_claim(pick: Candidate, evidence: Evidence) -> str | None:
                 f"{time_words(1000 * (best.setup_s or 0.0))} outweighs its faster steps")
     if best.verdict == "faster":
         if evidence.forced is not None:
-            return f"{where} is {ratio_words(1 / times)} faster"
-        return f"as requested, though {where} is {ratio_words(1 / times)} faster"
+            return f"{where} is {ratio_words(1 / times)} faster per step"
+        return f"as requested, though {where} is {ratio_words(1 / times)} faster per step"
     if best.verdict == "tie":
         return f"{where} was no faster" + (", and on a tie the CPU wins" if pick.device == "cpu" else "")
-    return f"{ratio_words(times)} faster than {where}"
+    return f"{ratio_words(times)} faster per step than {where}"
 
 
 def _precision_claim(pick: Candidate, evidence: Evidence) -> str | None:
@@ -247,14 +247,15 @@ def times_over(found: Rival, pick: Candidate, evidence: Evidence, seen: frozense
 
 
 def _against(found: Rival, pick: Candidate, evidence: Evidence) -> str:
-    """e.g. ``'2.5x faster than fp32'``, ``'bf16 mixed precision was no faster'``."""
+    """e.g. ``'2.5x faster per step than fp32'``, ``'bf16 mixed precision was no faster'``: a training step's time,
+    not the loop's (its data loading is not in it)."""
     name = _named(found.candidate, pick)
     times = times_over(found, pick, evidence)
     if found.verdict in ("dropped", "slower", "outpaced") and (times is None or times < 1):
         return f"{name} was clearly slower"
     if found.verdict not in ("dropped", "slower", "outpaced") or times is None or times < 1:
         return f"{name} was no faster"
-    return f"{ratio_words(times)} faster than {name}"
+    return f"{ratio_words(times)} faster per step than {name}"
 
 
 def reason(pick: Candidate, evidence: Evidence, *, measured_at: str | None) -> str:

@@ -16,7 +16,7 @@ def test_clear_winner_is_picked_with_its_numbers_in_the_reason_and_the_evidence(
     measured = family("cnn", timed("cpu", "fp32", 110.0), timed("cpu", "bf16-mixed", 58.6))
     config = decide(measured, digest=DIGEST)
     assert (config.device, config.precision, config.source) == ("cpu", "bf16-mixed", "measured")
-    assert config.reason == "bf16 mixed precision on the CPU: 1.9x faster than fp32 (measured 2026-11-30)"
+    assert config.reason == "bf16 mixed precision on the CPU: 1.9x faster per step than fp32 (measured 2026-11-30)"
     fp32 = rival(config, "cpu fp32")
     assert (fp32.role, fp32.verdict, fp32.against, fp32.rounds) == ("precision", "slower", config.candidate, 6)
     assert fp32.ratio is not None and fp32.ratio.estimate == pytest.approx(110 / 58.6, rel=0.02)
@@ -86,7 +86,7 @@ def test_a_dropped_candidate_never_wins_a_tie_and_its_evidence_is_the_reason() -
     fp32 = fp32.model_copy(update={"timing": fp32.timing.model_copy(update={"dropped": drop, "final": False})})
     config = decide(family("gap", fp32, timed("cpu", "bf16-mixed", 5.9)), digest=DIGEST)
     assert config.precision == "bf16-mixed"
-    assert config.reason == "bf16 mixed precision on the CPU: 8.6x faster than fp32 (measured 2026-11-30)"
+    assert config.reason == "bf16 mixed precision on the CPU: 8.6x faster per step than fp32 (measured 2026-11-30)"
     evidence = rival(config, "cpu fp32")
     assert (evidence.verdict, evidence.against, evidence.rounds, evidence.far_behind) == (
         "dropped", drop.by, 1, True)
@@ -166,8 +166,8 @@ def test_each_variant_of_a_pick_has_its_own_evidence() -> None:
     assert without_thread.ratio == Interval(estimate=1.07, low=1.02, high=1.12)
     plain = rival(config, "cpu fp32")
     assert (plain.role, plain.verdict, plain.rounds) == ("variant", "slower", 6)
-    assert config.reason == ("fp32 with the fused optimizer and 1 thread on the CPU: 1.4x faster than plain fp32 "
-                             "(measured 2026-11-30)")
+    assert config.reason == ("fp32 with the fused optimizer and 1 thread on the CPU: 1.4x faster per step than "
+                             "plain fp32 (measured 2026-11-30)")
 
 
 @pytest.mark.parametrize("results", [
