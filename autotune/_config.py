@@ -224,7 +224,7 @@ class Config(Choice):
         measured fastest for this machine, this config and this dataset, e.g. ``{"num_workers": 2, "pin_memory":
         False, "persistent_workers": True, "prefetch_factor": 2, "batch_size": 64}``.
 
-        Measured for a few seconds (``autotune._loader.BUDGET_S``) in the loop as you run it, this config's training
+        Measured for a few seconds (``_tools.loader.BUDGET_S``) in the loop as you run it, this config's training
         step fed by a DataLoader over ``dataset`` (see :meth:`dataloader_report`), then answered at once from the
         cache for the same dataset signature (type, length, one sample's structure), batch size and ``key`` (name a
         new version of your data with it). ``fixed`` DataLoader arguments (``shuffle=True``, ``collate_fn=...``,
@@ -250,7 +250,7 @@ class Config(Choice):
         setting whose worker dies or hangs is ruled out; one that is empty or raises is a :class:`DatasetError`,
         and nothing is cached.
         """
-        from autotune import _loader  # loads the training step's machinery: only when asked
+        from autotune._tools import loader as _loader  # loads the training step's machinery: only when asked
 
         return _loader.report(self.candidate, self.model_kind, self.fingerprint_digest, dataset,
                               batch_size=batch_size, key=key, fixed=fixed, init_scale=self.init_scale,

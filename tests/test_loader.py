@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
 import autotune
 from autotune import Config, ConfigurationError, DatasetError, LoaderTrial
 from autotune._cache import loader_answers
-from autotune._loader import KEEP_UP, choose, keeps_up
+from autotune._tools.loader import KEEP_UP, choose, keeps_up
 
 #: a small budget: each setting's loop is timed over a tenth of it
 BUDGET_S = 1.0
