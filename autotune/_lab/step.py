@@ -1,7 +1,8 @@
 """One candidate's training step on its device: the unit every measurement and every check runs.
 
 A step is what the user's loop does per batch: move the batch to the device, forward + loss under autocast,
-backward (scaled for fp16), optimizer step, then synchronise so the time is the time the user waits for.
+backward (scaled for fp16), optimizer step, then synchronise so the time is the time the user waits for. The
+batch is copied as a fast loop copies it (``pins_batches``).
 """
 
 from __future__ import annotations
@@ -58,6 +59,15 @@ def start_device(backend: Backend, device: str) -> float:
     return time.perf_counter() - started
 
 
+def pins_batches(backend: Backend) -> bool:
+    """Whether a step's batch is pinned once and copied ``non_blocking``, as a loop over a
+    ``DataLoader(pin_memory=True)`` copies its batches: where copies from pinned memory are stream-ordered (CUDA,
+    XPU), so the host launches the next step while the device still runs this one. From pageable memory every
+    copy waits for the device's queued work, a synchronisation per step that no fast loop pays; on MPS a loop
+    pays it too (non-blocking copies there lose data, pytorch/pytorch#189690)."""
+    return backend.async_copies
+
+
 class TrainStep:
     """Model, optimizer and GradScaler of one candidate, built from ``family`` with a fixed seed.
 
@@ -82,7 +92,7 @@ class TrainStep:
         self.memory_format = MEMORY_FORMATS[candidate.memory_format]
         self.model = workload.model.to(self.device, memory_format=self.memory_format)  # type: ignore[call-overload]
         self.model.train()
-        self.inputs = workload.inputs
+        self.inputs = tuple(t.pin_memory() for t in workload.inputs) if pins_batches(backend) else workload.inputs
         self.loss_fn = workload.loss
         self.optimizer = make_optimizer(workload, self.model, candidate.optimizer)
         self.forward = torch.compile(self.model) if candidate.compiled else self.model
@@ -188,4 +198,4 @@ def dropout_off() -> Iterator[None]:
         yield
 
 
-__all__ = ["TrainStep", "dropout_off", "make_optimizer", "start_device", "threads_context"]
+__all__ = ["TrainStep", "dropout_off", "make_optimizer", "pins_batches", "start_device", "threads_context"]
