@@ -170,6 +170,24 @@ def loop_scenarios() -> dict[str, tuple[Truth, int | None]]:
         "blocking_copies_launch_bound": (pipelined("bc", {
             "fp32": CandidateTruth(2.0, setup_s=3.0, launch_ms=2.6),
             "bf16-mixed": CandidateTruth(2.3, setup_s=3.0, launch_ms=1.0)}, copy_ms=1.0, sync_ms=0.02), None),
+        # fp32 computes for 10 ms after 0.55 ms of the host's lead, bf16 for 10.35 ms after 1.2: four steps in a
+        # span take 4% less per step than one alone for fp32, 8% for bf16. A step after another candidate's (or
+        # after the GPU idled) is 0.4 ms slower. Timed alone (under a 5% overlap), fp32 carried its lead and that
+        # penalty; timed in a span less a lone step, bf16 gained a quarter of the penalty: bf16 looked 7% faster,
+        # where it is 3.5% slower.
+        "partial_overlap_4_vs_8pct_idle": (pipelined("po", {
+            "fp32": CandidateTruth(10.0, setup_s=3.0, launch_ms=4.0, lead_ms=0.55),
+            "bf16-mixed": CandidateTruth(10.35, setup_s=3.0, launch_ms=9.0, lead_ms=1.2)},
+            noise=0.01, sync_ms=0.05, idle_penalty_ms=0.4), None),
+        # fp16 waits mid-step for GradScaler's inf check unless its optimizer is fused (which launches half as
+        # many kernels): 10.15 ms a step in a loop, fused 10.0, bf16 10.6. Synchronised alone fp16 takes 10.6 ms
+        # (+0.4 after another candidate), and its mid-step wait left it no overlap to show: timed alone, against
+        # bf16 in spans. bf16 led, and fp16 + fused, the best, was never tried.
+        "fp16_scaler_sync_vs_bf16": (pipelined("fs", {
+            "fp32": CandidateTruth(20.0, setup_s=3.0, launch_ms=6.0),
+            "bf16-mixed": CandidateTruth(10.6, setup_s=3.0, launch_ms=8.0, lead_ms=1.2),
+            "fp16-mixed": CandidateTruth(10.0, setup_s=3.0, launch_ms=8.0, lead_ms=0.5)},
+            noise=0.01, sync_ms=0.05, idle_penalty_ms=0.4, variant_launch_factors={"fused-optimizer": 0.5}), None),
     }
 
 

@@ -95,3 +95,44 @@ def test_every_backend_answers_the_whole_interface_without_a_device() -> None:
                 config.lightning_kwargs()
         else:
             assert config.lightning_kwargs()["accelerator"] == backend.lightning_accelerator
+
+
+def test_a_step_clock_pairs_each_marker_with_the_next() -> None:
+    # The device's events are the boundary (none here): each keeps the time its queue reached it, in ms.
+    from autotune.backends.api import StepClock
+
+    class Event:
+        def __init__(self) -> None:
+            self.at_ms = 0.0
+
+        def elapsed_time(self, end_event: Event) -> float:
+            return end_event.at_ms - self.at_ms
+
+    reached = iter([10.0, 12.5, 14.0])
+
+    def record(event: Event) -> None:
+        event.at_ms = next(reached)
+
+    clock = StepClock(Event, record)
+    for _ in range(3):
+        clock.mark()
+    assert clock.intervals_s() == [pytest.approx(0.0025), pytest.approx(0.0015)]
+
+
+def test_a_step_on_a_device_without_its_own_clock_is_timed_from_the_host() -> None:
+    # Real torch on the CPU: no events, so a span less a lone step after an untimed one (one figure); the batch
+    # stays pageable (copies there are not stream-ordered).
+    from autotune import _fp32
+    from autotune._families import get_family
+    from autotune._lab.step import TrainStep, pins_batches
+    from autotune._records import Candidate
+    from autotune.backends import backend_for
+
+    backend = backend_for("cpu")
+    step = TrainStep(get_family("tiny_mlp"), Candidate(device="cpu", precision="fp32"), backend, seed=0,
+                     fp32_host=_fp32.current())
+    assert not pins_batches(backend) and not any(t.is_pinned() for t in step.inputs)
+    assert backend.step_clock("cpu") is None
+    with step.selected():
+        figures = step.span(3)
+    assert len(figures) == 1 and figures[0] > 0

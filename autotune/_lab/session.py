@@ -27,9 +27,8 @@ from autotune._lab.measure import (
     Clock,
     Comparisons,
     MeasureSettings,
-    Steppable,
+    Runnable,
     interleave,
-    overlaps,
     warm_up,
 )
 from autotune._lab.plan import BASELINE, variants
@@ -47,7 +46,7 @@ def _device(candidate: Candidate) -> str:
 class Session:
     """One pass over a family: candidates set up once, timed in stages, then in the final comparison."""
 
-    def __init__(self, lab: Lab, settings: CalibrationSettings, emit: Emit, *, clock: Clock, control: Steppable,
+    def __init__(self, lab: Lab, settings: CalibrationSettings, emit: Emit, *, clock: Clock, control: Runnable,
                  settle: Callable[[float], None], discard_on_device_error: bool) -> None:
         self.lab = lab
         self.settings = settings
@@ -65,8 +64,6 @@ class Session:
         self.throttled = False
         #: the highest clock each device read so far (where it reports one)
         self.clock_peak: dict[str, float] = {}
-        #: whether each candidate is timed in spans of steps (``measure.overlaps``)
-        self.spans: dict[Candidate, bool] = {}
         self._last_stage = 1
         self.excluded: set[Candidate] = set()
         #: devices far behind another one, with the evidence: it stays with the device when a later stage
@@ -215,13 +212,11 @@ class Session:
         warm = {c: warm_up(self.roster.ready[c].step, self.clock, self.roster.ready[c].recent_s, settings,
                            steady_s=self._steady_s(c)) for c in candidates}
         estimates = {c: _stats.median(times[-3:]) for c, times in warm.items()}
-        for c in candidates:
-            if c not in self.spans:  # once: a candidate's launches overlap its device's work or they do not
-                self.spans[c] = overlaps(self.roster.ready[c].step, self.clock, warm[c], settings)
+        self._describe([c for c in candidates if self.roster.ready[c].step.asynchronous])
         started = self.clock()
         timed = interleave(
             {c: self.roster.ready[c].step for c in candidates}, estimate_s=estimates, control=self.control,
-            clock=self.clock, settings=settings, on_round=on_round, settle=self.settle, spans=self.spans,
+            clock=self.clock, settings=settings, on_round=on_round, settle=self.settle,
             comparisons=Comparisons(group=_device, margin=_rules.margin, tie_winner=_rules.tie_winner,
                                     across_groups=final, indifference=_rules.indifference),
         )
@@ -292,6 +287,16 @@ class Session:
                 self.throttled = True
                 self.notes.append(f"final comparison: {device}'s clock fell by {fall:.0%} (to {min(readings):.0f} "
                                   "MHz), throttling the CPU control cannot see; measured again by the next calibration")
+
+    def _describe(self, asynchronous: list[Candidate]) -> None:
+        """Say once per asynchronous device what its samples are: what a loop pays, for every candidate alike."""
+        for device in dict.fromkeys(c.device for c in asynchronous):
+            note = (f"{device}: every candidate timed as a training loop runs it, step by step on the device's own "
+                    "clock while the host launches the next step, after an untimed step that takes the queue's "
+                    "fill and a cold start; fp16 with an unfused optimizer waits for GradScaler's inf check every "
+                    "step there, as in a loop, fp16 with the fused optimizer does not")
+            if note not in self.notes:
+                self.notes.append(note)
 
     def _steady_s(self, candidate: Candidate) -> float | None:
         """Its step time when it was last timed (it warms up afresh, towards it); None if never timed."""

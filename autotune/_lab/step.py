@@ -134,10 +134,41 @@ class TrainStep:
     def run(self, steps: int = 1) -> None:
         """``steps`` training steps, synchronised after the last (inside ``selected()``)."""
         for _ in range(steps):
-            self._forward_backward()
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
+            self._step()
         self.backend.synchronize(self.candidate.device)
+
+    def span(self, steps: int) -> list[float]:
+        """The seconds of ``steps`` training steps as a loop runs them (inside ``selected()``): each between
+        markers at the ends of the step before it and of its own, on the device's own clock
+        (``Backend.step_clock``), while the host launches the next one. An untimed step goes first: it takes the
+        host's lead, the queue's fill and a cold start after another candidate's (clocks, caches); the drain
+        before the closing synchronisation is after the last marker. A loop that never synchronises pays none
+        of them.
+
+        A device without such a clock gives one figure from the host's: after an untimed step, a span of
+        ``steps + 1`` less a lone step, whose lead, fill and drain cancel."""
+        clock = self.backend.step_clock(self.candidate.device)
+        if clock is None:
+            self.run()
+            started = time.perf_counter()
+            self.run()
+            one = time.perf_counter() - started
+            started = time.perf_counter()
+            self.run(steps + 1)
+            span = time.perf_counter() - started
+            return [(span - one) / steps if span > one else span / (steps + 1)]
+        self._step()
+        clock.mark()
+        for _ in range(steps):
+            self._step()
+            clock.mark()
+        self.backend.synchronize(self.candidate.device)
+        return clock.intervals_s()
+
+    def _step(self) -> None:
+        self._forward_backward()
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
 
     def run_checked(self) -> tuple[float, float, bool]:
         """One training step that also reports (loss, gradient norm, whether GradScaler skipped it); no dropout.

@@ -3,8 +3,10 @@ this, never the package, so nothing imports back up."""
 
 from __future__ import annotations
 
+import itertools
 from abc import ABC, abstractmethod
-from typing import ClassVar, Literal
+from collections.abc import Callable
+from typing import Any, ClassVar, Literal
 
 import torch
 
@@ -25,6 +27,26 @@ class Finding(Record):
     level: Literal["ok", "info", "warning", "error"]
     message: str
     fix: str | None = None
+
+
+class StepClock:
+    """Markers in a device's queue, timed on the device's own clock as the queue reaches them (CUDA, XPU and MPS
+    events): the time between two steps' ends as a loop that never waits for the device runs them."""
+
+    def __init__(self, new_event: Callable[[], Any], record: Callable[[Any], None]) -> None:
+        self._new_event = new_event
+        self._record = record
+        self._events: list[Any] = []
+
+    def mark(self) -> None:
+        """Put a marker at the end of the device's queue (after the work launched so far)."""
+        event = self._new_event()
+        self._record(event)
+        self._events.append(event)
+
+    def intervals_s(self) -> list[float]:
+        """Seconds between consecutive markers; read once the device is synchronised."""
+        return [first.elapsed_time(second) / 1000 for first, second in itertools.pairwise(self._events)]
 
 
 class Backend(ABC):
@@ -70,6 +92,11 @@ class Backend(ABC):
     def synchronize(self, device: str) -> None:  # noqa: B027 - a default: the CPU has nothing to wait for
         """Wait for queued work; a no-op on the CPU."""
 
+    def step_clock(self, device: str) -> StepClock | None:
+        """A fresh :class:`StepClock` on ``device``; None where the device keeps no clock of its own (the CPU) or
+        this torch build cannot time its events."""
+        return None
+
     def clock_mhz(self, device: str) -> float | None:
         """The device's clock now, e.g. 1755.0 (a throttled GPU reads lower); None where it does not say."""
         return None
@@ -110,4 +137,4 @@ class Backend(ABC):
         return isinstance(exc, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)
 
 
-__all__ = ["Accelerator", "Backend", "Finding"]
+__all__ = ["Accelerator", "Backend", "Finding", "StepClock"]

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from autotune._records import Precision
-from autotune.backends.api import Accelerator, Backend, Finding
+from autotune.backends.api import Accelerator, Backend, Finding, StepClock
 
 _PROC_DRIVER = "/proc/driver/nvidia"
 #: where the amdgpu kernel driver describes each GPU (Linux), readable without initialising HIP
@@ -265,6 +265,10 @@ class CudaBackend(Backend):
 
     def synchronize(self, device: str) -> None:
         torch.cuda.synchronize(torch.device(device))
+
+    def step_clock(self, device: str) -> StepClock | None:
+        stream = torch.cuda.current_stream(torch.device(device))
+        return StepClock(lambda: torch.cuda.Event(enable_timing=True), lambda event: event.record(stream))
 
     def clock_mhz(self, device: str) -> float | None:
         """The SM clock through NVML (amdsmi on ROCm), where the optional ``pynvml`` / ``amdsmi`` is installed."""

@@ -9,7 +9,7 @@ import sys
 import torch
 
 from autotune._records import Precision
-from autotune.backends.api import Accelerator, Backend, Finding
+from autotune.backends.api import Accelerator, Backend, Finding, StepClock
 from autotune.backends.cpu import cpu_brand
 
 FALLBACK_VAR = "PYTORCH_ENABLE_MPS_FALLBACK"
@@ -70,6 +70,9 @@ class MpsBackend(Backend):
     def _track_peak(self) -> None:
         now = int(torch.mps.driver_allocated_memory())
         self._peak_bytes = now if self._peak_bytes is None else max(self._peak_bytes, now)
+
+    def step_clock(self, device: str) -> StepClock | None:
+        return StepClock(lambda: torch.mps.event.Event(enable_timing=True), lambda event: event.record())
 
     def release_cached_memory(self, device: str) -> None:
         torch.mps.empty_cache()

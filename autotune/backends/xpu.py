@@ -14,7 +14,7 @@ import sys
 import torch
 
 from autotune._records import Precision
-from autotune.backends.api import Accelerator, Backend
+from autotune.backends.api import Accelerator, Backend, StepClock
 
 
 def _compiled() -> bool:
@@ -70,6 +70,10 @@ class XpuBackend(Backend):
     lightning_accelerator = None
     visible_device_variables = ("ZE_AFFINITY_MASK",)
 
+    def __init__(self) -> None:
+        #: whether this torch build times XPU events (2.6 and later); None until first asked
+        self._timed_events: bool | None = None
+
     def host_accelerators(self) -> list[Accelerator]:
         if not _compiled() or sys.platform != "linux":
             return []  # elsewhere the model cannot be read without starting the runtime; the env vars still count
@@ -102,6 +106,21 @@ class XpuBackend(Backend):
 
     def synchronize(self, device: str) -> None:
         torch.xpu.synchronize(torch.device(device))
+
+    def step_clock(self, device: str) -> StepClock | None:
+        stream = torch.xpu.current_stream(torch.device(device))
+        clock = StepClock(lambda: torch.xpu.Event(enable_timing=True), lambda event: event.record(stream))
+        if self._timed_events is None:
+            try:  # builds before torch 2.6 raise on elapsed_time
+                clock.mark()
+                clock.mark()
+                self.synchronize(device)
+                clock.intervals_s()
+                self._timed_events = True
+            except (RuntimeError, NotImplementedError):
+                self._timed_events = False
+            clock = StepClock(lambda: torch.xpu.Event(enable_timing=True), lambda event: event.record(stream))
+        return clock if self._timed_events else None
 
     def release_cached_memory(self, device: str) -> None:
         torch.xpu.empty_cache()

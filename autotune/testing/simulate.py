@@ -13,6 +13,7 @@ Used by ``tests/test_simulated.py`` (a seeded subset) and ``benchmarks/decision_
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import random
 from collections.abc import Callable, Mapping, Sequence
@@ -70,9 +71,10 @@ class Loop:
     scaler_sync: bool
 
 
-def run_steps(loop: Loop, host: float, device: float, steps: int,
-              device_s: Callable[[float], float]) -> tuple[float, float]:
-    """``steps`` steps from (host, device): when the host is done launching them and when the device is done.
+def run_steps(loop: Loop, host: float, device: float, steps: int, device_s: Callable[[float], float],
+              ends: list[float] | None = None) -> tuple[float, float]:
+    """``steps`` steps from (host, device): when the host is done launching them and when the device is done
+    (``ends``: when the device finished each step).
 
     Each step: its batch copy (queued, or waited for), the host's lead, then forward and backward, GradScaler's
     check where it reads one, and the optimizer step. In a phase the host launches kernels for ``launch`` seconds
@@ -90,6 +92,8 @@ def run_steps(loop: Loop, host: float, device: float, steps: int,
         if loop.scaler_sync:
             host = max(host, device) + loop.sync_s
         host, device = _phase(host, device, share * loop.launch_s, share * work)
+        if ends is not None:
+            ends.append(device)
     return host, device
 
 
@@ -158,8 +162,8 @@ class Truth:
     copy_ms: float = 0.0
     #: ... the share of a step's launches and device time that its optimizer step takes
     optimizer_share: float = 0.2
-    #: ... an accelerator idle for ``idle_after_s`` (another candidate's turn, the control) runs its next step
-    #: ``idle_penalty_ms`` slower while its clocks ramp up again
+    #: ... an accelerator's first step after another candidate's steps, or after idling for ``idle_after_s`` (the
+    #: CPU's turn, the control), is ``idle_penalty_ms`` slower: its clocks ramp up again, its caches refill
     idle_penalty_ms: float = 0.0
     idle_after_s: float = 0.02
 
@@ -224,8 +228,8 @@ class _Weather:
         self._load = [0.0]  # shared with the control's weather: the machine's slow load, in log units
         #: the step that ran last (a position effect hits the one after another candidate's)
         self.last_step: object = None
-        #: when each pipelined accelerator last finished work (it slows down once idle long enough)
-        self.busy_until: dict[str, float] = {}
+        #: when each pipelined accelerator last finished work, and whose (its next step pays for a change)
+        self.busy_until: dict[str, tuple[float, object]] = {}
 
     def load(self) -> float:
         """The machine-wide load factor, one AR(1) step further."""
@@ -269,9 +273,19 @@ class _FakeStep:
         """``steps`` steps, then a synchronisation. On an accelerator the host launches step i at i launch
         times, and the device runs it once launched and once the step before it is done: a queue. On a
         pipelined one, kernel by kernel (:func:`run_steps`)."""
+        self._run(steps, None)
+
+    def span(self, steps: int) -> list[float]:
+        """``steps + 1`` steps, then a synchronisation: the seconds between consecutive steps' ends on the
+        device, as its events time them."""
+        ends: list[float] = []
+        self._run(steps + 1, ends)
+        return [later - first for first, later in itertools.pairwise(ends)]
+
+    def _run(self, steps: int, ends: list[float] | None) -> None:
         clock = self.weather.clock
         if self.loop is not None:
-            host, device = run_steps(self.loop, clock.now, clock.now, steps, self._pipelined_s)
+            host, device = run_steps(self.loop, clock.now, clock.now, steps, self._pipelined_s, ends)
             clock.now = max(host, device) + self.loop.sync_s
             return
         launched = done = clock.now
@@ -279,16 +293,20 @@ class _FakeStep:
             launched += self.launch_s
             clock.now = max(done, launched)  # the weather of the moment the device starts it
             done = clock.now + self._device_s()
+            if ends is not None:
+                ends.append(done)
         clock.now = done
 
     def _pipelined_s(self, start: float) -> float:
-        """A pipelined step's device seconds, started at ``start``: slower after the device idled."""
+        """A pipelined step's device seconds, started at ``start``: slower after another candidate's steps or
+        after the device idled."""
         weather, truth = self.weather, self.weather.truth
         weather.clock.now = start  # the weather of the moment the device starts it
         value = self._device_s()
-        if start - weather.busy_until.get(self.device, start) >= truth.idle_after_s:
+        until, whose = weather.busy_until.get(self.device, (start, self))
+        if whose is not self or start - until >= truth.idle_after_s:
             value += truth.idle_penalty_ms / 1000
-        weather.busy_until[self.device] = start + value
+        weather.busy_until[self.device] = (start + value, self)
         return value
 
     def _device_s(self) -> float:
