@@ -188,7 +188,23 @@ def loop_scenarios() -> dict[str, tuple[Truth, int | None]]:
             "bf16-mixed": CandidateTruth(10.6, setup_s=3.0, launch_ms=8.0, lead_ms=1.2),
             "fp16-mixed": CandidateTruth(10.0, setup_s=3.0, launch_ms=8.0, lead_ms=0.5)},
             noise=0.01, sync_ms=0.05, idle_penalty_ms=0.4, variant_launch_factors={"fused-optimizer": 0.5}), None),
+        # bf16's heavy load holds the GPU under its power cap, 1700 MHz against fp32's 1980 (bf16 is 15% faster
+        # there, as in a loop); the clock reads an average over half a second, 1200 MHz while idle. A healthy GPU:
+        # no throttle reason is reported, and nothing is noisy. A clock falling 10% below the highest read made
+        # every calibration noisy, measured again each time.
+        "power_capped_clocks_no_reason": (power_capped(power_cap_reason=False), None),
+        # ... and the same with NVML reporting the power cap while bf16 runs: its rounds keep their pace.
+        "power_capped_clocks_with_reason": (power_capped(power_cap_reason=True), None),
     }
+
+
+def power_capped(*, power_cap_reason: bool) -> Truth:
+    """fp32 and bf16 on a GPU whose clock a power cap holds down under bf16's load (``power_capped_*``)."""
+    return pipelined("pc", {
+        "fp32": CandidateTruth(20.0, setup_s=3.0, launch_ms=5.0),
+        "bf16-mixed": CandidateTruth(17.4, setup_s=3.0, launch_ms=5.0, clock_mhz=1550.0,
+                                     power_cap_reason=power_cap_reason)},
+        noise=0.01, sync_ms=0.05, clock_mhz=1980.0, idle_clock_mhz=1000.0, clock_window_s=0.17)
 
 
 def run(name: str, truth: Truth, expected_steps: int | None, runs: int) -> dict[str, object]:

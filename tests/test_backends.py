@@ -136,3 +136,29 @@ def test_a_step_on_a_device_without_its_own_clock_is_timed_from_the_host() -> No
     with step.selected():
         figures = step.span(3)
     assert len(figures) == 1 and figures[0] > 0
+
+
+@pytest.mark.parametrize(("mask", "events"), [
+    (0x0, []), (0x1, []), (0x2 | 0x10 | 0x100, []),  # idle, application clocks, sync boost, display: no throttle
+    (0x4, ["power_cap"]), (0x1 | 0x4, ["power_cap"]), (0x20, ["thermal"]), (0x40 | 0x20, ["thermal"]),
+    (0x8, ["hw_slowdown"]), (0x80, ["hw_slowdown"]), (0x4 | 0x40 | 0x8, ["hw_slowdown", "power_cap", "thermal"]),
+], ids=lambda value: hex(value) if isinstance(value, int) else "-".join(value) or "none")
+def test_nvml_clock_event_masks_name_the_throttle_reasons(mask: int, events: list[str]) -> None:
+    from autotune.backends.cuda import clock_events
+
+    assert clock_events(mask) == events
+
+
+def test_the_clock_check_says_why_it_is_off() -> None:
+    # Here: no nvidia-ml-py (the optional [nvidia] extra), no GPU. The CPU and other backends report no events.
+    from autotune.backends.cuda import NVML_HINT, CudaBackend
+    from autotune.backends.mps import MpsBackend
+
+    try:
+        import pynvml  # noqa: F401 - only its absence is this test's case
+    except ImportError:
+        assert CudaBackend().clock_check("cuda:0") == NVML_HINT
+        assert CudaBackend().clock_reading("cuda:0") is None
+    else:
+        pytest.skip("nvidia-ml-py is installed")
+    assert MpsBackend().clock_check("mps") == "Apple Metal (MPS) reports no clock events"

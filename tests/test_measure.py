@@ -456,3 +456,21 @@ def test_a_same_math_near_tie_within_the_indifference_stays_in_the_budget() -> N
                      settings=MeasureSettings(budget_s=1.0, round_min_s=0.0), comparisons=THREADS)
     assert all(s.dropped is None for s in result.series.values())
     assert result.elapsed_s < 1.5 and not result.unresolved_gap
+
+
+def test_a_throttle_reason_flags_a_candidate_only_if_its_rounds_moved() -> None:
+    # Recorded shapes: rounds in ms with the reasons read after each one's sample.
+    from autotune._lab.clocks import throttle_slowdown
+
+    steady = [10.0, 10.1, 9.9, 10.0, 10.2, 9.9]
+    # A power cap in force all along (a heavy bf16 load): its rounds before the final comparison ran as fast.
+    assert throttle_slowdown(steady, [["power_cap"]] * 6, [10.0, 10.1, 10.0], 0.05) is None
+    # A thermal event over the last three rounds, 25% slower than the first three.
+    hot = [10.0, 10.1, 9.9, 12.5, 12.6, 12.4]
+    found = throttle_slowdown(hot, [[], [], [], ["thermal"], ["thermal"], ["thermal"]], [10.0], 0.05)
+    assert found is not None and found[0] == pytest.approx(0.25, abs=0.01) and found[1] == ["thermal"]
+    # No reason reported (or no reading at all): whatever the clock did, nothing throttled.
+    assert throttle_slowdown(hot, [[]] * 6, [10.0], 0.05) is None
+    assert throttle_slowdown(hot, [], [10.0], 0.05) is None
+    # A reason in every round and nothing to compare with: no evidence that the rounds moved.
+    assert throttle_slowdown(hot, [["thermal"]] * 6, [], 0.05) is None

@@ -99,9 +99,9 @@ class MeasureSettings(BaseModel):
     #: a candidate timed again, after others ran (their caches, a GPU's clocks gone down), warms up afresh: its
     #: steady step time is known, so a fresh step must come this close to it
     warmup_stable_again: float = 0.05
-    #: a device clock (where the device reports one) falling by more than this during the final comparison
-    #: (throttling, which the CPU control cannot see) makes the result noisy
-    clock_drop: float = 0.10
+    #: a candidate's rounds in the final comparison this much slower while its device reported a throttle
+    #: reason than its other rounds (``clocks``) make the result noisy: the CPU control cannot see that
+    throttle_slowdown: float = 0.05
 
     @model_validator(mode="after")
     def _max_rounds_is_a_look(self) -> MeasureSettings:
@@ -190,9 +190,11 @@ def interleave(
     on_round: Callable[[int, K | None], None] | None = None,
     settle: Callable[[float], None] = time.sleep,
     answered: Callable[[Mapping[K, Series[K]]], bool] | None = None,
+    sampled: Callable[[K], None] | None = None,
 ) -> Interleaved[K]:
     """Time ``steps`` in interleaved rounds until every pair is resolved or the budget is spent (or, at a look,
-    the caller's own question is ``answered``). Steps on an asynchronous device are timed in spans."""
+    the caller's own question is ``answered``). Steps on an asynchronous device are timed in spans.
+    ``sampled(key)`` runs right after each sample, while the device is still in the state its steps left."""
     series: dict[K, Series[K]] = {
         key: Series(steps_per_round=steps_per_sample(step, estimate_s[key], settings)) for key, step in steps.items()
     }
@@ -223,6 +225,8 @@ def interleave(
                     untimed_s += clock() - share_started - sum(samples)
             paused = False
             series[key].round_ms.append(1000 * _stats.median(samples))
+            if sampled is not None:
+                sampled(key)
         share = settings.control_share
         if rounds < _stats.LOOKS[0] or clock() - control_end >= control_s * (1 - share) / share:
             # The least disturbed of a few runs (interference only adds time), after a pause that lets the

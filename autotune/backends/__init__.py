@@ -12,7 +12,7 @@ import functools
 
 import torch
 
-from autotune.backends.api import Accelerator, Backend, Finding
+from autotune.backends.api import Accelerator, Backend, ClockReading, Finding
 from autotune.backends.cpu import CpuBackend
 from autotune.backends.cuda import CudaBackend
 from autotune.backends.mps import MpsBackend
@@ -34,4 +34,4 @@ def backend_for(device: str) -> Backend:
     raise ValueError(f"no autotune backend for device {device!r}")
 
 
-__all__ = ["Accelerator", "Backend", "Finding", "all_backends", "backend_for"]
+__all__ = ["Accelerator", "Backend", "ClockReading", "Finding", "all_backends", "backend_for"]

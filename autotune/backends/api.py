@@ -9,8 +9,9 @@ from collections.abc import Callable
 from typing import Any, ClassVar, Literal
 
 import torch
+from pydantic import Field
 
-from autotune._records import Precision, Record
+from autotune._records import ClockEvent, Precision, Record
 
 
 class Accelerator(Record):
@@ -27,6 +28,13 @@ class Finding(Record):
     level: Literal["ok", "info", "warning", "error"]
     message: str
     fix: str | None = None
+
+
+class ClockReading(Record):
+    """A device's clock now and what holds it down, e.g. ``mhz=1755.0, events=['power_cap']``."""
+
+    mhz: float | None = None
+    events: list[ClockEvent] = Field(default_factory=list)
 
 
 class StepClock:
@@ -97,8 +105,12 @@ class Backend(ABC):
         this torch build cannot time its events."""
         return None
 
-    def clock_mhz(self, device: str) -> float | None:
-        """The device's clock now, e.g. 1755.0 (a throttled GPU reads lower); None where it does not say."""
+    def clock_check(self, device: str) -> str | None:
+        """None where :meth:`clock_reading` can say what holds ``device``'s clocks down; otherwise why not."""
+        return f"{self.title} reports no clock events"
+
+    def clock_reading(self, device: str) -> ClockReading | None:
+        """The device's clock now and the throttle reasons in force (where :meth:`clock_check` is None)."""
         return None
 
     def release_cached_memory(self, device: str) -> None:  # noqa: B027 - a default: the CPU has no cache
@@ -137,4 +149,4 @@ class Backend(ABC):
         return isinstance(exc, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)
 
 
-__all__ = ["Accelerator", "Backend", "Finding", "StepClock"]
+__all__ = ["Accelerator", "Backend", "ClockReading", "Finding", "StepClock"]

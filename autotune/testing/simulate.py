@@ -24,9 +24,9 @@ from autotune._lab.prepare import CandidateFailed, Prepared
 from autotune._lab.protocol import CalibrationSettings, Checkpoint, Done
 from autotune._lab.session import Session
 from autotune._lab.step import pins_batches
-from autotune._records import Candidate, CandidateResult, Failure, FamilyResult, Numerics
+from autotune._records import Candidate, CandidateResult, ClockEvent, Failure, FamilyResult, Numerics
 from autotune._rules import margin, preference
-from autotune.backends import backend_for
+from autotune.backends import ClockReading, backend_for
 
 #: the control workload's true time: pure Python on the CPU
 CONTROL_MS = 1.0
@@ -53,6 +53,11 @@ class CandidateTruth:
     lead_ms: float = 0.0
     #: this candidate's own log-normal sigma per step, instead of the machine's ``noise``
     noise: float | None = None
+    #: its accelerator's clock under its load where a power cap holds it below ``Truth.clock_mhz`` (its step time
+    #: is already that clock's: the cap holds it in a training loop too), and whether NVML then reports the
+    #: power cap as a throttle reason
+    clock_mhz: float | None = None
+    power_cap_reason: bool = False
 
 
 @dataclass(frozen=True)
@@ -166,6 +171,10 @@ class Truth:
     #: CPU's turn, the control), is ``idle_penalty_ms`` slower: its clocks ramp up again, its caches refill
     idle_penalty_ms: float = 0.0
     idle_after_s: float = 0.02
+    #: an accelerator's clock reading averages its clock over this many seconds (NVML's sample period: its
+    #: own work, another candidate's, idle time), where 0 reads it as it is; idle, it runs at ``idle_clock_mhz``
+    clock_window_s: float = 0.0
+    idle_clock_mhz: float | None = None
 
     def factors(self, base: Candidate) -> Mapping[str, float]:
         """The step-time factor of each variant setting on the plain candidate ``base``."""
@@ -230,6 +239,9 @@ class _Weather:
         self.last_step: object = None
         #: when each pipelined accelerator last finished work, and whose (its next step pays for a change)
         self.busy_until: dict[str, tuple[float, object]] = {}
+        #: each accelerator's steps (start, end, clock MHz) within the last clock window, and whose step ran last
+        self.busy: dict[str, list[tuple[float, float, float]]] = {}
+        self.last_on: dict[str, CandidateTruth | None] = {}
 
     def load(self) -> float:
         """The machine-wide load factor, one AR(1) step further."""
@@ -292,10 +304,27 @@ class _FakeStep:
         for _ in range(steps):
             launched += self.launch_s
             clock.now = max(done, launched)  # the weather of the moment the device starts it
+            start = clock.now
             done = clock.now + self._device_s()
+            self._busy(start, done)
             if ends is not None:
                 ends.append(done)
         clock.now = done
+
+    def _busy(self, start: float, end: float) -> None:
+        """Log a step on an accelerator for its windowed clock readings (``Truth.clock_window_s``)."""
+        weather, truth = self.weather, self.weather.truth
+        if self.device == "cpu":
+            return
+        weather.last_on[self.device] = self.own
+        if truth.clock_window_s:
+            mhz = self.own.clock_mhz if self.own is not None and self.own.clock_mhz is not None else truth.clock_mhz
+            if truth.throttled(start, self.device):
+                mhz /= truth.clock_drop_factor
+            log = weather.busy.setdefault(self.device, [])
+            log.append((start, end, mhz))
+            while log and log[0][1] < end - truth.clock_window_s:
+                log.pop(0)
 
     def _pipelined_s(self, start: float) -> float:
         """A pipelined step's device seconds, started at ``start``: slower after another candidate's steps or
@@ -307,6 +336,7 @@ class _FakeStep:
         if whose is not self or start - until >= truth.idle_after_s:
             value += truth.idle_penalty_ms / 1000
         weather.busy_until[self.device] = (start + value, self)
+        self._busy(start, start + value)
         return value
 
     def _device_s(self) -> float:
@@ -341,11 +371,38 @@ class TruthLab:
         """Nothing to free on a fake clock."""
 
     def clock_mhz(self, device: str) -> float | None:
-        """An accelerator's clock: nominal, or lower by the drop's factor once it throttles."""
+        """An accelerator's clock: nominal, or lower by the drop's factor once it throttles; averaged over the
+        last ``clock_window_s`` (its steps at their clocks, idle time at the idle clock) where that is set."""
         if device == "cpu":
             return None
-        throttled = self.truth.throttled(self.weather.clock.now, device)
-        return self.truth.clock_mhz / (self.truth.clock_drop_factor if throttled else 1.0)
+        truth, now = self.truth, self.weather.clock.now
+        if not truth.clock_window_s:
+            return truth.clock_mhz / (truth.clock_drop_factor if truth.throttled(now, device) else 1.0)
+        since = now - truth.clock_window_s
+        idle_mhz = truth.clock_mhz if truth.idle_clock_mhz is None else truth.idle_clock_mhz
+        busy = [(max(start, since), min(end, now), mhz) for start, end, mhz in self.weather.busy.get(device, [])]
+        busy = [(start, end, mhz) for start, end, mhz in busy if end > start]
+        busy_s = sum(end - start for start, end, _ in busy)
+        weighted = sum((end - start) * mhz for start, end, mhz in busy)
+        return (weighted + (truth.clock_window_s - busy_s) * idle_mhz) / truth.clock_window_s
+
+    def clock_check(self, device: str) -> str | None:
+        """A simulated accelerator reports its throttle reasons; the CPU none."""
+        return "the CPU reports no clock events" if device == "cpu" else None
+
+    def clock_reading(self, device: str) -> ClockReading | None:
+        """The clock (:meth:`clock_mhz`) and the reasons in force: thermal while it throttles, the power cap
+        while a candidate that reports one ran last."""
+        mhz = self.clock_mhz(device)
+        if mhz is None:
+            return None
+        events: list[ClockEvent] = []
+        if self.truth.throttled(self.weather.clock.now, device):
+            events.append("thermal")
+        last = self.weather.last_on.get(device)
+        if last is not None and last.power_cap_reason:
+            events.append("power_cap")
+        return ClockReading(mhz=mhz, events=events)
 
     def set_up(self, candidate: Candidate) -> Prepared:
         truth = self.truth.candidates[candidate.base]
