@@ -126,8 +126,10 @@ class TrainStep:
     @contextlib.contextmanager
     def selected(self) -> Iterator[None]:
         """This candidate's process-wide settings for a block of steps, applied outside the timed region:
-        the fp32 settings its precision means and its thread count."""
+        the fp32 settings its precision means, its backend's loop settings (cuDNN's benchmark mode on NVIDIA
+        CUDA, as ``Config.apply_precision`` sets it) and its thread count."""
         _fp32.ensure(self.fp32)
+        self.backend.apply_loop_settings()
         with threads_context(self.candidate.num_threads):
             yield
 

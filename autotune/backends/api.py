@@ -100,6 +100,10 @@ class Backend(ABC):
     def synchronize(self, device: str) -> None:  # noqa: B027 - a default: the CPU has nothing to wait for
         """Wait for queued work; a no-op on the CPU."""
 
+    def apply_loop_settings(self) -> None:  # noqa: B027 - a default: most backends have none
+        """Set what a fast training loop on this backend runs with, process-wide (NVIDIA CUDA: cuDNN's
+        benchmark mode): before every timed step of its candidates, and in ``Config.apply_precision``."""
+
     def step_clock(self, device: str) -> StepClock | None:
         """A fresh :class:`StepClock` on ``device``; None where the device keeps no clock of its own (the CPU) or
         this torch build cannot time its events."""

@@ -313,6 +313,13 @@ class CudaBackend(Backend):
     def synchronize(self, device: str) -> None:
         torch.cuda.synchronize(torch.device(device))
 
+    def apply_loop_settings(self) -> None:
+        """cuDNN's benchmark mode, as fast CNN training runs: each convolution shape times cuDNN's algorithms on
+        its first call (a set-up cost) and keeps the fastest, which can change which layout or precision wins.
+        Not on ROCm, where it makes MIOpen search exhaustively (pytorch/pytorch#145294): the app's own setting."""
+        if torch.version.hip is None:
+            torch.backends.cudnn.benchmark = True
+
     def step_clock(self, device: str) -> StepClock | None:
         stream = torch.cuda.current_stream(torch.device(device))
         return StepClock(lambda: torch.cuda.Event(enable_timing=True), lambda event: event.record(stream))
