@@ -121,16 +121,19 @@ class Backend(ABC):
         """Return the caching allocator's free blocks to the device, so the next candidate starts clean."""
 
     def reset_peak_memory(self, device: str) -> None:  # noqa: B027 - a default: not every backend tracks one
-        """Start a new peak-memory window where the backend tracks one."""
+        """Start a new peak-memory window where the backend tracks one, at what is live now, with the cached
+        blocks given back first: the models and optimizer states of other candidates still held stay out of
+        the next one's peak, and it reuses none of their blocks."""
 
     def peak_memory_bytes(self, device: str) -> int | None:
-        """The most memory the work since ``reset_peak_memory`` held at once (CPU: what the resident size
-        rose by; CUDA / XPU: allocated; MPS: driver-allocated); None where the backend cannot tell."""
+        """The most memory the work since ``reset_peak_memory`` added at once to what was live then (CPU: the
+        resident size; CUDA / XPU: allocated; MPS: driver-allocated); None where the backend cannot tell."""
         return None
 
     def peak_reserved_bytes(self, device: str) -> int | None:
-        """The most memory the caching allocator held from the device since the reset (allocated plus cached
-        blocks: what the device really gave); None for backends without such an allocator."""
+        """The most memory the caching allocator took from the device since the reset, over what it held then
+        (allocated plus cached blocks: what the device really gave); None for backends without such an
+        allocator."""
         return None
 
     def free_memory_bytes(self, device: str) -> int | None:

@@ -230,6 +230,8 @@ class CudaBackend(Backend):
     def __init__(self) -> None:
         #: each device's NVML handle, or why there is none; found once
         self._nvml: dict[str, Any] = {}
+        #: (allocated, reserved) bytes live on each device when its peak window started
+        self._live: dict[str, tuple[int, int]] = {}
 
     def host_accelerators(self) -> list[Accelerator]:
         if torch.version.cuda is None and torch.version.hip is None:
@@ -351,13 +353,16 @@ class CudaBackend(Backend):
         torch.cuda.empty_cache()
 
     def reset_peak_memory(self, device: str) -> None:
-        torch.cuda.reset_peak_memory_stats(torch.device(device))
+        where = torch.device(device)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(where)
+        self._live[device] = (int(torch.cuda.memory_allocated(where)), int(torch.cuda.memory_reserved(where)))
 
     def peak_memory_bytes(self, device: str) -> int | None:
-        return int(torch.cuda.max_memory_allocated(torch.device(device)))
+        return int(torch.cuda.max_memory_allocated(torch.device(device))) - self._live.get(device, (0, 0))[0]
 
     def peak_reserved_bytes(self, device: str) -> int | None:
-        return int(torch.cuda.max_memory_reserved(torch.device(device)))
+        return int(torch.cuda.max_memory_reserved(torch.device(device))) - self._live.get(device, (0, 0))[1]
 
     def free_memory_bytes(self, device: str) -> int | None:
         """Free on the device plus the allocator's cached, unused blocks (this process can reuse those)."""

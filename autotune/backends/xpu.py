@@ -73,6 +73,8 @@ class XpuBackend(Backend):
     def __init__(self) -> None:
         #: whether this torch build times XPU events (2.6 and later); None until first asked
         self._timed_events: bool | None = None
+        #: (allocated, reserved) bytes live on each device when its peak window started
+        self._live: dict[str, tuple[int, int]] = {}
 
     def host_accelerators(self) -> list[Accelerator]:
         if not _compiled() or sys.platform != "linux":
@@ -126,13 +128,16 @@ class XpuBackend(Backend):
         torch.xpu.empty_cache()
 
     def reset_peak_memory(self, device: str) -> None:
-        torch.xpu.reset_peak_memory_stats(torch.device(device))
+        where = torch.device(device)
+        torch.xpu.empty_cache()
+        torch.xpu.reset_peak_memory_stats(where)
+        self._live[device] = (int(torch.xpu.memory_allocated(where)), int(torch.xpu.memory_reserved(where)))
 
     def peak_memory_bytes(self, device: str) -> int | None:
-        return int(torch.xpu.max_memory_allocated(torch.device(device)))
+        return int(torch.xpu.max_memory_allocated(torch.device(device))) - self._live.get(device, (0, 0))[0]
 
     def peak_reserved_bytes(self, device: str) -> int | None:
-        return int(torch.xpu.max_memory_reserved(torch.device(device)))
+        return int(torch.xpu.max_memory_reserved(torch.device(device))) - self._live.get(device, (0, 0))[1]
 
     def free_memory_bytes(self, device: str) -> int | None:
         """Free on the device plus the allocator's cached, unused blocks; None on torch builds without
