@@ -6,6 +6,8 @@ comparison) measures it on a fake clock, the real ``decide`` picks, and the pick
 the same rules make on the exact truth. Printed per scenario (JSON lines):
 
 - ``right_pct``: the right device and precision (variants of equal truth are not told apart);
+- ``whole_right_pct``: the whole pick right, its variants too: what the same rules pick over the whole space
+  on the exact truth (settings of equal truth are not told apart);
 - ``faster_claimed_pct``: a lower precision (or a GPU) picked over the simpler answer where the truth says
   it is *not* faster by more than the margin: a wrong "clearly faster" verdict (goal <= 5%);
 - ``mean_regret_pct`` / ``p95_regret_pct``: true time of the pick over the true best of the whole search space
@@ -27,6 +29,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import statistics
 import sys
 from collections.abc import Callable
@@ -211,7 +214,8 @@ def run(name: str, truth: Truth, expected_steps: int | None, runs: int) -> dict[
     planned = list(truth.candidates)
     right = true_pick(truth, planned, expected_steps)
     best = space_best(truth, expected_steps)
-    right_count = claimed = noisy = wrong_final = over = 0
+    whole = true_pick(truth, space(truth), expected_steps)
+    right_count = claimed = noisy = wrong_final = over = whole_right = 0
     regrets, seconds = [], []
     for seed in range(runs):
         measured, sim_s = simulate(truth, seed)
@@ -225,6 +229,8 @@ def run(name: str, truth: Truth, expected_steps: int | None, runs: int) -> dict[
         noisy += measured.noisy
         wrong_final += not is_right and not measured.noisy  # confidently wrong: served as final
         regrets.append(true_score(truth, chosen, expected_steps) / best - 1)
+        whole_right += ((chosen.device, chosen.precision) == (whole.device, whole.precision) and math.isclose(
+            true_score(truth, chosen, expected_steps), true_score(truth, whole, expected_steps), rel_tol=1e-9))
         over += regrets[-1] > MARGIN + 1e-9
         seconds.append(sim_s)
     regrets.sort()
@@ -239,14 +245,14 @@ def run(name: str, truth: Truth, expected_steps: int | None, runs: int) -> dict[
         "noisy_pct": round(100 * noisy / runs, 1),
         "wrong_not_noisy_pct": round(100 * wrong_final / runs, 1),
         "sim_s": round(statistics.fmean(seconds), 1),
+        "whole_right_pct": round(100 * whole_right / runs, 1),
     }
 
 
-def space_best(truth: Truth, expected_steps: int | None) -> float:
-    """The true best score of the whole space: each usable plain candidate with every combination of the
-    variants the search can reach for it (thread counts on the CPU only, channels_last for image inputs only),
-    each at its true step time in a training loop (on an accelerator, launches overlapping the device's work)."""
-    scores = []
+def space(truth: Truth) -> list[Candidate]:
+    """The whole space: each usable plain candidate with every combination of the variants the search can reach
+    for it (thread counts on the CPU only, channels_last for image inputs only)."""
+    found = []
     for candidate, one in truth.candidates.items():
         if one.failure is not None:
             continue
@@ -254,10 +260,15 @@ def space_best(truth: Truth, expected_steps: int | None) -> float:
         optimizers = ["default", "fused"] if truth.facts.default_optimizer else ["default"]
         threads = [None, *fewer_threads(truth.default_threads)] if candidate.device == "cpu" else [None]
         for layout, optimizer, count in itertools.product(layouts, optimizers, threads):
-            variant = candidate.model_copy(update={"memory_format": layout, "optimizer": optimizer,
-                                                   "num_threads": count})
-            scores.append(true_score(truth, variant, expected_steps))
-    return min(scores)
+            found.append(candidate.model_copy(update={"memory_format": layout, "optimizer": optimizer,
+                                                      "num_threads": count}))
+    return found
+
+
+def space_best(truth: Truth, expected_steps: int | None) -> float:
+    """The true best score of the whole space (:func:`space`), each candidate at its true step time in a
+    training loop (on an accelerator, launches overlapping the device's work)."""
+    return min(true_score(truth, candidate, expected_steps) for candidate in space(truth))
 
 
 def _more_complex(chosen: Candidate, right: Candidate) -> bool:
