@@ -149,6 +149,25 @@ def scenarios() -> dict[str, tuple[Truth, int | None]]:
             if kind == "detector":
                 found[f"{path.stem}/{kind}@60steps"] = (truth_from_record(measured, default_threads=8), 60)
     found.update(loop_scenarios())
+    found.update(recorded_loops())
+    return found
+
+
+#: a GPU as it runs a training loop: kernel by kernel, a synchronisation's cost, a cold start after another
+#: candidate's steps, a clock read as an average over a sixth of a second that idles down between candidates
+LOOP_WEATHER: dict[str, object] = {"pipelined": True, "sync_ms": 0.03, "idle_penalty_ms": 0.3,
+                                   "clock_window_s": 0.17, "idle_clock_mhz": 1000.0}
+
+
+def recorded_loops() -> dict[str, tuple[Truth, int | None]]:
+    """The recorded machines with an accelerator, under :data:`LOOP_WEATHER`."""
+    found: dict[str, tuple[Truth, int | None]] = {}
+    for path in sorted(MACHINES.glob("*.json")):
+        stored = StoreFile.model_validate_json(path.read_bytes())
+        for kind, measured in stored.families.items():
+            if any(r.candidate.device != "cpu" for r in measured.candidates):
+                found[f"{path.stem}/{kind}+loop"] = (truth_from_record(measured, default_threads=8, **LOOP_WEATHER),
+                                                     None)
     return found
 
 
