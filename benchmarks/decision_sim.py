@@ -19,7 +19,9 @@ the same rules make on the exact truth. Printed per scenario (JSON lines):
 - ``sim_s``: simulated calibration seconds (set-up + every timed step), mean.
 
 ``gpu_clock_drop_in_final`` throttles the GPU during the final comparison: there a CPU pick is expected, and
-what counts is that every one of them is flagged noisy (``wrong_not_noisy_pct`` 0).
+what counts is that every one of them is flagged noisy (``wrong_not_noisy_pct`` 0). The scenarios after the
+recorded machines run GPUs as a training loop runs them (``Truth.pipelined``), the recorded machines too
+("+loop"): there the right answer is the fastest in a loop that copies pinned batches ``non_blocking``.
 
     python benchmarks/decision_sim.py [--runs N] [SCENARIO ...]
 """

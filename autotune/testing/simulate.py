@@ -1,8 +1,10 @@
 """Truth profiles: hardware that is not here, driving the real search and decision code on a fake clock.
 
 A :class:`Truth` says how fast each candidate *really* is (its step-time distribution, set-up time, failure,
-numerics), and how the machine misbehaves while it is measured (per-step noise, heavy-tailed outliers, a
-slowdown between stages, a steady ramp, a background burst). :func:`simulate` runs the real ``Session``
+numerics), how an accelerator runs it (kernels started as they are launched, batch copies that wait or not,
+synchronisations, cold starts, clocks and throttle reasons), and how the machine misbehaves while it is
+measured (per-step noise, heavy-tailed outliers, a slowdown between stages, a steady ramp, a background
+burst). :func:`simulate` runs the real ``Session``
 (stages, sequential timing, final comparison) against it with a seeded random stream and a fake clock, and
 returns the ``FamilyResult`` a worker would have returned; the real ``decide`` then picks from it. Nothing
 here hands ready-made timings to ``decide``: the code must find the right answer under the noise.
