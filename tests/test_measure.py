@@ -15,7 +15,6 @@ from autotune._lab.measure import (
     MeasureSettings,
     Series,
     interleave,
-    overlaps,
     per_step_s,
     timed,
     warm_up,
@@ -252,45 +251,96 @@ def test_a_candidate_timed_again_warms_up_afresh_until_a_step_is_near_its_steady
 
 class QueueStep:
     """An accelerator's step on a fake clock: the host launches a step in ``launch_s``, the device runs it in
-    ``device_s`` once launched and once the step before it is done; a loop overlaps the two."""
+    ``device_s`` once launched and once the step before it is done; a loop overlaps the two. ``cold_s``: what the
+    first step after another candidate's costs the device more (its clocks and caches). Its events time the
+    steps' ends on the device."""
 
     asynchronous = True
 
-    def __init__(self, clock: FakeClock, launch_s: float, device_s: float) -> None:
-        self.clock, self.launch_s, self.device_s = clock, launch_s, device_s
+    def __init__(self, clock: FakeClock, launch_s: float, device_s: float, cold_s: float = 0.0) -> None:
+        self.clock, self.launch_s, self.device_s, self.cold_s = clock, launch_s, device_s, cold_s
+        self.cold = True
+        self.steps = 0
 
     def run(self, steps: int = 1) -> None:
+        self.span_from_here(steps)
+
+    def span(self, steps: int) -> list[float]:
+        return self.span_from_here(steps + 1)
+
+    def span_from_here(self, steps: int) -> list[float]:
         launched = done = self.clock.now
+        ends = []
         for _ in range(steps):
             launched += self.launch_s
-            done = max(done, launched) + self.device_s
+            done = max(done, launched) + self.device_s + (self.cold_s if self.cold else 0.0)
+            ends.append(done)
+            self.cold = False
+            self.steps += 1
         self.clock.now = done
+        return [later - first for first, later in itertools.pairwise(ends)]
 
-    def selected(self) -> contextlib.AbstractContextManager[None]:
-        return contextlib.nullcontext()
+    @contextlib.contextmanager
+    def selected(self) -> Iterator[None]:
+        yield
+        self.cold = True  # another candidate runs next
 
 
 @pytest.mark.parametrize(("launch_s", "device_s"), [(0.0026, 0.002), (0.001, 0.004), (0.0029, 0.001)])
-def test_launch_bound_steps_are_timed_in_spans_at_a_loops_speed(launch_s: float, device_s: float) -> None:
+def test_asynchronous_steps_are_timed_at_a_loops_speed(launch_s: float, device_s: float) -> None:
     clock = FakeClock()
     step = QueueStep(clock, launch_s, device_s)
-    lone_s = [timed(step, clock) for _ in range(3)]
-    assert lone_s == [pytest.approx(launch_s + device_s)] * 3  # synchronised alone, they add up
-    assert overlaps(step, clock, lone_s, MeasureSettings())
-    # A loop's step takes the longer of the two; a span's mean would still carry a part of the shorter one.
-    assert per_step_s(step, clock, 4, spans=True) == [pytest.approx(max(launch_s, device_s))]
+    assert timed(step, clock) == pytest.approx(launch_s + device_s)  # synchronised alone, they add up
+    # A loop's step takes the longer of the two: each step after a span's first.
+    assert per_step_s(step, clock, 4, spans=True) == [pytest.approx(max(launch_s, device_s))] * 4
+    assert step.steps == 1 + 1 + 4
 
 
-def test_steps_whose_time_is_the_devices_anyway_are_timed_one_by_one() -> None:
+def test_a_cold_first_step_after_another_candidate_is_left_out() -> None:
+    # The device's first step after another candidate's is 1 ms slower: not a loop's step, so in no figure.
     clock = FakeClock()
-    assert not overlaps(QueueStep(clock, 0.0, 0.004), clock, [0.004] * 3, MeasureSettings())
-    assert not overlaps(FakeStep(clock, itertools.repeat(0.004)), clock, [0.008] * 3, MeasureSettings())  # CPU
-    # Warm-up steps disturbed three times in a row (interference only adds time) do not fake an overlap.
-    disturbed = FakeStep(clock, itertools.repeat(0.004))
-    disturbed.asynchronous = True
-    assert not overlaps(disturbed, clock, [0.008] * 3, MeasureSettings())
-    # A long step keeps the device busy while its own kernels launch: not worth the steps a check costs.
-    assert not overlaps(QueueStep(clock, 0.04, 0.03), clock, [0.07] * 3, MeasureSettings())
+    step = QueueStep(clock, 0.001, 0.004, cold_s=0.001)
+    with step.selected():
+        assert per_step_s(step, clock, 2, spans=True) == [pytest.approx(0.004)] * 2
+
+
+@pytest.mark.parametrize(("launch_s", "device_s"), [(0.0, 0.004), (0.0004, 0.004), (0.0026, 0.002)],
+                         ids=["device-bound", "4pct-overlap", "launch-bound"])
+def test_every_asynchronous_candidate_is_timed_the_same_way(launch_s: float, device_s: float) -> None:
+    # Lone steps for one, spans for the other meant two estimators in one pair: now each of them step by step
+    # inside spans, whatever its overlap.
+    clock = FakeClock()
+    steps = {"a": QueueStep(clock, launch_s, device_s), "b": QueueStep(clock, 0.001, 0.004)}
+    result = interleave(steps, estimate_s={"a": launch_s + device_s, "b": 0.005},
+                        control=FakeStep(clock, itertools.repeat(0.001)), clock=clock,
+                        settings=MeasureSettings(budget_s=0.5), comparisons=ONE_DEVICE, settle=lambda s: None)
+    assert result.series["a"].round_ms == [pytest.approx(1000 * max(launch_s, device_s))] * result.rounds
+    assert result.series["b"].round_ms == [pytest.approx(4.0)] * result.rounds
+
+
+def test_a_spans_first_step_does_not_count_against_the_budget() -> None:
+    # Heavy steps: a span of two steps gives one figure. Counted against the budget, the untimed first step
+    # would halve the rounds an accelerator's candidates get next to the same steps timed alone.
+    def rounds(step: Callable[[FakeClock], object]) -> int:
+        clock = FakeClock()
+        pair = {"a": step(clock), "b": step(clock)}
+        result = interleave(pair, estimate_s={"a": 0.05, "b": 0.05},  # type: ignore[arg-type]
+                            control=FakeStep(clock, itertools.repeat(0.001)), clock=clock,
+                            settings=MeasureSettings(budget_s=2.0), comparisons=ONE_DEVICE, settle=lambda s: None)
+        return result.rounds
+
+    assert rounds(lambda clock: QueueStep(clock, 0.0, 0.05)) == rounds(
+        lambda clock: FakeStep(clock, jittered(0.05, jitter=0.0)))
+
+
+def test_an_asynchronous_candidate_timed_again_warms_up_in_spans() -> None:
+    # Its steady time was measured in spans (a loop's 2.6 ms): a lone step (4.6 ms) would never come within 5% of
+    # it, and every re-warm would take the full eight steps.
+    clock = FakeClock()
+    step = QueueStep(clock, 0.0026, 0.002)
+    times = warm_up(step, clock, [0.0046] * 3, MeasureSettings(), steady_s=0.0026)
+    assert times == [pytest.approx(0.0026)]
+    assert step.steps == 1 + 2  # a span's untimed first step and two timed ones (3 ms at least)
 
 
 def test_max_rounds_must_be_a_look() -> None:
@@ -406,3 +456,21 @@ def test_a_same_math_near_tie_within_the_indifference_stays_in_the_budget() -> N
                      settings=MeasureSettings(budget_s=1.0, round_min_s=0.0), comparisons=THREADS)
     assert all(s.dropped is None for s in result.series.values())
     assert result.elapsed_s < 1.5 and not result.unresolved_gap
+
+
+def test_a_throttle_reason_flags_a_candidate_only_if_its_rounds_moved() -> None:
+    # Recorded shapes: rounds in ms with the reasons read after each one's sample.
+    from autotune._lab.clocks import throttle_slowdown
+
+    steady = [10.0, 10.1, 9.9, 10.0, 10.2, 9.9]
+    # A power cap in force all along (a heavy bf16 load): its rounds before the final comparison ran as fast.
+    assert throttle_slowdown(steady, [["power_cap"]] * 6, [10.0, 10.1, 10.0], 0.05) is None
+    # A thermal event over the last three rounds, 25% slower than the first three.
+    hot = [10.0, 10.1, 9.9, 12.5, 12.6, 12.4]
+    found = throttle_slowdown(hot, [[], [], [], ["thermal"], ["thermal"], ["thermal"]], [10.0], 0.05)
+    assert found is not None and found[0] == pytest.approx(0.25, abs=0.01) and found[1] == ["thermal"]
+    # No reason reported (or no reading at all): whatever the clock did, nothing throttled.
+    assert throttle_slowdown(hot, [[]] * 6, [10.0], 0.05) is None
+    assert throttle_slowdown(hot, [], [10.0], 0.05) is None
+    # A reason in every round and nothing to compare with: no evidence that the rounds moved.
+    assert throttle_slowdown(hot, [["thermal"]] * 6, [], 0.05) is None
