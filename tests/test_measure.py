@@ -120,7 +120,7 @@ def test_equal_candidates_run_to_the_budget_without_a_verdict() -> None:
 
 
 def test_a_tie_settled_tightly_stops_before_the_budget() -> None:
-    result, _ = _run({"fp32": jittered(0.1, 0.001), "bf16": jittered(0.1, 0.001)})
+    result, _ = _run({"fp32": jittered(0.1, 0.001), "bf16": jittered(0.1, 0.001, phase=3)})
     assert result.rounds < SETTINGS.max_rounds
     assert result.elapsed_s < SETTINGS.budget_s
 
