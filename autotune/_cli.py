@@ -415,6 +415,9 @@ def qualifiers(config: autotune.Config) -> list[str]:
                      f"{evidence.default_scale_skipped} of {evidence.verified_steps} verification steps")
     if evidence.noisy:
         lines.append("measured while the machine was busy: the next calibration measures it again")
+    if evidence.unresolved:
+        lines.append("still open when timing stopped (the pick may be further from the best than the margin "
+                     "allows): " + ", ".join(c.label for c in evidence.unresolved))
     if evidence.older_rules is not None:
         lines.append(f"measured under older rules (by autotune {evidence.older_rules}): the next calibration "
                      "measures it again")

@@ -14,7 +14,9 @@ the same rules make on the exact truth. Printed per scenario (JSON lines):
 - ``noisy_pct``: results flagged noisy (served, but measured again by the next ``calibrate()``);
 - ``wrong_not_noisy_pct``: a wrong device or precision *not* flagged noisy, so cached as final: confidently
   wrong;
-- ``sim_s``: simulated calibration seconds (set-up + every timed step), mean.
+- ``sim_s``: simulated calibration seconds (set-up + every timed step), mean;
+- ``open_pct``: picks whose evidence names a pair the pick rests on still open when timing stopped (a close
+  call its rounds could not afford: served as final, the pair named).
 
 ``gpu_clock_drop_in_final`` throttles the GPU during the final comparison: there a CPU pick is expected, and
 what counts is that every one of them is flagged noisy (``wrong_not_noisy_pct`` 0).
@@ -181,7 +183,7 @@ def run(name: str, truth: Truth, expected_steps: int | None, runs: int) -> dict[
     planned = list(truth.candidates)
     right = true_pick(truth, planned, expected_steps)
     best = space_best(truth, expected_steps)
-    right_count = claimed = noisy = wrong_final = over = 0
+    right_count = claimed = noisy = wrong_final = over = still_open = 0
     regrets, seconds = [], []
     for seed in range(runs):
         measured, sim_s = simulate(truth, seed)
@@ -193,6 +195,7 @@ def run(name: str, truth: Truth, expected_steps: int | None, runs: int) -> dict[
         right_count += is_right
         claimed += _more_complex(chosen, right)
         noisy += measured.noisy
+        still_open += bool(pick.evidence is not None and pick.evidence.unresolved)
         wrong_final += not is_right and not measured.noisy  # confidently wrong: served as final
         regrets.append(true_score(truth, chosen, expected_steps) / best - 1)
         over += regrets[-1] > MARGIN + 1e-9
@@ -209,6 +212,7 @@ def run(name: str, truth: Truth, expected_steps: int | None, runs: int) -> dict[
         "noisy_pct": round(100 * noisy / runs, 1),
         "wrong_not_noisy_pct": round(100 * wrong_final / runs, 1),
         "sim_s": round(statistics.fmean(seconds), 1),
+        "open_pct": round(100 * still_open / runs, 1),
     }
 
 

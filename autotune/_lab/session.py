@@ -229,8 +229,10 @@ class Session:
         self.timing_s += timed.elapsed_s
         if timed.unresolved_gap:  # not final: the next calibrate() measures it again
             self.unresolved_gap = True
-            self.notes.append(f"final comparison: a pair the pick rests on was still open after {timed.rounds} "
-                              "rounds (a close call or a busy machine); measured again by the next calibration")
+        for pick, other in timed.open_pairs:
+            self.notes.append(f"final comparison: {pick.label} against {other.label}, a pair the pick rests on, "
+                              f"was still open after {timed.rounds} rounds (a close call or a busy machine)"
+                              + ("; measured again by the next calibration" if timed.unresolved_gap else ""))
         if final:
             self._throttled(by_device, settings.clock_drop)
         for device, readings in by_device.items():
