@@ -120,11 +120,36 @@ def decide(
 
 
 def _speedup(pick: CandidateResult, baseline: CandidateResult, evidence: Evidence) -> float:
-    """fp32 on the CPU's step time over the pick's: from paired evidence, as the reason words it (a chain of
-    drops); from the medians where that chain breaks."""
+    """fp32 on the CPU's step time over the pick's, as the reason words it: from paired evidence (a chain of
+    drops), its estimate or its bound (:func:`headline`); from the medians where that chain breaks."""
     found = next((r for r in evidence.rivals if r.candidate == _FP32_CPU), None)
-    paired = _times_over(found, pick.candidate, evidence) if found is not None else None
-    return paired if paired is not None else step_ms(baseline) / step_ms(pick)
+    claim = headline(found, pick.candidate, evidence) if found is not None else None
+    return claim[0] if claim is not None else step_ms(baseline) / step_ms(pick)
+
+
+#: a speed-up is stated as measured when its interval lies within this of the estimate, else as the bound the
+#: interval shows
+HEADLINE_ERROR = 0.10
+
+
+def headline(found: Rival, pick: Candidate, evidence: Evidence) -> tuple[float, bool] | None:
+    """``found``'s step time over the pick's as a user reads it, from paired evidence: its ratio to the pick, or
+    to what it stopped against times that one's to the pick (a chain of drops, the intervals multiplied). The
+    estimate where the interval lies within :data:`HEADLINE_ERROR` of it; else the interval's low end, a bound
+    (True), e.g. fp32 dropped after a few noisy rounds: (2.9, True), "at least 2.9x faster". None where the chain
+    breaks or the bound says no more than "not slower"."""
+    estimate = low = high = 1.0
+    seen: set[Candidate] = set()
+    link: Rival | None = found
+    while link is not None and link.ratio is not None and link.against is not None and link.candidate not in seen:
+        seen.add(link.candidate)
+        estimate, low, high = estimate * link.ratio.estimate, low * link.ratio.low, high * link.ratio.high
+        if link.against == pick:
+            if low >= estimate / (1 + HEADLINE_ERROR) and high <= estimate * (1 + HEADLINE_ERROR):
+                return estimate, False
+            return (low, True) if low > 1 else None
+        link = next((r for r in evidence.rivals if r.candidate == link.against), None)
+    return None
 
 
 def restate(config: Config, **flags: object) -> Config:
@@ -492,11 +517,12 @@ def _against(found: Rival, pick: Candidate, evidence: Evidence) -> str:
     """e.g. ``'2.5x faster than fp32'``, ``'bf16 mixed precision was no faster'``."""
     name = _named(found.candidate, pick)
     times = _times_over(found, pick, evidence)
-    if found.verdict in ("dropped", "slower", "outpaced") and (times is None or times < 1):
+    claim = headline(found, pick, evidence) if times is not None and times >= 1 else None  # estimate, or a bound
+    if found.verdict in ("dropped", "slower", "outpaced") and claim is None:
         return f"{name} was clearly slower"
-    if found.verdict not in ("dropped", "slower", "outpaced") or times is None or times < 1:
+    if found.verdict not in ("dropped", "slower", "outpaced") or claim is None:
         return f"{name} was no faster"
-    return f"{ratio_words(times)} faster than {name}"
+    return f"{'at least ' if claim[1] else ''}{ratio_words(claim[0])} faster than {name}"
 
 
 def reason(pick: Candidate, evidence: Evidence, *, measured_at: str | None) -> str:
@@ -565,6 +591,7 @@ def _fitting(answer: str, forms: Sequence[str], *, short: str | None = None) -> 
 
 
 __all__ = [
+    "HEADLINE_ERROR",
     "PREFERENCES",
     "REASON_CHARS",
     "Prefer",
@@ -574,6 +601,7 @@ __all__ = [
     "decision_alpha",
     "device_picks",
     "finalists",
+    "headline",
     "is_cpu",
     "no_gpu_words",
     "open_pairs",

@@ -118,6 +118,23 @@ def test_a_dropped_candidate_never_wins_a_tie_and_its_evidence_is_the_reason() -
     assert evidence.ratio == drop.ratio
 
 
+@pytest.mark.parametrize(("low", "high", "words", "speedup"), [
+    (3.6, 4.0, "3.8x faster than fp32", 3.8),
+    (1.08, 4.9, "at least 1.1x faster than fp32", 1.08),
+], ids=["known-to-10pct", "a-bound-from-a-wide-interval"])
+def test_the_headline_ratio_is_the_estimate_only_where_its_interval_knows_it(
+        low: float, high: float, words: str, speedup: float) -> None:
+    # fp32 dropped after 4 noisy rounds: "3.8x faster" stated from an interval of 1.08-4.9 would be a guess.
+    fp32 = timed("cpu", "fp32", 100.0, rounds=4)
+    drop = Drop(by=Candidate(device="cpu", precision="bf16-mixed"), ratio=Interval(estimate=3.8, low=low, high=high),
+                rounds=4)
+    assert fp32.timing is not None
+    fp32 = fp32.model_copy(update={"timing": fp32.timing.model_copy(update={"dropped": drop, "final": False})})
+    config = decide(family("cnn", fp32, timed("cpu", "bf16-mixed", 26.0)), digest=DIGEST)
+    assert config.reason == f"bf16 mixed precision on the CPU: {words} (measured 2026-11-30)"
+    assert config.speedup_vs_fp32_cpu == pytest.approx(speedup)
+
+
 def test_forced_device_is_marked_forced() -> None:
     measured = family("cnn", timed("cpu", "fp32", 100.0), timed("cpu", "bf16-mixed", 50.0))
     config = decide(measured, forced_device="cpu", digest=DIGEST)
