@@ -113,6 +113,27 @@ def test_a_same_math_gain_of_3_3pct_meets_the_precision_a_tie_goes_to() -> None:
     assert sum((c.precision, c.optimizer) == ("bf16-mixed", "fused") for c in configs) >= 38
 
 
+def test_a_layout_gain_of_4_5pct_is_found_at_8pct_per_step_noise() -> None:
+    truth = Truth(name="layout", candidates={_c("cpu", "fp32"): CandidateTruth(100.0),
+                                             _c("cpu", "bf16-mixed"): CandidateTruth(140.0)},
+                  variant_factors={"1 thread": 3.0, "4 threads": 1.5, "channels_last": 1 / 1.045},
+                  facts=Facts(image_inputs=True, default_optimizer=True), noise=0.08, switch_penalty=0.03,
+                  warmup_penalty=0.3)
+    configs = [decide(simulate(truth, seed)[0], digest="sim") for seed in range(40)]
+    assert sum((c.precision, c.memory_format) == ("fp32", "channels_last") for c in configs) >= 38
+
+
+def test_a_thread_count_gain_of_6pct_is_found_on_a_busy_machine() -> None:
+    # tiny_mlp on a busy 2-core machine: a load that comes and goes hurts the step that waits for two threads more
+    # than the one that needs one, so the pair needs hundreds of sub-millisecond rounds: past the old last look.
+    truth = Truth(name="busy", candidates={_c("cpu", "fp32"): CandidateTruth(0.5, setup_s=0.05),
+                                           _c("cpu", "bf16-mixed"): CandidateTruth(0.8, setup_s=0.05, noise=0.4)},
+                  variant_factors={"1 thread": 1 / 1.06, "fused-optimizer": 0.75}, default_threads=2, noise=0.3,
+                  load_correlation=0.8, load_noise=0.2, threads_load=1.0)
+    configs = [decide(simulate(truth, seed)[0], digest="sim") for seed in range(40)]
+    assert sum((c.precision, c.num_threads, c.optimizer) == ("fp32", 1, "fused") for c in configs) >= 38
+
+
 def test_a_close_call_its_rounds_cannot_afford_is_named_in_the_evidence() -> None:
     # bf16 3.5% faster, inside the zone: a tie to fp32 is right only once fp32 is surely within 4% of the fastest
     # candidate, which 20 ms GPU steps at these rounds rarely show. A pick of fp32 says so: that pair is resolved,
