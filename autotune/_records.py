@@ -291,6 +291,9 @@ class Evidence(Record):
         "why no measurement of this machine configuration answers (a fallback), e.g. 'calibration running in "
         "this process'"))
     similar: SimilarMachine | None = Field(default=None, description="the record of the same hardware it used")
+    unresolved: list[Candidate] = Field(default_factory=list, description=(
+        "rivals whose comparison with the pick was still open when timing stopped (a close call, or a busy "
+        "machine): the pick may be further from the best than the margin allows"))
 
 
 class Demotion(Record):

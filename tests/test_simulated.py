@@ -9,7 +9,7 @@ import pytest
 from samples import rival
 
 import autotune
-from autotune._decide import decide
+from autotune._decide import decide, finalists, ranking
 from autotune._records import Candidate, CandidateResult, Failure
 from autotune._variants import Facts
 from autotune.testing.simulate import CandidateTruth, Truth, simulate
@@ -98,8 +98,60 @@ def test_a_same_math_gain_of_4_5pct_is_found_at_8pct_noise(precisions: tuple[str
                                             for p in precisions},
                   variant_factors={"1 thread": 3.0, "4 threads": 1.5, "fused-optimizer": 1 / 1.045},
                   noise=0.057, switch_penalty=0.03, warmup_penalty=0.3)
-    found = [decide(simulate(truth, seed)[0], digest="sim").optimizer == "fused" for seed in range(40)]
-    assert sum(found) >= 38
+    found = [decide(simulate(truth, seed)[0], digest="sim") for seed in range(40)]
+    assert sum((c.precision, c.optimizer) == ("bf16-mixed", "fused") for c in found) >= 38
+
+
+def test_a_same_math_gain_of_3_3pct_meets_the_precision_a_tie_goes_to() -> None:
+    # The transformer measured: bf16 + fused AdamW 3.3% faster than plain bf16, fp16 as fast as bf16. When fp16
+    # leads the search, bf16 must still meet the fused optimizer, or plain bf16 wins the tie 3.3% slow.
+    truth = Truth(name="fused", candidates={_c("cpu", p): CandidateTruth(60.0 if p == "fp32" else 40.0)
+                                            for p in ("fp32", "bf16-mixed", "fp16-mixed")},
+                  variant_factors={"1 thread": 3.0, "4 threads": 1.5, "fused-optimizer": 1 / 1.033},
+                  noise=0.057, switch_penalty=0.03, warmup_penalty=0.3)
+    configs = [decide(simulate(truth, seed)[0], digest="sim") for seed in range(40)]
+    assert sum((c.precision, c.optimizer) == ("bf16-mixed", "fused") for c in configs) >= 38
+
+
+def test_a_layout_gain_of_4_5pct_is_found_at_8pct_per_step_noise() -> None:
+    truth = Truth(name="layout", candidates={_c("cpu", "fp32"): CandidateTruth(100.0),
+                                             _c("cpu", "bf16-mixed"): CandidateTruth(140.0)},
+                  variant_factors={"1 thread": 3.0, "4 threads": 1.5, "channels_last": 1 / 1.045},
+                  facts=Facts(image_inputs=True, default_optimizer=True), noise=0.08, switch_penalty=0.03,
+                  warmup_penalty=0.3)
+    configs = [decide(simulate(truth, seed)[0], digest="sim") for seed in range(40)]
+    assert sum((c.precision, c.memory_format) == ("fp32", "channels_last") for c in configs) >= 38
+
+
+def test_a_thread_count_gain_of_6pct_is_found_on_a_busy_machine() -> None:
+    # tiny_mlp on a busy 2-core machine: a load that comes and goes hurts the step that waits for two threads more
+    # than the one that needs one, so the pair needs hundreds of sub-millisecond rounds: past the old last look.
+    truth = Truth(name="busy", candidates={_c("cpu", "fp32"): CandidateTruth(0.5, setup_s=0.05),
+                                           _c("cpu", "bf16-mixed"): CandidateTruth(0.8, setup_s=0.05, noise=0.4)},
+                  variant_factors={"1 thread": 1 / 1.06, "fused-optimizer": 0.75}, default_threads=2, noise=0.3,
+                  load_correlation=0.8, load_noise=0.2, threads_load=1.0)
+    configs = [decide(simulate(truth, seed)[0], digest="sim") for seed in range(40)]
+    assert sum((c.precision, c.num_threads, c.optimizer) == ("fp32", 1, "fused") for c in configs) >= 38
+
+
+def test_a_close_call_its_rounds_cannot_afford_is_named_in_the_evidence() -> None:
+    # bf16 3.5% faster, inside the zone: a tie to fp32 is right only once fp32 is surely within 4% of the fastest
+    # candidate, which 20 ms GPU steps at these rounds rarely show. A pick of fp32 says so: that pair is resolved,
+    # named in the evidence, or the result flagged.
+    truth = gpu_machine(20.0, 20.0 / 1.035)
+    named = 0
+    for seed in range(10):
+        measured, _ = simulate(truth, seed)
+        config = decide(measured, digest="sim")
+        if config.precision == "fp32":
+            assert config.evidence is not None
+            gpu = [r for r in finalists(measured) if r.candidate.device == "cuda:0"]
+            scores = ranking(gpu, None)
+            fastest = rival(config, min(gpu, key=lambda r: scores[id(r)]).candidate.label)
+            assert fastest.ratio is not None
+            named += fastest.candidate in config.evidence.unresolved
+            assert fastest.ratio.low * 1.04 > 1 or measured.noisy or fastest.candidate in config.evidence.unresolved
+    assert named
 
 
 def test_launch_bound_gpu_steps_are_judged_at_a_loops_speed() -> None:
@@ -140,11 +192,8 @@ def test_a_cheap_steps_gain_gets_the_rounds_it_needs() -> None:
     truth = Truth(name="sim", candidates={_c("cpu", "fp32"): CandidateTruth(0.5, setup_s=0.05),
                                           _c("cpu", "bf16-mixed"): CandidateTruth(0.8, setup_s=0.05)},
                   variant_factors={"1 thread": 0.93, "fused-optimizer": 0.7}, default_threads=2, noise=0.25)
-    threads = []
-    for seed in SEEDS:
-        measured, _ = simulate(truth, seed)
-        threads.append(decide(measured, digest="sim").num_threads)
-    assert threads.count(1) >= 0.9 * len(SEEDS)
+    configs = [decide(simulate(truth, seed)[0], digest="sim") for seed in SEEDS]
+    assert sum((c.precision, c.num_threads, c.optimizer) == ("fp32", 1, "fused") for c in configs) >= 0.9 * len(SEEDS)
 
 
 def test_a_busy_machine_rarely_costs_a_clear_gain_and_says_so_when_it_may_have() -> None:

@@ -1,12 +1,14 @@
 """Interleaved, sequential timing of candidates that already passed set-up and verification.
 
-Each round runs every active candidate once, in a fresh seeded random order, so drift and position effects hit
-all alike; at each of ``_stats.LOOKS`` the paired intervals drop, outpace and settle candidates (``looks``).
-Timing stops when nothing is open or at the first look past the budget, but the final comparison times the
-pick's open pairs on, up to ``overrun`` x the budget. A control workload flags a noisy machine and doubles the
-budget. On an asynchronous device every candidate is timed as a loop runs it, each step on the device's own
-clock inside a span after an untimed first step (``per_step_s``), so no pair mixes two estimators. The clock and
-the steps are injected (``Clock``, ``Steppable``).
+Each round runs every active candidate once, in a fresh seeded random order, so drift and position effects hit all
+alike; at each of ``_stats.LOOKS`` the paired intervals drop, outpace and settle candidates (``looks``). Timing
+stops when nothing is open or at the first look past the budget, but the final comparison times the open pairs that
+can still change its pick on while they are worth their rounds (an estimate beyond what the pick may give away, or
+rounds still needed cheap enough to fit the cap), up to ``overrun`` x the budget or the last look: a pair still open
+then is named in the evidence, and one still worth its rounds flags the result. A control workload flags a noisy
+machine and doubles the budget. On an asynchronous device every candidate is timed as a loop runs it, each step on
+the device's own clock inside a span after an untimed first step (``per_step_s``), so no pair mixes two estimators.
+The clock and the steps are injected (``Clock``, ``Steppable``).
 """
 
 from __future__ import annotations
@@ -16,13 +18,13 @@ import math
 import random
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Generic, Protocol
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from autotune import _stats
-from autotune._lab.looks import Comparisons, Dropped, K, Series, drop_far_behind, look
+from autotune._lab.looks import Comparisons, Dropped, K, Series, Standing, Verdict, drop_far_behind, look
 
 
 class Clock(Protocol):
@@ -102,8 +104,10 @@ class Interleaved(Generic[K]):
     noisy: bool
     rounds: int
     elapsed_s: float
-    #: the final comparison stopped at its cap with a pair the pick rests on still open: the pick may be
-    #: further from the best than its margin allows (a close call, or rounds wrecked by a busy machine)
+    #: the final comparison's pick's pairs still open when timing stopped (the pick, the other): the pick may be
+    #: further from the best than the pair allows (a close call, or rounds wrecked by a busy machine)
+    open_pairs: list[tuple[K, K]] = field(default_factory=list)
+    #: one of them was still worth its rounds at the cap: the next calibration measures again
     unresolved_gap: bool = False
 
 
@@ -194,7 +198,8 @@ def interleave(
     untimed_s = 0.0
     control_s = 0.0
     rounds = 0
-    contested: set[K] = set()
+    standing: Standing[K] = Standing()
+    capped: set[frozenset[K]] = set()
     paused = False
     while active:
         for key in order.sample(active, len(active)):
@@ -231,8 +236,11 @@ def interleave(
         timing = list(active)
         drifting = _stats.drift(control_ms) > settings.noise_limit
         budget_s = settings.budget_s * (2 if drifting else 1)
-        contested = look(series, active, comparisons, rounds)
-        if rounds >= settings.max_rounds or (answered is not None and answered(series)):
+        standing = look(series, active, comparisons, rounds)
+        if rounds >= settings.max_rounds:
+            capped = {frozenset(v.pair) for v in standing.open}
+            break
+        if answered is not None and answered(series):
             break
         if drifting and rounds < 2 * _stats.LOOKS[0]:
             # A drifting machine gives every pair at least twice the first look's rounds before it settles.
@@ -241,16 +249,53 @@ def interleave(
             break
         elapsed_s = clock() - started - untimed_s
         if elapsed_s >= budget_s:
-            # Past the budget, the final comparison times only the pick's open pairs, until they are resolved or
-            # the cap (never below ``decisive_rounds`` for heavy steps): a pair left open there flags the result.
-            capped = elapsed_s >= settings.overrun * settings.budget_s and rounds >= settings.decisive_rounds
-            if not contested or capped:
+            # Past the budget, the final comparison times only the open pairs of the groups that can still change
+            # the pick, while one of them is worth its rounds, until the cap (never below ``decisive_rounds`` for
+            # heavy steps). A pair the pick rests on still worth them there flags the result (the next calibration
+            # measures again); one not worth them stays open, named in the evidence, as measuring again would
+            # leave it.
+            worth = _worth(series, standing, rounds, elapsed_s, settings)
+            if elapsed_s >= settings.overrun * settings.budget_s and rounds >= settings.decisive_rounds:
+                capped = set(worth)
                 break
-            active[:] = [k for k in active if k in contested]
+            if not worth:
+                break
+            active[:] = [k for k in active if any(k in v.pair for v in standing.racing)]
     if on_round is not None:
         on_round(rounds, None)
     noisy = _stats.drift(control_ms) > settings.noise_limit
-    return Interleaved(series, control_ms, noisy, rounds, clock() - started, unresolved_gap=bool(contested))
+    return Interleaved(series, control_ms, noisy, rounds, clock() - started, open_pairs=[v.pair for v in standing.open],
+                       unresolved_gap=any(frozenset(v.pair) in capped for v in standing.open))
+
+
+def _worth(series: Mapping[K, Series[K]], standing: Standing[K], rounds: int, elapsed_s: float,
+           settings: MeasureSettings) -> list[frozenset[K]]:
+    """The open pairs that may change the pick worth timing past the budget: each whose estimate is beyond what
+    the pick may give away and, whatever their estimates, those whose rounds are cheap (``decisive_rounds`` of
+    them within the budget) and whose rounds still needed (about: at least ``decisive_rounds``, else
+    :meth:`~autotune._lab.looks.Verdict.rounds_needed`) fit the cap together, in rounds and in time, the nearest
+    first. Cheap rounds resolve a close call that dear ones cannot; a pair that would need more is left open at
+    once rather than timed to the cap in vain."""
+    def round_s(keys: set[K]) -> float:
+        return sum(series[k].steps_per_round * _stats.median(series[k].round_ms[-_stats.LOOKS[0]:])
+                   for k in keys) / (1000 * (1 - settings.control_share))
+
+    def rounds_needed(one: Verdict[K]) -> float:  # fewer rounds than ``decisive_rounds`` cannot tell how many
+        return float(settings.decisive_rounds) if one.rounds < settings.decisive_rounds else one.rounds_needed()
+
+    found = [v for v in standing.racing if v.beyond]
+    keys = {k for v in found for k in v.pair}
+    needed = float(rounds)  # (those raced anyway are not bound by the cap's arithmetic)
+    cheap = [v for v in standing.racing if not v.beyond and settings.decisive_rounds * round_s(set(v.pair)) <= (
+        settings.budget_s)]
+    for one in sorted(cheap, key=rounds_needed):
+        more = max(needed, rounds_needed(one))
+        if more <= settings.max_rounds and elapsed_s + (more - rounds) * round_s(keys | set(one.pair)) <= (
+                settings.overrun * settings.budget_s):
+            found.append(one)
+            keys |= set(one.pair)
+            needed = more
+    return [frozenset(v.pair) for v in found]
 
 
 __all__ = [

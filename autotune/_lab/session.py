@@ -1,11 +1,11 @@
 """One family's search: set-up, pruning stages, and the final paired comparison that decisions use.
 
 Stage 1 times every device x precision, stage 2 each device leader's layout and optimizer variants, stage 3 the
-combinations that helped, fewer CPU threads and the leader's settings in each simpler precision still alive
-(``plan.variants``). Stages only prune; every live candidate is then timed again, together, in fresh rounds
-(stage ``FINAL_STAGE``), and decisions compare only those: a slowdown between stages cannot become a verdict.
-Each pruning stage ends with a :class:`Checkpoint` that a worker restarted after a crash goes on from. The lab,
-the clock and the control workload are injected.
+combinations that helped, fewer CPU threads and the settings of the leader's precision in each simpler precision
+still alive unless an interval shows they do not pay (``plan.variants``, ``Session._donors``). Stages only prune;
+every live candidate is then timed again, together, in fresh rounds (stage ``FINAL_STAGE``), and decisions compare
+only those: a slowdown between stages cannot become a verdict. Each pruning stage ends with a :class:`Checkpoint`
+that a worker restarted after a crash goes on from. The lab, the clock and the control workload are injected.
 """
 
 from __future__ import annotations
@@ -219,8 +219,10 @@ class Session:
         self.timing_s += timed.elapsed_s
         if timed.unresolved_gap:  # not final: the next calibrate() measures it again
             self.unresolved_gap = True
-            self.notes.append(f"final comparison: a pair the pick rests on was still open after {timed.rounds} "
-                              "rounds (a close call or a busy machine); measured again by the next calibration")
+        for pick, other in timed.open_pairs:
+            self.notes.append(f"final comparison: {pick.label} against {other.label}, a pair the pick rests on, "
+                              f"was still open after {timed.rounds} rounds (a close call or a busy machine)"
+                              + ("; measured again by the next calibration" if timed.unresolved_gap else ""))
         if final:
             for candidate, series in timed.series.items():
                 self._throttled(candidate, series.round_ms, events[candidate], earlier[candidate],
@@ -315,26 +317,27 @@ class Session:
         return timing.round_ms if timing is not None else []
 
     def _rivals(self, alive: list[Candidate], leader: Candidate, stage: int) -> list[Candidate]:
-        """In the last stage, the device's other live precisions that a tie would go to, once the leader's
-        variant settings pay (:meth:`_settings_pay`): each is timed again next to those settings in its own
-        precision, so the tie rule meets the best of every precision, not a plain one the settings would beat
-        by more than its margin allows."""
-        if stage != self._last_stage or not self._settings_pay(alive, leader):
+        """In the last stage, the device's other live precisions that a tie would go to, where some variant
+        settings of the leader's precision may pay (:meth:`_donors`): each is timed again next to those settings
+        in its own precision, so the tie rule meets the best of every precision, not a plain one the settings
+        would beat by more than its margin allows."""
+        if stage != self._last_stage or not self._donors(alive, leader):
             return []  # the rivals' own best stays comparable
         return [c for c in alive if c.device == leader.device and c.precision != leader.precision
                 and _rules.tie_winner(c, leader) == c]
 
-    def _settings_pay(self, alive: list[Candidate], leader: Candidate) -> bool:
-        """The leader's variant settings beat its plain precision: clearly (it was dropped), or by an estimate
-        past the indifference. Waiting for "clearly" gave a same-math gain of a few percent away to the tie
-        rule whenever its stage ended before it was proven; a settings gain within the indifference costs a
-        tie's pick less than the zone allows, and not asking saves a rival's rounds."""
-        if leader == leader.base:
-            return False
-        if leader.base not in alive or not self._rounds(leader.base):
-            return True
-        estimate, _, _ = _stats.ratio_interval(self._rounds(leader.base), self._rounds(leader))
-        return estimate > 1 + _rules.INDIFFERENCE
+    def _donors(self, alive: list[Candidate], leader: Candidate) -> list[Candidate]:
+        """The live variants of the leader's precision whose settings may beat it plain by more than a pick may
+        give away (the same math's indifference): all but those an interval rules out. A few rounds' estimate
+        gave a gain of a few percent away to the tie rule one time in five, and a plain leader ahead by chance
+        left its fused variant's settings untried in the precision the tie then went to."""
+        base = leader.base
+        found = [c for c in dict.fromkeys([leader, *alive])
+                 if c.device == leader.device and c.precision == leader.precision and c != c.base]
+        if base not in alive or not self._rounds(base):
+            return found
+        return [c for c in found if not self._rounds(c)  # (never timed next to it: no interval rules it out)
+                or _stats.ratio_interval(self._rounds(base), self._rounds(c))[2] > 1 + _rules.indifference(base, c)]
 
     def _variants(self, alive: list[Candidate], stage: int) -> list[Candidate]:
         found: list[Candidate] = []
@@ -343,8 +346,8 @@ class Session:
             tried = [c for c in self.roster.results if c.device == device and self._stage(c) == stage - 1]
             proposed = variants(leader, stage, self.roster.facts[leader], search=self.settings.search,
                                 default_threads=self.lab.default_threads, tried=tried)
-            proposed += [leader.model_copy(update={"precision": rival.precision})
-                         for rival in self._rivals(alive, leader, stage)]
+            proposed += [donor.model_copy(update={"precision": rival.precision})
+                         for rival in self._rivals(alive, leader, stage) for donor in self._donors(alive, leader)]
             proposed = [c for c in proposed
                         if c not in self.roster.results and c not in self.excluded and c not in found]
             if self._outpaced(leader) and self._cost_s(leader, len(proposed)) > self._stage_settings(stage).budget_s:

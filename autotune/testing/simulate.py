@@ -177,6 +177,16 @@ class Truth:
     #: own work, another candidate's, idle time), where 0 reads it as it is; idle, it runs at ``idle_clock_mhz``
     clock_window_s: float = 0.0
     idle_clock_mhz: float | None = None
+    #: a busy machine hurts a step of many threads more than one of few (it waits for its slowest thread): a
+    #: CPU candidate feels the load (``load_noise``) to the power (threads / default_threads) ** threads_load;
+    #: 0: every candidate alike
+    threads_load: float = 0.0
+
+    def load_power(self, candidate: Candidate) -> float:
+        """How strongly ``candidate``'s steps feel the machine's load: 1 at torch's thread count."""
+        if candidate.device != "cpu":
+            return 1.0
+        return math.pow((candidate.num_threads or self.default_threads) / self.default_threads, self.threads_load)
 
     def factors(self, base: Candidate) -> Mapping[str, float]:
         """The step-time factor of each variant setting on the plain candidate ``base``."""
@@ -254,12 +264,13 @@ class _Weather:
         self._load[0] = rho * self._load[0] + math.sqrt(1 - rho * rho) * self.rng.gauss(0.0, truth.load_noise)
         return math.exp(self._load[0])
 
-    def factor(self, device: str, noise: float | None = None) -> float:
-        """The machine's factor on one step of ``device`` now (the candidate's own terms are the step's);
-        ``noise``: the candidate's own sigma, where it has one."""
+    def factor(self, device: str, *, sigma: float | None = None, load_power: float = 1.0) -> float:
+        """The machine's factor on one step of ``device`` now (the candidate's own terms are the step's): its
+        noise of ``sigma`` (default the machine's), its load to the power ``load_power``."""
         truth, now = self.truth, self.clock.now
-        sigma = truth.noise if noise is None else noise
-        value = (1 + truth.ramp_per_s * now) * math.exp(self.rng.gauss(0.0, sigma)) * self.load()
+        noise = truth.noise if sigma is None else sigma
+        value = (1 + truth.ramp_per_s * now) * math.exp(self.rng.gauss(0.0, noise))
+        value *= math.pow(self.load(), load_power)
         if truth.burst is not None and truth.burst[0] <= now < truth.burst[1]:
             value *= truth.burst_factor
         if self.stage_1_over and device != "cpu":
@@ -273,13 +284,14 @@ class _Weather:
 
 class _FakeStep:
     def __init__(self, step_s: float, device: str, weather: _Weather, own: CandidateTruth | None = None,
-                 launch_s: float = 0.0, loop: Loop | None = None) -> None:
+                 launch_s: float = 0.0, loop: Loop | None = None, load_power: float = 1.0) -> None:
         self.step_s = step_s
         self.device = device
         self.weather = weather
         self.own = own
         self.launch_s = launch_s
         self.loop = loop
+        self.load_power = load_power
         self.asynchronous = device != "cpu"
         self.steps = 0
 
@@ -343,7 +355,8 @@ class _FakeStep:
 
     def _device_s(self) -> float:
         weather, truth = self.weather, self.weather.truth
-        value = self.step_s * weather.factor(self.device, None if self.own is None else self.own.noise)
+        value = self.step_s * weather.factor(self.device, sigma=self.own.noise if self.own is not None else None,
+                                             load_power=self.load_power)
         if self.own is not None:
             if self.own.outlier_rate and weather.rng.random() < self.own.outlier_rate:  # no draw when no tail
                 value *= self.own.outlier_factor
@@ -417,7 +430,8 @@ class TruthLab:
         # The steps copy their batches as the real step does on that device.
         loop = self.truth.loop(candidate, copies_wait=not pins_batches(backend_for(candidate.device)))
         step = _FakeStep(self.truth.compute_ms(candidate) / 1000, candidate.device, self.weather, truth,
-                         launch_s=self.truth.launch_ms(candidate) / 1000, loop=loop)
+                         launch_s=self.truth.launch_ms(candidate) / 1000, loop=loop,
+                         load_power=self.truth.load_power(candidate))
         recent_s = []
         self.weather.in_setup = True
         verify_steps = (self.settings.verify_steps if candidate == candidate.base
@@ -470,8 +484,8 @@ class _ControlWeather(_Weather):
         super().__init__(weather.truth, weather.clock, weather.rng)
         self._load = weather._load
 
-    def factor(self, device: str, noise: float | None = None) -> float:
-        """The machine's factor on one step of ``device`` now (the candidate's own terms are the step's)."""
+    def factor(self, device: str, *, sigma: float | None = None, load_power: float = 1.0) -> float:
+        """The machine's factor on one step of the control now."""
         truth, now = self.truth, self.clock.now
         value = (1 + truth.ramp_per_s * now) * math.exp(self.rng.gauss(0.0, 0.01)) * self.load()
         if truth.burst is not None and truth.burst[0] <= now < truth.burst[1]:
