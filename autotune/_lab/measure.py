@@ -103,6 +103,7 @@ class Interleaved(Generic[K]):
     control_ms: list[float]
     noisy: bool
     rounds: int
+    #: what the budget counts: the seconds timing took, less the asynchronous spans' untimed first steps
     elapsed_s: float
     #: the final comparison's pick's pairs still open when timing stopped (the pick, the other): the pick may be
     #: further from the best than the pair allows (a close call, or rounds wrecked by a busy machine)
@@ -264,7 +265,8 @@ def interleave(
     if on_round is not None:
         on_round(rounds, None)
     noisy = _stats.drift(control_ms) > settings.noise_limit
-    return Interleaved(series, control_ms, noisy, rounds, clock() - started, open_pairs=[v.pair for v in standing.open],
+    return Interleaved(series, control_ms, noisy, rounds, clock() - started - untimed_s,
+                       open_pairs=[v.pair for v in standing.open],
                        unresolved_gap=any(frozenset(v.pair) in capped for v in standing.open))
 
 

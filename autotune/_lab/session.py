@@ -48,6 +48,8 @@ class Session:
         self.roster = Roster(lab, emit, discard_on_device_error=discard_on_device_error)
         self.control_ms: list[float] = []
         self.notes: list[str] = []
+        #: the budget the stages spent, in the unit the budget counts (``Interleaved.elapsed_s``): the final
+        #: comparison gets what is left
         self.timing_s = 0.0
         #: the final comparison ended with a gap beyond the margin unresolved: the result is not final (noisy)
         self.unresolved_gap = False
