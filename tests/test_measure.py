@@ -99,7 +99,8 @@ def test_a_2x_winner_is_found_at_the_first_look_and_the_loser_keeps_its_evidence
 
 def test_a_100x_slower_candidate_costs_one_step() -> None:
     result, steps = _run({"fp32": jittered(0.1), "bf16": jittered(0.05), "fp16": jittered(10.0)},
-                         settings=MeasureSettings(budget_s=30.0, round_min_s=0.0), estimate_s={"fp16": 10.0})
+                         settings=MeasureSettings(budget_s=30.0, round_min_s=0.0),
+                         estimate_s={"fp32": 0.1, "bf16": 0.05, "fp16": 10.0})
     assert steps["fp16"].steps == 1
     dropped = result.series["fp16"].dropped
     assert dropped is not None and dropped.far_behind and dropped.estimate == pytest.approx(200.0)
@@ -107,8 +108,18 @@ def test_a_100x_slower_candidate_costs_one_step() -> None:
 
 def test_one_disturbed_first_round_does_not_push_a_candidate_out() -> None:
     hiccup = itertools.chain([0.5], jittered(0.1))  # a 5x hiccup in round 1; its warm-up said 0.1 s
-    result, _ = _run({"fp32": hiccup, "bf16": jittered(0.1, phase=2)}, estimate_s={"fp32": 0.1})
+    result, _ = _run({"fp32": hiccup, "bf16": jittered(0.1, phase=2)}, estimate_s={"fp32": 0.1, "bf16": 0.1})
     assert result.series["fp32"].dropped is None
+
+
+def test_a_leaders_disturbed_first_round_does_not_keep_a_device_10x_behind_in() -> None:
+    # Another program on the cores: the GPU's first round 4x its warm-up's 10 ms. Against that round the CPU
+    # would be 2.5x behind and timed on for the stage (in the final comparison too, round after dear round).
+    gpu = itertools.chain([0.04], jittered(0.01))
+    result, steps = _run({"cpu fp32": jittered(0.1), "cuda fp32": gpu}, comparisons=BY_DEVICE,
+                         estimate_s={"cpu fp32": 0.1, "cuda fp32": 0.01})
+    outpaced = result.series["cpu fp32"].outpaced
+    assert outpaced is not None and outpaced.far_behind and steps["cpu fp32"].steps == 1
 
 
 def test_equal_candidates_run_to_the_budget_without_a_verdict() -> None:

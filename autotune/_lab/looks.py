@@ -80,11 +80,15 @@ def drop_far_behind(series: dict[K, Series[K]], active: list[K], comparisons: Co
     """After the first round: drop candidates so far behind their group's leader that no interval is needed,
     and stop timing candidates that far behind the fastest one of another group (outpaced).
 
-    A candidate's time is the better of its first round and its warm-up estimate, so one disturbed round
-    (a hiccup of the machine) cannot push it out.
+    Each candidate's time, its leader's too, is the better of its first round and its warm-up estimate: one
+    disturbed round (a hiccup of the machine) can neither push a candidate out nor keep one in, as a leader's
+    round 4x slow would keep a device 10x behind it timed through every dear round of the stage.
     """
+    def best_ms(key: K) -> float:
+        return min(series[key].round_ms[0], 1000 * estimate_s[key])
+
     def ratio_to(key: K, leader: K) -> float:
-        return min(series[key].round_ms[0], 1000 * estimate_s[key]) / series[leader].round_ms[0]
+        return best_ms(key) / best_ms(leader)
 
     leaders = _leaders(series, active, comparisons)
     overall = ranked(series, active)[0]
