@@ -97,8 +97,12 @@ class Config(Choice):
         builds through ``torch.set_float32_matmul_precision`` and ``torch.backends.cudnn.allow_tf32``. torch
         forbids mixing the two: after this call on a 2.9+ build, read the per-backend values, not
         ``torch.get_float32_matmul_precision()``.
+
+        On NVIDIA CUDA it also turns on cuDNN's benchmark mode (``torch.backends.cudnn.benchmark``), which
+        calibration measured with.
         """
         _fp32.apply(self.precision)
+        backend_for(self.device).apply_loop_settings()
 
     def optimizer_kwargs(self, optimizer: Callable[..., torch.optim.Optimizer] = torch.optim.AdamW) -> dict[str, Any]:
         """``{"fused": True}``, ``{"foreach": True}`` or ``{}``: the measured implementation, if ``optimizer`` takes it.

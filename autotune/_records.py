@@ -18,6 +18,8 @@ FailureKind = Literal["crashed", "timeout", "oom", "error", "unsupported", "nume
 Misbehaviour = Literal["non_finite", "skipped_steps", "diverged"]
 #: the user's device choice ("GPU" is whatever accelerator this machine has), not a backend
 Prefer = Literal["auto", "gpu", "cpu"]
+#: why a device holds its clocks down, as NVML reports it: not idling, not an application's clock setting
+ClockEvent = Literal["thermal", "power_cap", "hw_slowdown"]
 
 
 class Record(BaseModel):
@@ -122,7 +124,11 @@ class Timing(Record):
         default=None, description="the evidence that another device is clearly faster: it loses the device choice"
     )
     clock_mhz: list[float] = Field(
-        default_factory=list, description="the device's clock before each round's sample, where it reports one"
+        default_factory=list, description="the device's clock after each round's sample, where it reports one"
+    )
+    clock_events: list[list[ClockEvent]] = Field(
+        default_factory=list,
+        description="what held the device's clocks down after each round's sample, where it reports that (NVML)",
     )
 
     @property
@@ -285,6 +291,9 @@ class Evidence(Record):
         "why no measurement of this machine configuration answers (a fallback), e.g. 'calibration running in "
         "this process'"))
     similar: SimilarMachine | None = Field(default=None, description="the record of the same hardware it used")
+    unresolved: list[Candidate] = Field(default_factory=list, description=(
+        "rivals whose comparison with the pick was still open when timing stopped (a close call, or a busy "
+        "machine): the pick may be further from the best than the margin allows"))
 
 
 class Demotion(Record):
@@ -491,6 +500,7 @@ __all__ = [
     "Candidate",
     "CandidateResult",
     "Choice",
+    "ClockEvent",
     "Demotion",
     "Difference",
     "Drop",

@@ -78,6 +78,9 @@ def qualifiers(evidence: Evidence, *, init_scale: float | None) -> list[str]:
                      f"{evidence.default_scale_skipped} of {evidence.verified_steps} verification steps")
     if evidence.noisy:
         lines.append("measured while the machine was busy: the next calibration measures it again")
+    if evidence.unresolved:
+        lines.append("still open when timing stopped (the pick may be further from the best than the margin "
+                     "allows): " + ", ".join(c.label for c in evidence.unresolved))
     if evidence.older_rules is not None:
         lines.append(f"measured under older rules (by autotune {evidence.older_rules}): the next calibration "
                      "measures it again")
@@ -246,16 +249,42 @@ def times_over(found: Rival, pick: Candidate, evidence: Evidence, seen: frozense
     return None if rest is None else found.ratio.estimate * rest
 
 
+#: a speed-up is stated as measured when its interval lies within this of the estimate, else as the bound the
+#: interval shows
+HEADLINE_ERROR = 0.10
+
+
+def headline(found: Rival, pick: Candidate, evidence: Evidence) -> tuple[float, bool] | None:
+    """``found``'s step time over the pick's as a user reads it, from paired evidence: its ratio to the pick, or
+    to what it stopped against times that one's to the pick (a chain of drops, the intervals multiplied). The
+    estimate where the interval lies within :data:`HEADLINE_ERROR` of it; else the interval's low end, a bound
+    (True), e.g. fp32 dropped after a few noisy rounds: (2.9, True), "at least 2.9x faster". None where the chain
+    breaks or the bound says no more than "not slower"."""
+    estimate = low = high = 1.0
+    seen: set[Candidate] = set()
+    link: Rival | None = found
+    while link is not None and link.ratio is not None and link.against is not None and link.candidate not in seen:
+        seen.add(link.candidate)
+        estimate, low, high = estimate * link.ratio.estimate, low * link.ratio.low, high * link.ratio.high
+        if link.against == pick:
+            if low >= estimate / (1 + HEADLINE_ERROR) and high <= estimate * (1 + HEADLINE_ERROR):
+                return estimate, False
+            return (low, True) if low > 1 else None
+        link = next((r for r in evidence.rivals if r.candidate == link.against), None)
+    return None
+
+
 def _against(found: Rival, pick: Candidate, evidence: Evidence) -> str:
     """e.g. ``'2.5x faster per step than fp32'``, ``'bf16 mixed precision was no faster'``: a training step's time,
     not the loop's (its data loading is not in it)."""
     name = _named(found.candidate, pick)
     times = times_over(found, pick, evidence)
-    if found.verdict in ("dropped", "slower", "outpaced") and (times is None or times < 1):
+    claim = headline(found, pick, evidence) if times is not None and times >= 1 else None  # estimate, or a bound
+    if found.verdict in ("dropped", "slower", "outpaced") and claim is None:
         return f"{name} was clearly slower"
-    if found.verdict not in ("dropped", "slower", "outpaced") or times is None or times < 1:
+    if found.verdict not in ("dropped", "slower", "outpaced") or claim is None:
         return f"{name} was no faster"
-    return f"{ratio_words(times)} faster per step than {name}"
+    return f"{'at least ' if claim[1] else ''}{ratio_words(claim[0])} faster per step than {name}"
 
 
 def reason(pick: Candidate, evidence: Evidence, *, measured_at: str | None) -> str:
@@ -335,10 +364,12 @@ def _fitting(answer: str, forms: Sequence[str], *, short: str | None = None) -> 
 
 
 __all__ = [
+    "HEADLINE_ERROR",
     "REASON_CHARS",
     "answer_words",
     "data_bound_words",
     "demotion_words",
+    "headline",
     "loader_reason",
     "loop_words",
     "mib_words",
