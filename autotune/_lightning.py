@@ -33,7 +33,8 @@ class GuardCallback(lightning.Callback):
             assert job is not None  # required: it raises instead
             confirm(job, self.config)
             self.guard = Guard(self.config.model_kind, self.config.candidate, self.config.fingerprint_digest,
-                               on_failure=self.on_failure, job=job)
+                               on_failure=self.on_failure, step_ms=self.config.step_ms,
+                               speedup=self.config.speedup_vs_fp32_cpu, job=job)
 
     def on_train_batch_end(self, trainer: lightning.Trainer, pl_module: lightning.LightningModule, outputs: Any,
                            batch: Any, batch_idx: int) -> None:

@@ -155,6 +155,9 @@ class Loaded:
     def run(self, steps: int = 1) -> None:
         self.step.run(steps)
 
+    def span(self, steps: int) -> list[float]:
+        return self.step.span(steps)
+
     @contextlib.contextmanager
     def selected(self) -> Iterator[None]:
         with self.load.running(self.candidate), self.step.selected():
