@@ -277,17 +277,19 @@ class Config(Choice):
         """What :meth:`dataloader_kwargs` answers, with the evidence: every setting timed, the step alone, the
         reason (per training step) and what the measurement cost (``wall_s``); ``force=True`` measures again.
 
-        Without workers first, then the most, then the counts between; on the CPU each with this config's training
-        threads and with fewer. The cheapest setting whose loop keeps within 10% of its training step wins, else
-        the fastest. A dataset that cannot be pickled for worker processes gets ``num_workers=0`` and the reason; a
-        setting whose worker dies or hangs is ruled out; one that is empty or raises is a :class:`DatasetError`,
-        and nothing is cached.
+        Without workers first, then the most (the usable cores; in a job, ``ranks``, each of the machine's
+        processes' share of them), then the counts between; on the CPU each with this config's training threads and
+        with fewer. The cheapest setting whose loop keeps within 10% of its training step wins, else the fastest. A
+        dataset that cannot be pickled for worker processes gets ``num_workers=0`` and the reason; a setting whose
+        worker dies or hangs is ruled out; one that is empty or raises is a :class:`DatasetError`, and nothing is
+        cached.
         """
         from autotune._tools import loader as _loader  # loads the training step's machinery: only when asked
 
         return _loader.report(self.candidate, self.model_kind, self.fingerprint_digest, dataset,
                               batch_size=batch_size, key=key, fixed=fixed, init_scale=self.init_scale,
-                              budget_s=_loader.BUDGET_S if budget_s is None else budget_s, force=force)
+                              budget_s=_loader.BUDGET_S if budget_s is None else budget_s, force=force,
+                              processes=self.ranks.local_world_size if self.ranks is not None else 1)
 
     def grad_scaler(self) -> torch.amp.GradScaler:
         """A GradScaler enabled only for fp16, starting at the init_scale calibration found safe."""

@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
 import autotune
 from autotune import Config, ConfigurationError, DatasetError, LoaderTrial
 from autotune._cache import loader_answers
+from autotune._records import Ranks
 from autotune._tools.loader import KEEP_UP, choose, keeps_up
 
 #: a small budget: each setting's loop is timed over a tenth of it
@@ -170,6 +171,18 @@ def test_the_fixed_arguments_are_measured_with_and_returned_as_given(tiny_family
     # a new version of the data, named by the caller's key, is another question
     assert _config(tiny_family).dataloader_report(dataset, batch_size=8, key="v2", num_workers=0, shuffle=True,
                                                   drop_last=True).wall_s != report.wall_s
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one core: a process's share is all of it")
+def test_in_a_job_each_process_loads_with_its_share_of_the_cores(tiny_family: str) -> None:
+    cores = len(os.sched_getaffinity(0))
+    # as many processes as cores on this machine (torchrun --nproc-per-node): each has one core for its workers
+    config = _config(tiny_family).model_copy(update={"ranks": Ranks(rank=1, local_rank=1, world_size=cores,
+                                                                      local_world_size=cores)})
+    report = config.dataloader_report(Blurred(), batch_size=8, budget_s=BUDGET_S)
+    assert not keeps_up(report.trials[0], report.step_ms or 0.0)  # data-bound without workers: workers were tried
+    assert [t.num_workers for t in report.trials][:2] == [0, 1]  # the most is the process's share, not every core
+    assert max(t.num_workers for t in report.trials) == 1 and {t.num_threads for t in report.trials} == {1}
 
 
 def test_a_dataset_spawned_workers_cannot_receive_gets_none_and_the_reason(tiny_family: str, spawned: None) -> None:

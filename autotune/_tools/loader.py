@@ -3,13 +3,13 @@ batch_size=64)``.
 
 For about ``BUDGET_S`` seconds it runs the loop as the user runs it: the config's own training step (its family's
 model at the loader's batch size, on its device, in its precision and variants, uncompiled) fed by a DataLoader over
-the user's dataset, one setting after another. Without workers first, then the most workers (the usable cores),
-then the counts between, fewest first; on the CPU each worker count with the config's training threads and with
-fewer, leaving the workers their cores: workers and training threads share the cores, so they are measured
-together, never added up. A loop within ``KEEP_UP`` of its step keeps up: the cheapest setting that keeps up wins
-(costlier ones are not measured), else the fastest. Workers persist across epochs; memory is pinned where
-copies from it are asynchronous (CUDA, XPU); workers are spawned where fork is unsafe (macOS; a process that trains
-on an accelerator).
+the user's dataset, one setting after another. Without workers first, then the most workers (the usable cores; in
+a job of many processes, each process's share of them), then the counts between, fewest first; on the CPU each
+worker count with the config's training threads and with fewer, leaving the workers their cores: workers and
+training threads share the cores, so they are measured together, never added up. A loop within ``KEEP_UP`` of its
+step keeps up: the cheapest setting that keeps up wins (costlier ones are not measured), else the fastest. Workers
+persist across epochs; memory is pinned where copies from it are asynchronous (CUDA, XPU); workers are spawned where
+fork is unsafe (macOS; a process that trains on an accelerator).
 
 A dataset that cannot be pickled for worker processes gets none, with the reason; a setting whose worker dies or
 stays silent for ``TIMEOUT_S`` is ruled out and reported; a dataset that raises surfaces as a
@@ -42,6 +42,7 @@ from autotune._errors import ConfigurationError, DatasetError
 from autotune._families import get_family
 from autotune._lab.step import TrainStep
 from autotune._records import Candidate, LoaderReport, LoaderTrial
+from autotune._variants import threads_per_process
 from autotune._wording import loader_reason
 from autotune.backends import Backend, backend_for
 
@@ -70,9 +71,11 @@ _NOT_FIXED = ("dataset", "batch_size")
 
 def report(candidate: Candidate, model_kind: str, digest: str, dataset: Any, *, batch_size: int, key: str | None,
            fixed: Mapping[str, Any], init_scale: float | None = None, budget_s: float = BUDGET_S,
-           force: bool = False) -> LoaderReport:
+           force: bool = False, processes: int = 1) -> LoaderReport:
     """The DataLoader settings that measured fastest for ``candidate`` training ``model_kind`` on ``dataset``, from
-    the answers of this machine configuration (``digest``) when this question was measured before."""
+    the answers of this machine configuration (``digest``) when this question was measured before. ``processes``:
+    the job's processes on this machine, each loading with its share of the cores (its workers and its training
+    threads beside the others')."""
     _validate(batch_size, key, fixed, budget_s)
     signature, length = dataset_signature(dataset)
     family = get_family(model_kind)
@@ -83,7 +86,7 @@ def report(candidate: Candidate, model_kind: str, digest: str, dataset: Any, *, 
     if not force and (known := answers.get(question)) is not None:
         return known
     measured = _measure(candidate, model_kind, dataset, signature, length, batch_size=batch_size, fixed=fixed,
-                        init_scale=init_scale, budget_s=budget_s)
+                        init_scale=init_scale, budget_s=budget_s, cores=threads_per_process(_usable_cores(), processes))
     log.info("%s: %s (measured in %.1f s)", model_kind, measured.reason, measured.wall_s)
     answers.put(question, measured)
     return measured
@@ -137,7 +140,7 @@ class _Unpicklable(Exception):
 
 
 def _measure(candidate: Candidate, model_kind: str, dataset: Any, signature: str, length: int, *, batch_size: int,
-             fixed: Mapping[str, Any], init_scale: float | None, budget_s: float) -> LoaderReport:
+             fixed: Mapping[str, Any], init_scale: float | None, budget_s: float, cores: int) -> LoaderReport:
     started = time.perf_counter()
     at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     backend = backend_for(candidate.device)
@@ -152,7 +155,7 @@ def _measure(candidate: Candidate, model_kind: str, dataset: Any, signature: str
     needs_workers = fixed.get("num_workers", 0) > 0 or any(
         fixed.get(name) not in (None, False) for name in ("multiprocessing_context", "persistent_workers",
                                                           "prefetch_factor"))
-    counts = _worker_counts(_usable_cores(), batches, fixed.get("num_workers"), zero=not needs_workers)
+    counts = _worker_counts(cores, batches, fixed.get("num_workers"), zero=not needs_workers)
     setting_s = budget_s * SETTING_SHARE
     family = get_family(model_kind)
     uncompiled = candidate.model_copy(update={"compiled": False})  # compiling takes longer than the budget
@@ -175,8 +178,8 @@ def _measure(candidate: Candidate, model_kind: str, dataset: Any, signature: str
                 if time.perf_counter() > deadline and workers not in always:
                     break
                 try:
-                    trials += _trials(dataset, step, workers, _thread_counts(threads, workers), batch_size=batch_size,
-                                      pin=pin, context=context, fixed=fixed, setting_s=setting_s,
+                    trials += _trials(dataset, step, workers, _thread_counts(threads, workers, cores),
+                                      batch_size=batch_size, pin=pin, context=context, fixed=fixed, setting_s=setting_s,
                                       prefetch=2 if workers else None, deadline=deadline)
                 except _Unpicklable as exc:
                     unpicklable = f"{type(exc.__cause__).__name__}: {exc.__cause__}"[:300]
@@ -331,13 +334,13 @@ def _worker_counts(cores: int, batches: int, fixed: int | None, *, zero: bool) -
     return [*([0] if zero else []), most, *between]
 
 
-def _thread_counts(threads: int | None, workers: int) -> list[int | None]:
+def _thread_counts(threads: int | None, workers: int, cores: int) -> list[int | None]:
     """The training's CPU threads to measure with ``workers``: fewer where the workers would leave the training
-    fewer cores (first: oversubscribed cores stall every parallel region), then the config's; the accelerators'
-    are left as they are."""
+    fewer of its ``cores`` (first: oversubscribed cores stall every parallel region), then the config's; the
+    accelerators' are left as they are."""
     if threads is None or not workers:
         return [threads]
-    fewer = max(1, min(threads, _usable_cores() - workers))
+    fewer = max(1, min(threads, cores - workers))
     return [threads] if fewer == threads else [fewer, threads]
 
 
