@@ -245,7 +245,8 @@ class Config(Choice):
         ``best_config`` and ``guard.fallback()`` answer the best remaining one. ``for batch in guard.data(loader):``
         also times the loop's waits for data (``guard.summary()``). The rules: ``autotune._guard``.
         In a job (``ranks``), a finding on one rank is the job's: every rank warns at the same step, each machine
-        records one demotion, and every rank must call ``step`` (and ``check``) alike.
+        records one demotion (and keeps its first rank's loop summary), and every rank must call ``step`` (and
+        ``check``) alike.
         """
         return Guard(self.model_kind, self.candidate, self.fingerprint_digest, on_failure=on_failure,
                      step_ms=self.step_ms, speedup=self.speedup_vs_fp32_cpu,

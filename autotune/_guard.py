@@ -359,8 +359,9 @@ class Guard:
                         data_bound_words(share, DATA_WAIT_WINDOWS * self.read_every, self.speedup))
 
     def _keep_summary(self) -> None:
-        """Keep what this run saw of its loop for its family, once it saw a window of batches."""
-        if self._batches >= self.read_every:
+        """Keep what this run saw of its loop for its family, once it saw a window of batches; in a job, what its
+        machine's first rank saw (one run, one entry)."""
+        if self._batches >= self.read_every and (self.job is None or self.job.leads):
             _loops.record(self.digest, self.summary())
 
     def _pace(self, step_ms: float) -> None:

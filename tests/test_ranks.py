@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 import autotune
 from autotune import CalibrationError, Config, ConfigMisbehaved, ConfigurationError, FrameworkError, RanksError
-from autotune._cache import demotions
+from autotune._cache import demotions, loops
 from autotune._cache.store import StoreFile
 from autotune._decide import decide
 from autotune._guard import Guard
@@ -230,6 +230,18 @@ def test_a_guard_finding_on_one_rank_is_the_jobs(caplog: pytest.LogCaptureFixtur
     assert len(demotions.of("digest", "tiny")) == 1  # one demotion: the machine's first rank records it
     assert sum(isinstance(w.message, ConfigMisbehaved) for w in warned) == 2  # every rank warned
     assert sum("misbehaved at step 6" in record.getMessage() for record in caplog.records) == 2
+
+
+def test_a_jobs_loop_summary_is_kept_once_per_machine() -> None:
+    def train(job: JobGroup) -> Guard:
+        guard = Guard("tiny", Candidate(device="cpu", precision="fp32"), "digest", read_every=10, job=job)
+        for _batch in guard.data(range(20)):
+            guard.step(1.0)
+        return guard
+
+    guards = in_ranks(["0", "0"], train)
+    assert all(isinstance(g, Guard) and g.summary().batches == 20 for g in guards)  # every rank timed its loop
+    assert [s.batches for s in loops.of("digest", "tiny")] == [20]  # and the machine kept its first rank's
 
 
 # -- the adapters for many processes --------------------------------------------------------------------------------
