@@ -17,6 +17,7 @@ from collections.abc import Callable
 import torch
 
 from autotune import _fp32
+from autotune._lab import load
 from autotune._lab.memory import pin_allocator, probe_memory
 from autotune._lab.plan import plan
 from autotune._lab.prepare import TorchLab, warm_process
@@ -76,7 +77,7 @@ def calibrate(job: Job, emit: Callable[[Planned | Begin | Failed | Checkpoint | 
         emit(event)
 
     session = Session(TorchLab(job.family, job.settings), job.settings, tracking, clock=time.perf_counter,
-                      control=Control(), settle=time.sleep, discard_on_device_error=discard_on_device_error)
+                      control=Control(), settle=load.settle, discard_on_device_error=discard_on_device_error)
     candidates, notes = plan()
     session.run(candidates, staged=True, backend_notes=notes, failed=job.failed, resume=job.resume)
     return bool(finished)
@@ -109,7 +110,7 @@ def main() -> int:
             emit(Begin(candidate=job.candidate, phase="setup", fraction=0.0))  # a crash now is this probe's
             emit(probe_memory(job))
         elif isinstance(job, CheckJob):
-            check(job, emit, clock=time.perf_counter, control=Control(), settle=time.sleep)
+            check(job, emit, clock=time.perf_counter, control=Control(), settle=load.settle)
         elif not calibrate(job, emit):
             return EXIT_DEVICE_ERROR
     return 0

@@ -63,7 +63,8 @@ class MeasureSettings(BaseModel):
     overrun: float = 4.0
     #: ... and the fewest rounds it gives them before that cap applies (a step of seconds: a few rounds)
     decisive_rounds: int = 10
-    #: pause before each control measurement
+    #: pause before each control measurement (``settle``: on the CPU, and on until the candidates' thread pools
+    #: stop spinning)
     settle_s: float = 0.001
     #: past the first look, the control takes at most this share of the time: every round of heavy steps, every
     #: few of sub-millisecond steps, whose rounds it would otherwise almost double
@@ -205,7 +206,7 @@ def interleave(
         share = settings.control_share
         if rounds < _stats.LOOKS[0] or clock() - control_end >= control_s * (1 - share) / share:
             # The least disturbed of a few runs (interference only adds time), after a pause that lets the
-            # candidates' OpenMP threads stop spinning: on hyper-threaded cores they would slow the control down.
+            # candidates' OpenMP threads stop spinning: on a hyper-threaded core they would slow the control down.
             control_start = clock()
             settle(settings.settle_s)
             control_ms.append(1000 * min(timed(control, clock) for _ in range(3)))

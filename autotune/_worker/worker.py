@@ -25,6 +25,7 @@ import torch
 from autotune import _fp32
 from autotune._errors import CalibrationCancelled, CalibrationError, TraceError
 from autotune._families import Family
+from autotune._lab import load
 from autotune._lab.child import Control, calibrate
 from autotune._lab.memory import probe_memory
 from autotune._lab.plan import BASELINE
@@ -214,7 +215,7 @@ class Worker:
         if self.isolation == "inprocess":
             with _fp32.preserved():
                 check(job, lambda event: record(event, attempt, None), clock=time.perf_counter, control=Control(),
-                      settle=time.sleep)
+                      settle=load.settle)
         elif self._send(job, attempt, None, until=(Checked,)) is None:
             return None, [], self.start_failure
         checked = next((e for e in attempt.events if isinstance(e, Checked)), None)
