@@ -24,7 +24,7 @@ from autotune._decide import decide
 from autotune._errors import CalibrationCancelled, CalibrationError
 from autotune._families import Family, builtin_family_names, get_family
 from autotune._fingerprint import Fingerprint, fingerprint
-from autotune._lab.measure import MeasureSettings
+from autotune._lab.measure import MeasureSettings, control_shifted
 from autotune._lab.protocol import CalibrationSettings
 from autotune._records import Candidate, FamilyKey, FamilyResult, Record
 from autotune._worker.worker import Worker
@@ -222,10 +222,11 @@ def measure(
     result = measured.model_copy(update={"key": key, "rules": rules_digest()})
     log.info("calibrated %s in %.1f s", family.name, result.wall_s)
     if result.noisy:
-        drift = _stats.drift(result.control_ms)
+        shift, _ = _stats.level_shift(result.control_ms)
         log.warning("%s was measured while the machine was busy (%s); run `python -m autotune --recalibrate` on "
                     "a quiet machine for a firmer answer", family.name,
-                    f"control workload drifted {100 * drift:.0f}%" if drift > settings.measure.noise_limit else
+                    f"the control workload's level moved by {shift:.0%}" if control_shifted(
+                        result.control_ms, settings.measure) else
                     "the final comparison could not resolve a gap beyond the margin")
     return result
 

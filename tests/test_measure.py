@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import random
 from collections.abc import Callable, Iterator, Mapping
 
 import pytest
@@ -14,6 +15,7 @@ from autotune._lab.measure import (
     Interleaved,
     MeasureSettings,
     Series,
+    control_shifted,
     interleave,
     overlaps,
     per_step_s,
@@ -183,6 +185,16 @@ def test_a_drifting_control_doubles_the_budget_and_flags_the_result() -> None:
                     settings=settings)
     assert noisy.noisy and not steady.noisy
     assert steady.elapsed_s < 2.0 <= noisy.elapsed_s
+
+
+def test_a_control_is_judged_against_its_own_noise_not_a_fixed_spread() -> None:
+    rng = random.Random(0)
+    jittery = [1.0 + rng.gauss(0.0, 0.08) for _ in range(40)]  # 8% a round, around one level
+    assert _stats.spread(jittery) > 0.10  # past the fixed 10% the spread used to be judged by
+    assert not control_shifted(jittery, MeasureSettings())
+    assert control_shifted(jittery[:20] + [1.8 * x for x in jittery[20:]], MeasureSettings())  # another level
+    assert control_shifted([1.0 + 0.01 * i for i in range(40)], MeasureSettings())  # a steady ramp, 40% in all
+    assert not control_shifted([1.0 + 0.001 * i for i in range(40)], MeasureSettings())  # ... 4%: too little
 
 
 def test_a_steady_control_is_not_noisy() -> None:

@@ -3,9 +3,10 @@
 Each round runs every active candidate once, in a fresh seeded random order, so drift and position effects hit
 all alike; at each of ``_stats.LOOKS`` the paired intervals drop, outpace and settle candidates (``looks``).
 Timing stops when nothing is open or at the first look past the budget, but the final comparison times the
-pick's open pairs on, up to ``overrun`` x the budget. A control workload flags a noisy machine and doubles the
-budget. On an asynchronous device a candidate whose steps overlap (``overlaps``) is timed in spans
-(``per_step_s``). The clock and the steps are injected (``Clock``, ``Steppable``).
+pick's open pairs on, up to ``overrun`` x the budget. A control workload whose level moved well past its own
+noise (:func:`control_shifted`) flags a busy machine and doubles the budget. On an asynchronous device a
+candidate whose steps overlap (``overlaps``) is timed in spans (``per_step_s``). The clock and the steps are
+injected (``Clock``, ``Steppable``).
 """
 
 from __future__ import annotations
@@ -53,8 +54,10 @@ class MeasureSettings(BaseModel):
     order_seed: int = 0
     #: each candidate's share of a round lasts at least this long, so timer noise stays negligible
     round_min_s: float = 0.003
-    #: the control may drift this much (see ``_stats.drift``) before the run counts as noisy
-    noise_limit: float = 0.10
+    #: the control's level may move this much between the halves of its rounds (``_stats.level_shift``), and
+    #: ``shift_noises`` times its own round-to-round noise, before the machine counts as busy
+    shift_floor: float = 0.10
+    shift_noises: float = 4.0
     #: a candidate this many times slower than its group's leader is dropped after a single round
     far_behind: float = 4.0
     #: ... and one this many times slower than another group's fastest is outpaced (no longer timed)
@@ -101,6 +104,13 @@ class Interleaved(Generic[K]):
     #: the final comparison stopped at its cap with a pair the pick rests on still open: the pick may be
     #: further from the best than its margin allows (a close call, or rounds wrecked by a busy machine)
     unresolved_gap: bool = False
+
+
+def control_shifted(control_ms: list[float], settings: MeasureSettings) -> bool:
+    """The control's level moved past ``shift_floor`` and ``shift_noises`` times its own noise: the machine
+    changed under the measurement (another program, a clock). Its own noise, however large, is not a shift."""
+    shift, own = _stats.level_shift(control_ms)
+    return shift > max(settings.shift_floor, settings.shift_noises * own)
 
 
 def timed(step: Steppable, clock: Clock, steps: int = 1) -> float:
@@ -220,7 +230,7 @@ def interleave(
         if rounds not in _stats.LOOKS and rounds < settings.max_rounds:
             continue
         timing = list(active)
-        drifting = _stats.drift(control_ms) > settings.noise_limit
+        drifting = control_shifted(control_ms, settings)
         budget_s = settings.budget_s * (2 if drifting else 1)
         contested = look(series, active, comparisons, rounds)
         if rounds >= settings.max_rounds or (answered is not None and answered(series)):
@@ -240,11 +250,11 @@ def interleave(
             active[:] = [k for k in active if k in contested]
     if on_round is not None:
         on_round(rounds, None)
-    noisy = _stats.drift(control_ms) > settings.noise_limit
+    noisy = control_shifted(control_ms, settings)
     return Interleaved(series, control_ms, noisy, rounds, clock() - started, unresolved_gap=bool(contested))
 
 
 __all__ = [
-    "Clock", "Comparisons", "Dropped", "Interleaved", "K", "MeasureSettings", "Series", "Steppable", "interleave",
-    "overlaps", "per_step_s", "timed", "warm_up",
+    "Clock", "Comparisons", "Dropped", "Interleaved", "K", "MeasureSettings", "Series", "Steppable",
+    "control_shifted", "interleave", "overlaps", "per_step_s", "timed", "warm_up",
 ]

@@ -19,6 +19,7 @@ from autotune._lab.measure import (
     Comparisons,
     MeasureSettings,
     Steppable,
+    control_shifted,
     interleave,
     overlaps,
     warm_up,
@@ -104,7 +105,7 @@ class Session:
         self.emit(Done(
             results=self.roster.with_baseline_ratios(), control_ms=self.control_ms, search_notes=self.notes,
             # Judged over every stage's rounds together, the same series the warning quotes.
-            noisy=(_stats.drift(self.control_ms) > self.settings.measure.noise_limit or self.unresolved_gap
+            noisy=(control_shifted(self.control_ms, self.settings.measure) or self.unresolved_gap
                    or self.throttled),
         ))
 
