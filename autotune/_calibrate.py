@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from autotune import _env, _stats
+from autotune import _env
 from autotune._cache import lookup as _cached
 from autotune._cache.freshness import family_key, freshness, now_utc, reference_failure, rules_digest
 from autotune._cache.locks import acquire, held_elsewhere, measuring, measuring_lock
@@ -24,9 +24,10 @@ from autotune._decide import decide
 from autotune._errors import CalibrationCancelled, CalibrationError
 from autotune._families import Family, builtin_family_names, get_family
 from autotune._fingerprint import Fingerprint, fingerprint
-from autotune._lab.measure import MeasureSettings, control_shifted
+from autotune._lab.measure import MeasureSettings
 from autotune._lab.protocol import CalibrationSettings
 from autotune._records import Candidate, FamilyKey, FamilyResult, Record
+from autotune._wording import noise_words
 from autotune._worker.worker import Worker
 
 log = logging.getLogger("autotune")
@@ -222,12 +223,8 @@ def measure(
     result = measured.model_copy(update={"key": key, "rules": rules_digest()})
     log.info("calibrated %s in %.1f s", family.name, result.wall_s)
     if result.noisy:
-        shift, _ = _stats.level_shift(result.control_ms)
-        log.warning("%s was measured while the machine was busy (%s); run `python -m autotune --recalibrate` on "
-                    "a quiet machine for a firmer answer", family.name,
-                    f"the control workload's level moved by {shift:.0%}" if control_shifted(
-                        result.control_ms, settings.measure) else
-                    "the final comparison could not resolve a gap beyond the margin")
+        log.warning("%s was measured %s; run `python -m autotune --recalibrate` on a quiet machine for a firmer "
+                    "answer", family.name, noise_words(result.noisy_because, result.loads, result.control_shift))
     return result
 
 

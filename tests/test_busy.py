@@ -1,12 +1,17 @@
 """A result is flagged as measured on a busy machine only when something else took the machine: the worker's own
-thread pools do not count.
+thread pools do not count, another process does (the operating system names it).
 
-Linux only: thread states are read from /proc."""
+Linux only: the evidence is read from /proc (elsewhere from psutil, where installed)."""
 
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -21,6 +26,31 @@ from autotune.backends import backend_for
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
+#: a process that keeps three threads hashing (hashlib lets go of the GIL): two cores' worth of demand
+COMPETITOR = """
+import hashlib, threading, time
+def spin():
+    data = b"x" * 2**22
+    while True:
+        hashlib.sha256(data).digest()
+for _ in range(3):
+    threading.Thread(target=spin, daemon=True).start()
+print("running", flush=True)
+time.sleep(3600)
+"""
+
+
+@contextmanager
+def competitor() -> Iterator[subprocess.Popen[str]]:
+    """A real competing process, busy from the moment this yields until it ends."""
+    process = subprocess.Popen([sys.executable, "-c", COMPETITOR], stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout is not None and process.stdout.readline().strip() == "running"
+        yield process
+    finally:
+        process.kill()
+        process.wait()
+
 
 def test_the_control_waits_until_an_all_thread_candidates_pool_stops_spinning() -> None:
     if os.environ.get("OMP_WAIT_POLICY", "").lower() == "passive" or (os.cpu_count() or 1) < 2:
@@ -32,3 +62,20 @@ def test_the_control_waits_until_an_all_thread_candidates_pool_stops_spinning() 
     assert _proc.threads_running(), "after its parallel regions the pool spin-waits: the control must not run now"
     load.settle(0.001)
     assert not _proc.threads_running()
+
+
+def test_a_competing_process_is_named_with_its_share_of_a_core() -> None:
+    watch = load.Watch(host=None)
+    with competitor() as busy:
+        window = watch.open()
+        threading.Event().wait(0.5)  # this process idles: what the machine did meanwhile was the others'
+        seen = window.close()
+        os.kill(busy.pid, signal.SIGSTOP)  # still there, taking nothing
+        window = watch.open()
+        threading.Event().wait(0.5)
+        stopped = window.close()
+    assert seen is not None and seen.other_cores is not None and seen.other_cores > 0
+    named = {p.pid: p.cores for p in seen.processes}
+    assert named.get(busy.pid, 0.0) > 0, seen.processes
+    assert stopped is not None and busy.pid not in {p.pid for p in stopped.processes}
+    assert os.getpid() not in {*named, *(p.pid for p in stopped.processes)}  # the worker's own time is not another's

@@ -74,3 +74,20 @@ def test_a_reason_that_fits_keeps_every_qualifier() -> None:
 def test_the_suites_reasons_are_recorded(reasons: list[str]) -> None:
     config = decide(family("cnn", timed("cpu", "fp32", 20.0), timed("cpu", "bf16-mixed", 10.0)), digest=DIGEST)
     assert reasons == [config.reason]
+
+
+def test_the_reason_and_the_evidence_say_what_was_busy() -> None:
+    from autotune._records import MachineLoad, ProcessLoad
+    from autotune._wording import qualifiers
+
+    load = MachineLoad(stage=4, window_s=3.0, other_cores=0.95, steal=0.0,
+                       processes=[ProcessLoad(name="python3", pid=4242, cores=0.91)])
+    measured = family("cnn", timed("cpu", "fp32", 20.0), timed("cpu", "bf16-mixed", 10.0)).model_copy(
+        update={"noisy": True, "noisy_because": ["other_processes"], "loads": [load]})
+    config = decide(measured, digest=DIGEST)
+    assert config.reason == ("bf16 mixed precision on the CPU: 2.0x faster than fp32 (measured 2026-11-30 while "
+                             "python3 used 0.9 of a core; the next calibration measures it again)")
+    assert config.evidence is not None
+    assert qualifiers(config.evidence, init_scale=None) == [
+        "measured while another process (python3, pid 4242) used 0.9 of a core: the next calibration measures it "
+        "again"]

@@ -3,10 +3,11 @@
 Each round runs every active candidate once, in a fresh seeded random order, so drift and position effects hit
 all alike; at each of ``_stats.LOOKS`` the paired intervals drop, outpace and settle candidates (``looks``).
 Timing stops when nothing is open or at the first look past the budget, but the final comparison times the
-pick's open pairs on, up to ``overrun`` x the budget. A control workload whose level moved well past its own
-noise (:func:`control_shifted`) flags a busy machine and doubles the budget. On an asynchronous device a
-candidate whose steps overlap (``overlaps``) is timed in spans (``per_step_s``). The clock and the steps are
-injected (``Clock``, ``Steppable``).
+pick's open pairs on, up to ``overrun`` x the budget. A busy machine (:func:`noise`: what the operating system
+says other processes took, or a control workload whose level moved well past its own noise) doubles the budget
+and flags the result. On an asynchronous device a candidate whose steps overlap (``overlaps``) is timed in spans
+(``per_step_s``). The clock, the steps and the operating system's view are injected (``Clock``, ``Steppable``,
+``Watch``).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, model_validator
 
 from autotune import _stats
 from autotune._lab.looks import Comparisons, Dropped, K, Series, drop_far_behind, look
+from autotune._records import MachineLoad, NoiseCause
 
 
 class Clock(Protocol):
@@ -42,6 +44,32 @@ class Steppable(Protocol):
         """Process-wide settings of this candidate (its thread count), applied outside the timed steps."""
 
 
+class Window(Protocol):
+    def so_far(self) -> MachineLoad | None:
+        """What the operating system saw since the window opened (None: it says nothing)."""
+
+    def close(self) -> MachineLoad | None:
+        """... over the whole window, with the other processes that took the most."""
+
+
+class Watch(Protocol):
+    def open(self) -> Window:
+        """A timing window, from now."""
+
+
+class Unwatched:
+    """No view of the operating system: the control alone can flag a result (a fake clock, a test)."""
+
+    def open(self) -> Unwatched:
+        return self
+
+    def so_far(self) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+
 class MeasureSettings(BaseModel):
     """Knobs of one timing stage; defaults suit a 2-core laptop as well as a workstation GPU."""
 
@@ -58,6 +86,10 @@ class MeasureSettings(BaseModel):
     #: ``shift_noises`` times its own round-to-round noise, before the machine counts as busy
     shift_floor: float = 0.10
     shift_noises: float = 4.0
+    #: ... as it does once other processes took this much CPU time during a timing window (in cores), or the
+    #: hypervisor this share of the machine's
+    busy_other_cores: float = 0.5
+    busy_steal: float = 0.05
     #: a candidate this many times slower than its group's leader is dropped after a single round
     far_behind: float = 4.0
     #: ... and one this many times slower than another group's fastest is outpaced (no longer timed)
@@ -104,6 +136,22 @@ class Interleaved(Generic[K]):
     #: the final comparison stopped at its cap with a pair the pick rests on still open: the pick may be
     #: further from the best than its margin allows (a close call, or rounds wrecked by a busy machine)
     unresolved_gap: bool = False
+    #: what the operating system saw during the rounds (None: it says nothing)
+    load: MachineLoad | None = None
+
+
+def noise(control_ms: list[float], loads: list[MachineLoad], settings: MeasureSettings) -> list[NoiseCause]:
+    """Why timings taken beside this control and these windows are not the machine's own: other processes took
+    ``busy_other_cores`` or more in a window, the hypervisor ``busy_steal`` of it, or the control's level moved
+    past ``shift_floor`` and ``shift_noises`` times its own noise. Empty on a quiet machine."""
+    causes: list[NoiseCause] = []
+    if any(load.other_cores is not None and load.other_cores >= settings.busy_other_cores for load in loads):
+        causes.append("other_processes")
+    if any(load.steal is not None and load.steal >= settings.busy_steal for load in loads):
+        causes.append("steal")
+    if control_shifted(control_ms, settings):
+        causes.append("control_shift")
+    return causes
 
 
 def control_shifted(control_ms: list[float], settings: MeasureSettings) -> bool:
@@ -184,9 +232,11 @@ def interleave(
     settle: Callable[[float], None] = time.sleep,
     answered: Callable[[Mapping[K, Series[K]]], bool] | None = None,
     spans: Mapping[K, bool] | None = None,
+    watch: Watch | None = None,
 ) -> Interleaved[K]:
     """Time ``steps`` in interleaved rounds until every pair is resolved or the budget is spent (or, at a look,
-    the caller's own question is ``answered``). ``spans``: the steps to time in spans (``overlaps``)."""
+    the caller's own question is ``answered``). ``spans``: the steps to time in spans (``overlaps``); ``watch``:
+    the operating system's view of the rounds. ``settle`` pauses before each control measurement."""
     spans = {key: False for key in steps} if spans is None else spans
     series: dict[K, Series[K]] = {
         key: Series(steps_per_round=max(settings.span_steps if spans[key] else 1,
@@ -198,6 +248,7 @@ def interleave(
     for _ in range(3):
         control.run()  # the interpreter specialises a loop's bytecode on its first runs: not drift
     control_ms: list[float] = []
+    window = (watch or Unwatched()).open()
     started = control_end = clock()
     control_s = 0.0
     rounds = 0
@@ -230,7 +281,8 @@ def interleave(
         if rounds not in _stats.LOOKS and rounds < settings.max_rounds:
             continue
         timing = list(active)
-        drifting = control_shifted(control_ms, settings)
+        so_far = window.so_far()
+        drifting = bool(noise(control_ms, [so_far] if so_far is not None else [], settings))
         budget_s = settings.budget_s * (2 if drifting else 1)
         contested = look(series, active, comparisons, rounds)
         if rounds >= settings.max_rounds or (answered is not None and answered(series)):
@@ -250,11 +302,13 @@ def interleave(
             active[:] = [k for k in active if k in contested]
     if on_round is not None:
         on_round(rounds, None)
-    noisy = control_shifted(control_ms, settings)
-    return Interleaved(series, control_ms, noisy, rounds, clock() - started, unresolved_gap=bool(contested))
+    load = window.close()
+    noisy = bool(noise(control_ms, [load] if load is not None else [], settings))
+    return Interleaved(series, control_ms, noisy, rounds, clock() - started, unresolved_gap=bool(contested),
+                       load=load)
 
 
 __all__ = [
-    "Clock", "Comparisons", "Dropped", "Interleaved", "K", "MeasureSettings", "Series", "Steppable",
-    "control_shifted", "interleave", "overlaps", "per_step_s", "timed", "warm_up",
+    "Clock", "Comparisons", "Dropped", "Interleaved", "K", "MeasureSettings", "Series", "Steppable", "Unwatched",
+    "Watch", "Window", "control_shifted", "interleave", "noise", "overlaps", "per_step_s", "timed", "warm_up",
 ]

@@ -283,7 +283,8 @@ def simulate(truth: Truth, seed: int, settings: CalibrationSettings | None = Non
     result = FamilyResult(
         model_kind=truth.name, measured_at="simulated", autotune_version="simulated", wall_s=clock.now,
         budget_s=settings.measure.budget_s, candidates=done.results,
-        control_ms=done.control_ms, noisy=done.noisy, search_notes=done.search_notes,
+        control_ms=done.control_ms, noisy=done.noisy, noisy_because=done.noisy_because,
+        control_shift=done.control_shift, search_notes=done.search_notes,
     )
     return result, clock.now
 
