@@ -239,6 +239,8 @@ class FamilyResult(Record):
     control_shift: float | None = Field(default=None, description=(
         "how far the control workload's level moved between the first and the second half of its rounds, "
         "e.g. 0.04; None for a result of an autotune that did not record it"))
+    host_wait_s: float = Field(default=0.0, description=(
+        "how long timing waited for the worker's host to finish its own start-up"))
     backend_notes: dict[str, str] = Field(
         default_factory=dict, description="why a backend offered no candidate, e.g. {'cuda': 'not built'}"
     )

@@ -1,10 +1,11 @@
 """A result is flagged as measured on a busy machine only when something else took the machine: the worker's own
-thread pools do not count, another process does (the operating system names it).
+thread pools and its host's start-up do not count, another process does (the operating system names it).
 
 Linux only: the evidence is read from /proc (elsewhere from psutil, where installed)."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import signal
 import subprocess
@@ -16,6 +17,7 @@ from contextlib import contextmanager
 import pytest
 import torch
 
+import autotune
 from autotune import _fp32
 from autotune._families import get_family
 from autotune._lab import load
@@ -79,3 +81,31 @@ def test_a_competing_process_is_named_with_its_share_of_a_core() -> None:
     assert named.get(busy.pid, 0.0) > 0, seen.processes
     assert stopped is not None and busy.pid not in {p.pid for p in stopped.processes}
     assert os.getpid() not in {*named, *(p.pid for p in stopped.processes)}  # the worker's own time is not another's
+
+
+def test_timing_waits_until_the_host_is_done_with_its_start_up(tiny_family: str,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    # The host (this process) keeps a core busy for a while after the worker starts setting up, as a host still
+    # importing or an app still building its model does: no timing window may overlap it.
+    monkeypatch.setenv("AUTOTUNE_BUDGET_S", "1")
+    done = threading.Event()
+
+    def start_up() -> None:
+        data = b"x" * 2**22
+        while not done.is_set():
+            hashlib.sha256(data).digest()
+
+    def progress(_: autotune.CalibrationProgress) -> None:
+        if not timer.is_alive() and not done.is_set():
+            timer.start()
+
+    timer = threading.Timer(4.0, done.set)
+    threading.Thread(target=start_up, daemon=True).start()
+    try:
+        measured = autotune.calibrate([tiny_family], progress=progress).measurements[tiny_family]
+    finally:
+        done.set()
+        timer.cancel()
+    assert measured.loads, "no window long enough to read"
+    assert all(w.host_cores is not None and w.host_cores < load.HOST_QUIET_CORES for w in measured.loads), (
+        measured.host_wait_s, measured.loads)

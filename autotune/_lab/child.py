@@ -99,7 +99,7 @@ def main() -> int:
 
     warm_process()
     emit(Ready(pid=os.getpid()))
-    watch = load.Watch(host=os.getppid())  # its host's share is told apart from other processes'
+    watch = load.Watch(host=os.getppid())  # one per worker: it waits for its host's start-up once
     for line in sys.stdin:
         job = REQUEST.validate_json(line)
         sys.path[:0] = [p for p in job.sys_path if p not in sys.path]

@@ -56,6 +56,9 @@ class Watch(Protocol):
     def open(self) -> Window:
         """A timing window, from now."""
 
+    def wait_for_host(self) -> float:
+        """Wait until the worker's host is done with its own start-up (once); the seconds waited."""
+
 
 class Unwatched:
     """No view of the operating system: the control alone can flag a result (a fake clock, a test)."""
@@ -68,6 +71,9 @@ class Unwatched:
 
     def close(self) -> None:
         return None
+
+    def wait_for_host(self) -> float:
+        return 0.0
 
 
 class MeasureSettings(BaseModel):

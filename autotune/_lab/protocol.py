@@ -185,6 +185,8 @@ class Done(_Message):
     #: what the operating system saw during each timing window
     loads: list[MachineLoad] = []
     control_shift: float | None = None
+    #: how long timing waited for the worker's host to finish its own start-up
+    host_wait_s: float = 0.0
     search_notes: list[str]
 
 

@@ -54,6 +54,7 @@ class Session:
         self.control_ms: list[float] = []
         #: what the operating system saw during each timing window, in order
         self.loads: list[MachineLoad] = []
+        self.host_wait_s = 0.0
         self.notes: list[str] = []
         self.timing_s = 0.0
         #: the final comparison ended with a gap beyond the margin unresolved: the result is not final (noisy)
@@ -113,7 +114,7 @@ class Session:
         causes += [cause for flag, cause in own if flag]
         self.emit(Done(
             results=self.roster.with_baseline_ratios(), control_ms=self.control_ms, search_notes=self.notes,
-            noisy=bool(causes), noisy_because=causes, loads=self.loads,
+            noisy=bool(causes), noisy_because=causes, loads=self.loads, host_wait_s=self.host_wait_s,
             control_shift=round(_stats.level_shift(self.control_ms)[0], 4) if len(self.control_ms) >= 3 else None,
         ))
 
@@ -214,6 +215,7 @@ class Session:
                 for device, readings in by_device.items():
                     readings.append(self.lab.clock_mhz(device) or readings[-1])
 
+        self.host_wait_s += self.watch.wait_for_host()  # the host's start-up is not the machine the user has
         warm = {c: warm_up(self.roster.ready[c].step, self.clock, self.roster.ready[c].recent_s, settings,
                            steady_s=self._steady_s(c)) for c in candidates}
         estimates = {c: _stats.median(times[-3:]) for c, times in warm.items()}

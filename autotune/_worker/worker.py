@@ -189,6 +189,7 @@ class Worker:
             noisy_because=done.noisy_because if done is not None else [],
             loads=done.loads if done is not None else [],
             control_shift=done.control_shift if done is not None else None,
+            host_wait_s=done.host_wait_s if done is not None else 0.0,
             backend_notes=backend_notes,
             search_notes=done.search_notes if done is not None else [],
         )

@@ -1,5 +1,5 @@
 """What the operating system says about the machine while candidates are timed, and what the worker does so that
-its own threads do not pass for a busy machine.
+its own threads and its host do not pass for a busy machine.
 
 - A timing window (:meth:`Watch.open`) reads the machine's CPU time, the worker's own and every process's at its
   start and its end: the CPU time the other processes took (in cores), which ones took the most, and the share
@@ -10,6 +10,9 @@ its own threads do not pass for a busy machine.
   default 300,000 spins, a few milliseconds), and a pool thread spinning on the same physical core (a
   hyper-threaded sibling: a 2-vCPU cloud machine is one core) slows the control measured right after an
   all-thread candidate, but not after a one-thread one. A thread that sleeps instead wakes up slower.
+- The worker waits once, before it times anything, until its host is done with its own start-up
+  (:meth:`Watch.wait_for_host`): the host importing torch or building an app's model is not the machine the
+  user has.
 
 Linux reads ``/proc`` (``_proc``); elsewhere psutil, where it is installed (``_psutil``); without either the
 operating system says nothing (None), and only the control can flag a result.
@@ -30,6 +33,12 @@ from autotune._records import MachineLoad, ProcessLoad
 #: lasts longer on a loaded machine; Intel's OpenMP spins 200 ms by default (``KMP_BLOCKTIME``), and the control
 #: is then measured beside a spinning pool, after every candidate alike
 SETTLE_MAX_S = 0.05
+#: the host counts as done with its start-up once it uses less than this share of a core ...
+HOST_QUIET_CORES = 0.25
+#: ... over a sample this long; and the worker waits for that at most this long (an app that trains while it
+#: calibrates in the background is never done: its results then say so)
+HOST_SAMPLE_S = 0.2
+HOST_WAIT_MAX_S = 10.0
 #: a window shorter than this reads too few clock ticks to tell a core's share: the operating system says nothing
 MIN_WINDOW_S = 0.2
 #: the other processes a window names: the few that took the most, from this share of a core up
@@ -121,12 +130,31 @@ class Watch:
 
     def __init__(self, *, host: int | None) -> None:
         self.host = host
+        self._waited = False
 
     def open(self) -> Window:
         return Window(reader(), self.host)
 
+    def wait_for_host(self) -> float:
+        """Once per worker: wait until the host uses less than :data:`HOST_QUIET_CORES` of a core (its imports,
+        an app's start-up), at most :data:`HOST_WAIT_MAX_S`; the seconds waited past the first sample (0 when the
+        host was quiet already)."""
+        source = reader()
+        if self._waited or self.host is None or source is None:
+            return 0.0
+        self._waited = True
+        first = None
+        while True:
+            before, at = source.cpu_s(self.host), time.perf_counter()
+            time.sleep(HOST_SAMPLE_S)
+            after, now = source.cpu_s(self.host), time.perf_counter()
+            first = now if first is None else first
+            if (before is None or after is None or (after - before) / (now - at) < HOST_QUIET_CORES
+                    or now - first >= HOST_WAIT_MAX_S):
+                return now - first
+
 
 __all__ = [
-    "MIN_WINDOW_S", "PROCESSES_NAMED", "PROCESS_FLOOR_CORES", "SETTLE_MAX_S", "MachineTimes", "Reader", "Watch",
-    "Window", "reader", "settle",
+    "HOST_QUIET_CORES", "HOST_SAMPLE_S", "HOST_WAIT_MAX_S", "MIN_WINDOW_S", "PROCESSES_NAMED", "PROCESS_FLOOR_CORES",
+    "SETTLE_MAX_S", "MachineTimes", "Reader", "Watch", "Window", "reader", "settle",
 ]
