@@ -90,7 +90,7 @@ def decide(
         default_scale_skipped=numerics.default_scale_skipped if numerics is not None else None,
         verified_steps=len(numerics.losses) if numerics is not None else None,
         noisy=measured.noisy, noisy_because=measured.noisy_because, loads=measured.loads,
-        control_shift=measured.control_shift, origin=measured.origin,
+        control_shift=measured.control_shift, after_noisy=measured.after_noisy, origin=measured.origin,
     )
     baseline = next((r for r in measured.candidates if r.usable and r.candidate == FP32_CPU), None)
     config = Config(

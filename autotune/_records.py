@@ -241,6 +241,9 @@ class FamilyResult(Record):
         "e.g. 0.04; None for a result of an autotune that did not record it"))
     host_wait_s: float = Field(default=0.0, description=(
         "how long timing waited for the worker's host to finish its own start-up"))
+    after_noisy: Candidate | None = Field(default=None, description=(
+        "measured again because the result before it was noisy: that result's pick. It is kept, noisy or not: a "
+        "family is measured again automatically at most once for its noise"))
     backend_notes: dict[str, str] = Field(
         default_factory=dict, description="why a backend offered no candidate, e.g. {'cuda': 'not built'}"
     )
@@ -323,6 +326,8 @@ class Evidence(Record):
         "what the operating system saw during each timing window"))
     control_shift: float | None = Field(default=None, description=(
         "how far the control workload's level moved during the measurement, e.g. 0.04"))
+    after_noisy: Candidate | None = Field(default=None, description=(
+        "measured again because the result before it was noisy (that result's pick): kept, noisy or not"))
     older_rules: str | None = Field(default=None, description=(
         "the autotune version that measured it, when its rules differ from this one's"))
     origin: str | None = Field(default=None, description="measured on another machine with this fingerprint: where "

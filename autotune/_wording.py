@@ -137,7 +137,11 @@ def qualifiers(evidence: Evidence, *, init_scale: float | None) -> list[str]:
                      f"{evidence.default_scale_skipped} of {evidence.verified_steps} verification steps")
     if evidence.noisy:
         measured = "measured " + noise_words(evidence.noisy_because, evidence.loads, evidence.control_shift)
-        lines.append(f"{measured}: the next calibration measures it again")
+        if evidence.after_noisy is None:
+            lines.append(f"{measured}: the next calibration measures it again")
+        else:
+            lines.append(f"{measured}, after a noisy measurement that picked {evidence.after_noisy.label}: kept; "
+                         "`python -m autotune --recalibrate` on a quiet machine measures it afresh")
     if evidence.older_rules is not None:
         lines.append(f"measured under older rules (by autotune {evidence.older_rules}): the next calibration "
                      "measures it again")
@@ -283,7 +287,8 @@ def reason(pick: Candidate, evidence: Evidence, *, measured_at: str | None) -> s
     said = f"{when} {', '.join([*noise, *rules])}" if noise else when
     if flags:
         when += " " + ", ".join(flags)
-    again = "; the next calibration measures it again" if flags else ""
+    measured_again = evidence.older_rules is not None or (evidence.noisy and evidence.after_noisy is None)
+    again = "; the next calibration measures it again" if measured_again else ""
     origin = f", {evidence.origin}" if evidence.origin else ""
     short_origin = f", {evidence.origin.split()[0]}" if evidence.origin else ""
     marks = [word for word in ("forced" if evidence.forced else "", "no usable GPU" if evidence.no_gpu else "",

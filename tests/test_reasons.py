@@ -91,3 +91,6 @@ def test_the_reason_and_the_evidence_say_what_was_busy() -> None:
     assert qualifiers(config.evidence, init_scale=None) == [
         "measured while another process (python3, pid 4242) used 0.9 of a core: the next calibration measures it "
         "again"]
+    kept = decide(measured.model_copy(update={"after_noisy": config.candidate}), digest=DIGEST)
+    assert kept.reason == ("bf16 mixed precision on the CPU: 2.0x faster than fp32 (measured 2026-11-30 while "
+                           "python3 used 0.9 of a core)")
