@@ -23,6 +23,7 @@ from autotune._answer import forget_demotion as forget
 from autotune._args import parser
 from autotune._cache.freshness import retry_at
 from autotune._cache.lookup import clear_cache, export_results, import_results
+from autotune._cache.loops import of as loops_of
 from autotune._calibrate import CalibrationProgress, calibrate
 from autotune._config import Config
 from autotune._decide import picked
@@ -33,7 +34,7 @@ from autotune._records import CandidateResult, FamilyResult, Prefer
 from autotune._tools.canary import check_cached
 from autotune._tools.max_batch import max_batch_report
 from autotune._tools.trace import trace as trace_kind
-from autotune._wording import demotion_words, mib_words, qualifiers, ratio_words, retry_words, time_words
+from autotune._wording import demotion_words, loop_words, mib_words, qualifiers, ratio_words, retry_words, time_words
 from autotune.backends import diagnose
 
 if TYPE_CHECKING:
@@ -142,7 +143,7 @@ def _decisions(args: argparse.Namespace) -> int:
 
     out = console()
     out.print(f"[bold]Machine[/bold] {fp.summary()}  [dim](fingerprint {fp.digest})[/dim]")
-    table = Table()
+    table = Table(caption="vs fp32 CPU: per training step, the loop's data loading not in it")
     for column in ("kind", "device", "precision", "also", "step", "vs fp32 CPU", "peak MiB", "source"):
         table.add_column(column, overflow="fold")
     for kind, config in configs.items():
@@ -286,6 +287,8 @@ def explain(kind: str, *, recalibrate: bool, as_json: bool, prefer: Prefer = "au
         out.print(f"[yellow]{demotion_words(demotion)}[/yellow]; python -m autotune --forget-demotion {kind} "
                   "undoes it", highlight=False)
     config = cached_configs([kind], prefer=prefer, expected_steps=steps)[kind]
+    for seen in loops_of(fingerprint().digest, kind):  # the loop end to end, beside the step measured above
+        out.print(loop_words(seen), highlight=False, soft_wrap=True)
     out.print(f"decision: {config.reason}", highlight=False, soft_wrap=True)
     if config.evidence is not None:
         out.print(evidence_table(config))

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import autotune
-from autotune import Config
+from autotune import Config, _fp32
 
 
 def _config(precision: str, init_scale: float | None = None) -> Config:
@@ -87,3 +87,17 @@ def test_a_decided_config_dumps_every_key_it_always_had() -> None:
     assert 1.9 < dumped["speedup_vs_fp32_cpu"] < 2.1
     assert config.candidate == fast.candidate and config.variants == ["channels_last", "fused-optimizer"]
     assert Config.model_validate_json(config.model_dump_json()) == config
+
+
+@pytest.mark.parametrize(("device", "benchmark"), [("cpu", False), ("cuda:0", torch.version.hip is None)],
+                         ids=["cpu", "cuda"])
+def test_a_cuda_config_runs_convolutions_as_calibration_timed_them(
+        device: str, benchmark: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    # cuDNN's benchmark mode: on for every NVIDIA CUDA candidate's steps, and so for its Config (not on ROCm,
+    # where it makes MIOpen search exhaustively). The flag is process state: put back after the test.
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
+    config = Config(model_kind="cnn", device=device, precision="fp32", source="measured", reason="test",
+                    fingerprint_digest="d")
+    with _fp32.preserved():
+        config.apply_precision()
+    assert torch.backends.cudnn.benchmark is benchmark

@@ -67,8 +67,8 @@ def test_a_cpu_pick_with_every_setting_asked_for_a_gpu_on_a_busy_machine_still_f
 def test_a_reason_that_fits_keeps_every_qualifier() -> None:
     config = restate(decide(family("cnn", timed("cpu", "fp32", 20.0), timed("cpu", "bf16-mixed", 10.0)),
                             digest=DIGEST), noisy=True, older_rules="0.1.0", origin="shipped in results.json")
-    assert config.reason == ("bf16 mixed precision on the CPU: 2.0x faster than fp32 (measured 2026-11-30 on a busy "
-                             "machine, under older rules), shipped in results.json")
+    assert config.reason == ("bf16 mixed precision on the CPU: 2.0x faster per step than fp32 (measured 2026-11-30 "
+                             "on a busy machine, under older rules), shipped in results.json")
 
 
 def test_the_suites_reasons_are_recorded(reasons: list[str]) -> None:
@@ -85,12 +85,12 @@ def test_the_reason_and_the_evidence_say_what_was_busy() -> None:
     measured = family("cnn", timed("cpu", "fp32", 20.0), timed("cpu", "bf16-mixed", 10.0)).model_copy(
         update={"noisy": True, "noisy_because": ["other_processes"], "loads": [load]})
     config = decide(measured, digest=DIGEST)
-    assert config.reason == ("bf16 mixed precision on the CPU: 2.0x faster than fp32 (measured 2026-11-30 while "
-                             "python3 used 0.9 of a core; the next calibration measures it again)")
+    assert config.reason == ("bf16 mixed precision on the CPU: 2.0x faster per step than fp32 (measured 2026-11-30 "
+                             "while python3 used 0.9 of a core; the next calibration measures it again)")
     assert config.evidence is not None
     assert qualifiers(config.evidence, init_scale=None) == [
         "measured while another process (python3, pid 4242) used 0.9 of a core: the next calibration measures it "
         "again"]
     kept = decide(measured.model_copy(update={"after_noisy": config.candidate}), digest=DIGEST)
-    assert kept.reason == ("bf16 mixed precision on the CPU: 2.0x faster than fp32 (measured 2026-11-30 while "
-                           "python3 used 0.9 of a core)")
+    assert kept.reason == ("bf16 mixed precision on the CPU: 2.0x faster per step than fp32 (measured 2026-11-30 "
+                           "while python3 used 0.9 of a core)")

@@ -12,7 +12,7 @@ import functools
 
 import torch
 
-from autotune.backends.api import Accelerator, Backend, Finding
+from autotune.backends.api import Accelerator, Backend, ClockReading, Finding
 from autotune.backends.cpu import CpuBackend
 from autotune.backends.cuda import CudaBackend
 from autotune.backends.mps import MpsBackend
@@ -57,4 +57,4 @@ def diagnose() -> list[Finding]:
     return findings
 
 
-__all__ = ["Accelerator", "Backend", "Finding", "all_backends", "backend_for", "diagnose"]
+__all__ = ["Accelerator", "Backend", "ClockReading", "Finding", "all_backends", "backend_for", "diagnose"]
