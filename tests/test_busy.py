@@ -7,6 +7,7 @@ Linux only: the evidence is read from /proc (elsewhere from psutil, where instal
 from __future__ import annotations
 
 import hashlib
+import importlib
 import os
 import signal
 import subprocess
@@ -23,7 +24,7 @@ from autotune import _fp32
 from autotune._decide import picked
 from autotune._families import get_family
 from autotune._lab import load
-from autotune._lab.load import _proc
+from autotune._lab.load import MachineTimes, Window, _proc
 from autotune._lab.step import TrainStep
 from autotune._records import Candidate
 from autotune.backends import backend_for
@@ -68,14 +69,30 @@ def test_the_control_waits_until_an_all_thread_candidates_pool_stops_spinning() 
     assert not _proc.threads_running()
 
 
-def test_a_competing_process_is_named_with_its_share_of_a_core() -> None:
-    watch = load.Watch(host=None)
+def test_proc_is_read_whatever_a_process_calls_itself() -> None:
+    tick_s = 1 / os.sysconf("SC_CLK_TCK")
+    # user nice system idle iowait irq softirq steal guest guest_nice: busy is neither idle, iowait nor steal
+    stat = "cpu  200 100 100 1000 50 30 20 50 0 0\ncpu0 100 50 50 500 25 15 10 25 0 0\nintr 12345\n"
+    assert _proc.parse_machine(stat) == MachineTimes(busy_s=450 * tick_s, steal_s=50 * tick_s, total_s=1550 * tick_s)
+    assert _proc.parse_machine("cpu  200 100 100 1000\n") == MachineTimes(  # an old kernel: no steal column
+        busy_s=400 * tick_s, steal_s=0.0, total_s=1400 * tick_s)
+    assert _proc.parse_machine("intr 12345\n") is None
+    # The name sits between the first "(" and the last ")"; utime and stime are the 14th and 15th fields.
+    line = b"4242 (tmux: (server) 1) S 1 4242 4242 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 1 0 1661182 3133440 362"
+    assert _proc.parse_process(line) == ("tmux: (server) 1", "S", 300 * tick_s)
+
+
+@pytest.mark.parametrize("reader", ["_proc", "_psutil"], ids=["proc", "psutil"])
+def test_a_competing_process_is_named_with_its_share_of_a_core(reader: str) -> None:
+    if reader == "_psutil":
+        pytest.importorskip("psutil")  # the reader where /proc is not there (macOS, Windows)
+    source = importlib.import_module(f"autotune._lab.load.{reader}")
     with competitor() as busy:
-        window = watch.open()
+        window = Window(source, host=None)
         threading.Event().wait(0.5)  # this process idles: what the machine did meanwhile was the others'
         seen = window.close()
         os.kill(busy.pid, signal.SIGSTOP)  # still there, taking nothing
-        window = watch.open()
+        window = Window(source, host=None)
         threading.Event().wait(0.5)
         stopped = window.close()
     assert seen is not None and seen.other_cores is not None and seen.other_cores > 0
