@@ -192,7 +192,7 @@ class FamilyKey(Record):
 
 #: why a result is noisy: other processes took CPU time while it was timed, the hypervisor took some (steal), the
 #: control workload's level moved well past its own noise, the final comparison left a pair the pick rests on open,
-#: or a device's clock fell during it
+#: or a device reported a throttle reason while a candidate's final rounds ran slower
 NoiseCause = Literal["other_processes", "steal", "control_shift", "open_gap", "throttled"]
 
 

@@ -68,7 +68,7 @@ def noise_words(causes: Sequence[NoiseCause], loads: Sequence[MachineLoad], cont
     machine" for a result that did not record why."""
     busy = [_busy_words(cause, loads, control_shift, brief=brief) for cause in causes if cause in _BUSY]
     own = ["with a close call the final comparison left open" if cause == "open_gap" else
-           "while a device's clock fell" for cause in causes if cause not in _BUSY]
+           "while a device throttled" for cause in causes if cause not in _BUSY]
     parts = ([f"while {_listed(busy)}"] if busy else []) + own
     return ", ".join(parts) if parts else "on a busy machine"
 
