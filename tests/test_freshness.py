@@ -201,7 +201,7 @@ def test_the_rules_digest_is_derived_from_the_settings_and_the_rule_constants(
 
 #: the worker package's modules that shape no calibration: the other tools' jobs and the worker's plumbing
 #: (``protocol``'s settings count by their defaults)
-NOT_RULES = {"autotune._lab.child", "autotune._lab.entry", "autotune._lab.load", "autotune._lab.memory",
+NOT_RULES = {"autotune._lab.child", "autotune._lab.copies", "autotune._lab.entry", "autotune._lab.memory",
              "autotune._lab.protocol", "autotune._lab.retime", "autotune._lab.trace"}
 
 
@@ -294,3 +294,16 @@ def test_a_result_under_these_rules_is_kept_and_one_stored_before_results_record
     autotune.calibrate([tiny_family, "other"])
     assert _measured_at(tiny_family) != older.measured_at
     assert _measured_at("other") == kept.measured_at
+
+
+def test_a_noisy_result_is_measured_again_once_until_the_rules_or_the_key_change(tiny_family: str) -> None:
+    from autotune._cache.freshness import now_utc
+    from autotune._records import FP32_CPU
+
+    key, now = family_key(get_family(tiny_family)), now_utc()
+    noisy = family(tiny_family, timed("cpu", "fp32", 10.0), noisy=True)
+    assert freshness(noisy, key, now).state == "noisy"
+    again = noisy.model_copy(update={"after_noisy": FP32_CPU})  # the re-measurement, busy too: kept
+    assert freshness(again, key, now).final
+    assert freshness(again.model_copy(update={"rules": "0" * 16}), key, now).state == "older_rules"
+    assert freshness(again, key.model_copy(update={"budget_s": 9.0}), now).state == "other_key"

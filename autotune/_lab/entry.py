@@ -1,10 +1,10 @@
 """The worker's entry point: ``python -m autotune._lab.entry HOST_PID``, and that of a copy of the timed step
-running alongside it in a job of many processes: ``python -m autotune._lab.entry WORKER_PID load`` (``load``).
+running alongside it in a job of many processes: ``python -m autotune._lab.entry WORKER_PID copies`` (``copies``).
 
 Before anything heavy is imported (torch takes seconds), the worker ties its life to its host's, so that a host
 killed meanwhile never leaves it running, even mid-step: on Linux the kernel's parent-death signal plus a check
 that ``HOST_PID`` is still its parent, on Linux and macOS a watchdog thread that exits once the parent changes,
-on Windows the host's job object (``autotune._worker._windows``). Only then does ``child`` (or ``load``) run.
+on Windows the host's job object (``autotune._worker._windows``). Only then does ``child`` (or ``copies``) run.
 """
 
 from __future__ import annotations
@@ -45,7 +45,8 @@ if __name__ == "__main__":
     die_with_the_host(int(sys.argv[1]))
     import importlib
 
-    code = importlib.import_module("autotune._lab.load" if sys.argv[2:] == ["load"] else "autotune._lab.child").main()
+    room = "autotune._lab.copies" if sys.argv[2:] == ["copies"] else "autotune._lab.child"
+    code = importlib.import_module(room).main()
     sys.stderr.flush()
     # Everything is reported; skip the interpreter's teardown (torch's is slow), which the host would wait for.
     os._exit(code)

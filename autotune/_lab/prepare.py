@@ -18,7 +18,7 @@ import torch
 
 from autotune import _fp32, _stats
 from autotune._families import Family
-from autotune._lab.load import Load, Loaded
+from autotune._lab.copies import Load, Loaded
 from autotune._lab.measure import Steppable
 from autotune._lab.plan import BASELINE
 from autotune._lab.probe import Overtime, Probe, TooSlow, deadline
@@ -87,13 +87,13 @@ class TorchLab:
     """Sets up one family's candidates with real torch; remembers the reference and the best times so far."""
 
     def __init__(self, family: Family, settings: CalibrationSettings, *, probe: bool = True,
-                 load: Load | None = None) -> None:
+                 copies: Load | None = None) -> None:
         """``probe``: probe each new precision on the CPU before its first full step (not for the canary,
-        whose candidates passed when calibrated). ``load``: the other processes of a job, which run each CPU
+        whose candidates passed when calibrated). ``copies``: the other processes of a job, which run each CPU
         candidate's step alongside its timed steps (its verification runs alone)."""
         self.family = family
         self.settings = settings
-        self.load = load
+        self.copies = copies
         self.reference: Trajectory | None = None
         self.best_first: dict[str, tuple[float, Candidate]] = {}
         #: each device's start-up (context, allocator), timed once and charged to every candidate on it: the
@@ -134,8 +134,8 @@ class TorchLab:
         steady = trajectory.step_s[1:] or trajectory.step_s
         self.best_step_s = min(self.best_step_s, _stats.median(steady))
         timed: Steppable = step
-        if self.load is not None and candidate.device == "cpu":
-            timed = Loaded(step, candidate, self.load)
+        if self.copies is not None and candidate.device == "cpu":
+            timed = Loaded(step, candidate, self.copies)
         return Prepared(timed, result, steady, step.facts)
 
     def _probe(self, candidate: Candidate, backend: Backend) -> float:
@@ -165,8 +165,8 @@ class TorchLab:
         gc.collect()
         for device in dict.fromkeys(c.device for c in candidates):
             backend_for(device).release_cached_memory(device)
-        if self.load is not None:
-            self.load.release([c for c in candidates if c.device == "cpu"])
+        if self.copies is not None:
+            self.copies.release([c for c in candidates if c.device == "cpu"])
 
     def _result(self, step: TrainStep, backend: Backend, trajectory: Trajectory,
                 default_skipped: int | None, probe_s: float) -> CandidateResult:

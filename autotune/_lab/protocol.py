@@ -14,7 +14,7 @@ from autotune._env import Search
 from autotune._families import Family
 from autotune._fp32 import Fp32Settings
 from autotune._lab.measure import MeasureSettings
-from autotune._records import Candidate, CandidateResult, Drop, Failure, TraceReport
+from autotune._records import Candidate, CandidateResult, Drop, Failure, MachineLoad, NoiseCause, TraceReport
 from autotune._variants import Facts
 
 
@@ -68,6 +68,7 @@ class Checkpoint(_Message):
     behind: dict[str, Drop]
     notes: list[str]
     control_ms: list[float]
+    loads: list[MachineLoad] = []
     timing_s: float
 
 
@@ -90,7 +91,7 @@ class Job(_Message):
     #: job, each process's share of the cores
     threads: int
     #: the processes of one job sharing this machine: a CPU candidate is timed while ``processes - 1`` copies of its
-    #: step run alongside it (``load``)
+    #: step run alongside it (``copies``)
     processes: int = Field(default=1, ge=1)
     #: like multiprocessing's spawn: the worker must import what the host can (user families)
     sys_path: list[str]
@@ -184,6 +185,12 @@ class Done(_Message):
     results: list[CandidateResult]
     control_ms: list[float]
     noisy: bool
+    noisy_because: list[NoiseCause] = []
+    #: what the operating system saw during each timing window
+    loads: list[MachineLoad] = []
+    control_shift: float | None = None
+    #: how long timing waited for the worker's host to finish its own start-up
+    host_wait_s: float = 0.0
     search_notes: list[str]
 
 

@@ -3,7 +3,7 @@
 A job of N processes per machine (torchrun's ``--nproc-per-node``) runs N training steps at once, and a CPU
 step's time then depends on what the others take from the cores, the caches and the memory bandwidth: a thread
 count that is fastest alone is not fastest beside N - 1 others. So the worker times each CPU candidate while N - 1
-copies (``python -m autotune._lab.entry WORKER_PID load``) run the same candidate's step back to back: told which
+copies (``python -m autotune._lab.entry WORKER_PID copies``) run the same candidate's step back to back: told which
 candidate to run before each block of timed steps, and to pause after it, so that the control workload and the
 set-ups run alone. A copy builds a candidate once, as the worker does (same family, seed and settings), and dies
 with the worker.
@@ -70,7 +70,7 @@ class Load:
     around each block of its timed steps."""
 
     def __init__(self, copies: int, setup: LoadSetup) -> None:
-        argv = [sys.executable, "-m", "autotune._lab.entry", str(os.getpid()), "load"]
+        argv = [sys.executable, "-m", "autotune._lab.entry", str(os.getpid()), "copies"]
         self._copies: list[subprocess.Popen[str]] = []
         try:
             for _ in range(copies):
