@@ -102,6 +102,24 @@ def test_a_competing_process_is_named_with_its_share_of_a_core(reader: str) -> N
     assert os.getpid() not in {*named, *(p.pid for p in stopped.processes)}  # the worker's own time is not another's
 
 
+def test_a_jobs_copies_of_the_timed_step_are_the_workers_own_time_not_another_process() -> None:
+    # A job of many processes times each CPU candidate with copies of its step running beside it by design: their
+    # CPU time must not flag the machine as busy. Two windows over the same half second, one counting the copy.
+    watch = load.Watch(host=None)
+    with competitor() as copy:
+        plain = watch.open()
+        with watch.counting([copy.pid]):
+            counted = watch.open()
+        threading.Event().wait(0.5)
+        seen, seen_counted = plain.close(), counted.close()
+    assert seen is not None and seen_counted is not None
+    assert seen.other_cores is not None and seen_counted.other_cores is not None
+    assert seen.other_cores - seen_counted.other_cores > 0.1  # the copy's cores left out of the others'
+    assert copy.pid in {p.pid for p in seen.processes}
+    assert copy.pid not in {p.pid for p in seen_counted.processes}
+    assert watch.open().mine == ()  # after the block, a window counts the worker alone again
+
+
 def test_timing_waits_until_the_host_is_done_with_its_start_up(tiny_family: str,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     # The host (this process) keeps a core busy for a while after the worker starts setting up, as a host still

@@ -89,7 +89,8 @@ def calibrate(job: Job, emit: Callable[[Planned | Begin | Failed | Checkpoint | 
                     sys_path=job.sys_path)))
             session = Session(TorchLab(job.family, job.settings, copies=copies), job.settings, tracking,
                               clock=time.perf_counter, control=Control(), settle=load.settle,
-                              discard_on_device_error=discard_on_device_error, watch=watch)
+                              discard_on_device_error=discard_on_device_error,
+                              watch=stack.enter_context(watch.counting(copies.pids if copies is not None else ())))
             candidates, notes = plan()
             session.run(candidates, staged=True, backend_notes=notes, failed=job.failed, resume=job.resume)
     finally:

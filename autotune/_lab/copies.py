@@ -81,6 +81,11 @@ class Load:
             self.close()
             raise
 
+    @property
+    def pids(self) -> list[int]:
+        """The copies' process ids: their CPU time is the job's, not another process's."""
+        return [copy.pid for copy in self._copies]
+
     def __enter__(self) -> Load:
         return self
 

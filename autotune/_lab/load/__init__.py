@@ -20,11 +20,13 @@ operating system says nothing (None), and only the control can flag a result.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import os
 import sys
 import time
+from collections.abc import Iterator, Sequence
 
 from autotune._lab.load.api import MachineTimes, Reader
 from autotune._records import MachineLoad, ProcessLoad
@@ -73,15 +75,21 @@ def settle(seconds: float) -> None:
 
 
 class Window:
-    """One timing window: what the machine, the worker and every other process had used at its start."""
+    """One timing window: what the machine, the worker and every other process had used at its start. ``mine``:
+    processes whose CPU time counts as the worker's own (a job's copies of the timed step)."""
 
-    def __init__(self, source: Reader | None, host: int | None) -> None:
+    def __init__(self, source: Reader | None, host: int | None, mine: Sequence[int] = ()) -> None:
         self.source = source
         self.host = host
+        self.mine = tuple(mine)
         self.started = time.perf_counter()
-        self.own_s = time.process_time()
+        self.own_s = self._own_s()
         self.machine = source.machine() if source is not None else None
         self.processes = source.processes() if source is not None else {}
+
+    def _own_s(self) -> float:
+        mine = [self.source.cpu_s(pid) for pid in self.mine] if self.source is not None else []
+        return time.process_time() + sum(cpu_s for cpu_s in mine if cpu_s is not None)
 
     def so_far(self) -> MachineLoad | None:
         """The machine's load since the window opened, without naming processes (cheap: read at every look)."""
@@ -95,7 +103,7 @@ class Window:
         elapsed = time.perf_counter() - self.started
         if self.source is None or elapsed < MIN_WINDOW_S:
             return None
-        own_s = time.process_time() - self.own_s
+        own_s = self._own_s() - self.own_s
         machine = self.source.machine()
         other_cores = steal = None
         if machine is not None and self.machine is not None:
@@ -106,7 +114,7 @@ class Window:
             now = self.source.processes()
             me = os.getpid()
             used = {pid: (name, cpu_s - self.processes.get(pid, (name, 0.0))[1])
-                    for pid, (name, cpu_s) in now.items() if pid != me}
+                    for pid, (name, cpu_s) in now.items() if pid != me and pid not in self.mine}
             if self.host is not None and self.host in used:
                 host_cores = round(used[self.host][1] / elapsed, 3)
             busiest = sorted(used.items(), key=lambda item: -item[1][1])[:PROCESSES_NAMED]
@@ -131,9 +139,20 @@ class Watch:
     def __init__(self, *, host: int | None) -> None:
         self.host = host
         self._waited = False
+        self._mine: tuple[int, ...] = ()
 
     def open(self) -> Window:
-        return Window(reader(), self.host)
+        return Window(reader(), self.host, self._mine)
+
+    @contextlib.contextmanager
+    def counting(self, pids: Sequence[int]) -> Iterator[Watch]:
+        """Within the block, the CPU time of ``pids`` (a job's copies of the timed step, which run beside it by
+        design) counts as the worker's own, not as another process's that makes the machine busy."""
+        before, self._mine = self._mine, (*self._mine, *pids)
+        try:
+            yield self
+        finally:
+            self._mine = before
 
     def wait_for_host(self) -> float:
         """Once per worker: wait until the host uses less than :data:`HOST_QUIET_CORES` of a core (its imports,
