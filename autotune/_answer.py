@@ -12,6 +12,8 @@ import datetime as dt
 import logging
 from collections.abc import Iterable
 
+from torch import nn
+
 from autotune import _env, _guard
 from autotune._cache import demotions as _demotions
 from autotune._cache import exchange as _exchange
@@ -44,8 +46,8 @@ def _validate(prefer: str, expected_steps: int | None) -> None:
 
 
 def best_config(
-    model_kind: str, *, prefer: Prefer = "auto", expected_steps: int | None = None, calibrate_on_miss: bool = True,
-    wait: bool = True,
+    model_kind: str, *, model: nn.Module | None = None, prefer: Prefer = "auto", expected_steps: int | None = None,
+    calibrate_on_miss: bool = True, wait: bool = True,
 ) -> Config:
     """The fastest correct device and precision for ``model_kind`` on this machine.
 
@@ -56,23 +58,29 @@ def best_config(
     Config whose reason says why ("calibration running", "not measured yet") and what it is based on (a
     record of the same hardware with other software, else fp32 on the CPU); ``calibrate_on_miss=False`` is the
     older spelling. ``prefer`` is the user's choice ("auto", "gpu" or "cpu"), not a backend;
-    ``expected_steps`` makes set-up cost count for short jobs.
+    ``expected_steps`` makes set-up cost count for short jobs. What training runs demoted here holds for what they
+    trained: the answer leaves out the demotions of ``model`` (an ``nn.Module``), by default of the model the
+    family builds.
     """
     _validate(prefer, expected_steps)
+    if model is not None and not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module (whose demotions apply), got {type(model).__name__}")
     return answer(get_family(model_kind), prefer=prefer, expected_steps=expected_steps,
                   may_measure=wait and calibrate_on_miss,
-                  unmeasured="calibration not allowed by calibrate_on_miss=False" if wait else None)
+                  unmeasured="calibration not allowed by calibrate_on_miss=False" if wait else None,
+                  model=_guard.model_signature(model) if model is not None else None)
 
 
 def answer(family: Family, *, prefer: Prefer = "auto", expected_steps: int | None = None, may_measure: bool = True,
-           unmeasured: str | None = None) -> Config:
+           unmeasured: str | None = None, model: str | None = None) -> Config:
     """``best_config`` of a resolved family, with validated arguments. ``may_measure``: a miss goes through the
-    miss path; else it falls back, saying why (``unmeasured``; by default what wait=False sees)."""
+    miss path; else it falls back, saying why (``unmeasured``; by default what wait=False sees). ``model``: the
+    signature of the model whose demotions apply (None: the family's own)."""
     fp = fingerprint()
     store = _lookup.store()
     forced = _env.DEVICE.get()
     key = family_key(family)
-    memo = (str(store.root), fp.digest, family.name, key, prefer, expected_steps, forced, may_measure,
+    memo = (str(store.root), fp.digest, family.name, key, prefer, expected_steps, forced, may_measure, model,
             _exchange.layer_stamp(), _demotions.stamp(fp.digest, store.root), store.stamp(fp.digest))
     cached = _decisions.get(memo)
     if cached is not None and (cached[1] is None or now_utc() < cached[1]):
@@ -84,7 +92,7 @@ def answer(family: Family, *, prefer: Prefer = "auto", expected_steps: int | Non
     if measured is None or (verdict is not None and verdict.measure_first and (may_measure or not verdict.answers)):
         if not may_measure:
             why = unmeasured or _why_unmeasured(family.name, fp, store)
-            return fallback(family.name, fp, store, why, prefer=prefer, expected_steps=expected_steps)
+            return fallback(family.name, fp, store, why, prefer=prefer, expected_steps=expected_steps, model=model)
         from autotune._calibrate import ensure_measured, new_worker  # the calibration machinery: on a miss only
 
         with new_worker() as worker:
@@ -92,20 +100,22 @@ def answer(family: Family, *, prefer: Prefer = "auto", expected_steps: int | Non
         if measured is None:
             return fallback(family.name, fp, store, "another process is still calibrating after "
                             f"AUTOTUNE_LOCK_TIMEOUT_S={_env.LOCK_TIMEOUT_S.get():g} s of waiting",
-                            prefer=prefer, expected_steps=expected_steps)
+                            prefer=prefer, expected_steps=expected_steps, model=model)
         memo = (*memo[:-1], store.stamp(fp.digest))
-    config = decided(measured, prefer=prefer, expected_steps=expected_steps, forced_device=forced, digest=fp.digest)
+    config = decided(measured, prefer=prefer, expected_steps=expected_steps, forced_device=forced, digest=fp.digest,
+                     model=model)
     # A transient failure's retry is due later: the memo answers until then, so a long-running app retries too.
     _decisions[memo] = (config, fresh_until(measured) if may_measure else None)
     return config
 
 
 def decided(measured: FamilyResult, *, prefer: Prefer, expected_steps: int | None, forced_device: str | None,
-            digest: str) -> Config:
-    """The decision on ``measured`` without what training runs demoted on this machine; then the reason is the
-    latest demotion, e.g. "bf16-mixed was demoted after NaN losses at step 5,120 of training on 2026-12-03; using
-    fp32". One measured under older rules says so (it still answers until the next calibration replaces it)."""
-    demoted = _demotions.of(digest, measured.model_kind)
+            digest: str, model: str | None = None) -> Config:
+    """The decision on ``measured`` without what training runs demoted on this machine for ``model`` (a signature;
+    None: the model the family builds); then the reason is the latest demotion, e.g. "bf16-mixed was demoted after
+    NaN losses at step 5,120 of training on 2026-12-03; using fp32", and the evidence lists them. One measured under
+    older rules says so (it still answers until the next calibration replaces it)."""
+    demoted = demotions_of(digest, measured.model_kind, model)
     config = decide(without(measured, demoted), prefer=prefer, expected_steps=expected_steps,
                     forced_device=forced_device, digest=digest)
     if rules_change(measured) is not None:
@@ -114,7 +124,21 @@ def decided(measured: FamilyResult, *, prefer: Prefer, expected_steps: int | Non
         return config
     reason = demoted_reason(demoted[-1], config)
     log.info("%s: %s", measured.model_kind, reason)
-    return config.model_copy(update={"reason": reason})
+    evidence = (config.evidence or Evidence()).model_copy(update={"demotions": demoted})
+    return config.model_copy(update={"reason": reason, "evidence": evidence})
+
+
+def demotions_of(digest: str, kind: str, model: str | None = None) -> list[Demotion]:
+    """The demotions of ``kind`` on this machine configuration that hold for ``model`` (a signature), oldest first.
+    None, the model the family builds: those recorded for it, and those an older autotune recorded without a
+    model; for a family not registered in this process, those recorded as its own model."""
+    found = _demotions.of(digest, kind)
+    if not found:
+        return []
+    own = _guard.family_model(kind) if any(d.model is not None for d in found) else None
+    if model is not None and model != own:
+        return [d for d in found if d.model == model]
+    return [d for d in found if d.model is None or (d.model == own if own is not None else d.family_model)]
 
 
 def without(measured: FamilyResult, demoted: list[Demotion]) -> FamilyResult:
@@ -147,11 +171,11 @@ def _why_unmeasured(kind: str, fp: Fingerprint, store: Store) -> str:
 
 
 def fallback(kind: str, fp: Fingerprint, store: Store, why: str, *, prefer: Prefer = "auto",
-             expected_steps: int | None = None) -> Config:
+             expected_steps: int | None = None, model: str | None = None) -> Config:
     """The best answer without a measurement of this machine configuration: the pick measured on the same
     hardware with other software (the reason names the differences), else fp32 on the CPU."""
     forced = _env.DEVICE.get()
-    memo = ("fallback", str(store.root), fp.digest, kind, prefer, expected_steps, forced, why,
+    memo = ("fallback", str(store.root), fp.digest, kind, prefer, expected_steps, forced, why, model,
             _exchange.layer_stamp(), store.stamps(), _demotions.stamp(fp.digest, store.root))
     cached = _decisions.get(memo)
     if cached is not None:
@@ -161,7 +185,7 @@ def fallback(kind: str, fp: Fingerprint, store: Store, why: str, *, prefer: Pref
     if similar is not None and forced is None:
         try:
             # What training demoted here is not served from another machine's measurement either.
-            config = decide(without(similar.result, _demotions.of(fp.digest, kind)), prefer=prefer,
+            config = decide(without(similar.result, demotions_of(fp.digest, kind, model)), prefer=prefer,
                             expected_steps=expected_steps, digest=fp.digest)
         except CalibrationError:
             config = None
@@ -245,6 +269,7 @@ __all__ = [
     "cached_families",
     "decided",
     "demotions",
+    "demotions_of",
     "fallback",
     "forget",
     "forget_demotion",

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import importlib
 import inspect
 import logging
+import sys
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Literal, TypeVar, cast
 
@@ -142,14 +144,17 @@ class Config(Choice):
         """Set torch's CPU thread count (process-wide) when fewer threads measured faster; else a no-op."""
         apply.set_process(self)
 
-    def lightning_kwargs(self) -> dict[str, Any]:
+    def lightning_kwargs(self, *, init_scale: bool = False) -> dict[str, Any]:
         """Keyword arguments for ``lightning.Trainer``,
         e.g. ``{"accelerator": "cpu", "devices": 1, "precision": "bf16-mixed"}``.
 
-        ``trainer = lightning.Trainer(**cfg.lightning_kwargs(), max_epochs=10)``
+        ``trainer = lightning.Trainer(**cfg.lightning_kwargs(init_scale=True), max_epochs=10)``
 
         Carries over the device (``"cuda:1"`` -> ``accelerator="cuda", devices=[1]``; ``"mps"``; ``"cpu"``, one
-        process) and the precision (``"32-true"``, ``"bf16-mixed"``, ``"16-mixed"``). The rest you apply:
+        process) and the precision (``"32-true"``, ``"bf16-mixed"``, ``"16-mixed"``). ``init_scale=True``: an fp16
+        Config gets ``plugins=[MixedPrecision("16-mixed", device, scaler=cfg.grad_scaler())]`` in place of
+        ``precision``, so GradScaler starts at the init_scale calibration found safe (the plugin comes from the
+        Lightning package the app imported: ``lightning`` first, else ``pytorch_lightning``). The rest you apply:
 
         - tf32: ``torch.set_float32_matmul_precision("high")`` before ``fit`` (Lightning has no switch for it);
         - threads: ``cfg.apply_threads()``;
@@ -157,12 +162,11 @@ class Config(Choice):
           LightningModule ``def on_after_batch_transfer(self, batch, i): return cfg.prepare_batch(batch)``;
         - fused optimizer: in ``configure_optimizers``, ``torch.optim.AdamW(self.parameters(), lr=3e-4,
           **cfg.optimizer_kwargs())``;
-        - fp16 init_scale: ``plugins=[MixedPrecision("16-mixed", "cuda", scaler=cfg.grad_scaler())]`` (from
-          ``lightning.pytorch.plugins.precision``) with ``precision=None`` in place of the precision here;
         - compiled: ``trainer.fit(torch.compile(model))``.
 
         Raises :class:`FrameworkError` where Lightning would run something else than was measured: fp16 on the
-        CPU (Lightning warns and trains in bf16 instead) and Intel XPU (no built-in Lightning accelerator).
+        CPU without ``init_scale=True`` (Lightning warns and trains in bf16 instead) and Intel XPU (no built-in
+        Lightning accelerator).
         """
         device = torch.device(self.device)
         backend = backend_for(self.device)
@@ -170,13 +174,17 @@ class Config(Choice):
             raise FrameworkError("Lightning", f"device {self.device!r}", (
                 f"Lightning has no built-in accelerator for {backend.title}; train with cfg.prepare() and "
                 "cfg.autocast() in your own loop, or through Accelerate (cfg.accelerate_kwargs())"))
-        if device.type == "cpu" and self.precision == "fp16-mixed":
+        fp16_plugin = init_scale and self.precision == "fp16-mixed"
+        if device.type == "cpu" and self.precision == "fp16-mixed" and not fp16_plugin:
             raise FrameworkError("Lightning", "fp16 mixed precision on the CPU", (
-                "Lightning replaces precision='16-mixed' on the CPU with 'bf16-mixed'; train with cfg.autocast() "
-                "in your own loop, or pass plugins=[MixedPrecision('16-mixed', 'cpu')] with precision=None"))
+                "Lightning replaces precision='16-mixed' on the CPU with 'bf16-mixed'; pass "
+                "**cfg.lightning_kwargs(init_scale=True), which gives its fp16 plugin instead, or train with "
+                "cfg.autocast() in your own loop"))
         devices: int | list[int] = [device.index] if device.index is not None else 1
-        return {"accelerator": backend.lightning_accelerator, "devices": devices,
-                "precision": LIGHTNING_PRECISIONS[self.precision]}
+        kwargs: dict[str, Any] = {"accelerator": backend.lightning_accelerator, "devices": devices}
+        if fp16_plugin:
+            return {**kwargs, "plugins": [_lightning_fp16(device.type, self.grad_scaler())]}
+        return {**kwargs, "precision": LIGHTNING_PRECISIONS[self.precision]}
 
     def accelerate_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``accelerate.Accelerator``, e.g. ``{"cpu": True, "mixed_precision": "bf16"}``.
@@ -206,15 +214,25 @@ class Config(Choice):
                 "mixed_precision='no' and wrap forward + loss in cfg.autocast() yourself"))
         return {"cpu": device.type == "cpu", "mixed_precision": ACCELERATE_PRECISIONS[self.precision]}
 
-    def guard(self, *, on_failure: OnFailure = "warn") -> Guard:
-        """A guard for the training loop: ``guard.step(loss, scaler)`` once per step, after ``scaler.update()``.
+    def guard(self, model: nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None, *,
+              loss_fn: Callable[[nn.Module, Any], torch.Tensor] | None = None,
+              on_failure: OnFailure = "warn") -> Guard:
+        """A guard for the training loop: ``guard.step(loss, scaler, batch=batch)`` once per step, after
+        ``scaler.update()``.
+
+        ``guard = cfg.guard(model, optimizer, loss_fn=lambda m, batch: F.cross_entropy(m(batch[0]), batch[1]))``
 
         It watches for non-finite losses, steps GradScaler skips beyond its early back-off, and a loss that
         diverges, at no synchronization per step; on a finding it warns (:class:`ConfigMisbehaved`; raises it with
-        ``on_failure="raise"``) and demotes this candidate's precision on this device for this machine, so that
-        ``best_config`` and ``guard.fallback()`` answer the best remaining one. The rules: ``autotune._guard``.
+        ``on_failure="raise"``). Before it blames the configuration it replays the steps since a state it keeps on
+        the host, in fp32 (``loss_fn(model, batch)`` on the batches ``step`` was given): where fp32 misbehaves too,
+        it is the training and nothing is demoted; where only this precision does, it is demoted on this machine for
+        this model, so that ``best_config`` and ``guard.fallback()`` answer the best remaining candidate. Without
+        the model, optimizer and ``loss_fn`` the guard cannot replay: it warns and demotes nothing. The rules:
+        ``autotune._guard``; the replay's cost: ``autotune._replay``.
         """
-        return Guard(self.model_kind, self.candidate, self.fingerprint_digest, on_failure=on_failure)
+        return Guard(self.model_kind, self.candidate, self.fingerprint_digest, on_failure=on_failure, model=model,
+                     optimizer=optimizer, loss_fn=loss_fn)
 
     def grad_scaler(self) -> torch.amp.GradScaler:
         """A GradScaler enabled only for fp16, starting at the init_scale calibration found safe."""
@@ -226,6 +244,20 @@ class Config(Choice):
 
 
 log = logging.getLogger("autotune")
+
+
+def _lightning_fp16(device_type: str, scaler: torch.amp.GradScaler) -> Any:
+    """Lightning's fp16 precision plugin with ``scaler``, from the Lightning package the app imported (``lightning``
+    first, else ``pytorch_lightning``); ImportError saying what to install where neither is."""
+    packages = ("lightning.pytorch", "pytorch_lightning")
+    for name in [p for p in packages if p.split(".")[0] in sys.modules] or packages:
+        try:
+            precision = importlib.import_module(f"{name}.plugins.precision")
+        except ImportError:
+            continue
+        return precision.MixedPrecision("16-mixed", device_type, scaler=scaler)
+    raise ImportError("lightning_kwargs(init_scale=True) needs Lightning: pip install lightning (or pytorch-lightning)")
+
 
 def accepts_keyword(optimizer: Callable[..., Any], keyword: str) -> bool:
     """Whether ``optimizer(params, **{keyword: True})`` names the keyword in its signature

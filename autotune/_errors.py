@@ -156,24 +156,30 @@ class CalibrationPending(AutotuneError, TimeoutError):
 
 class ConfigMisbehaved(AutotuneError, UserWarning):
     """A training run's guard saw its configuration misbehave (``Config.guard()``): a warning, or with
-    ``on_failure="raise"`` an exception. ``demoted`` says whether ``best_config`` now answers another one."""
+    ``on_failure="raise"`` an exception. ``demoted`` says whether ``best_config`` now answers another one for this
+    model; ``why`` what the guard's replay found (None for fp32 on the CPU, the reference)."""
 
-    def __init__(self, model_kind: str, candidate: str, step: int, seen: str, *, demoted: bool) -> None:
+    def __init__(self, model_kind: str, candidate: str, step: int, seen: str, *, demoted: bool,
+                 why: str | None = None) -> None:
         self.model_kind = model_kind
         self.candidate = candidate
         self.step = step
         self.seen = seen
         self.demoted = demoted
-        super().__init__(model_kind, candidate, step, seen, demoted)
+        self.why = why
+        super().__init__(model_kind, candidate, step, seen, demoted, why)
 
     def __str__(self) -> str:
         what = f"{self.model_kind} on {self.candidate} misbehaved at step {self.step:,}: {self.seen}. "
-        if not self.demoted:
+        if self.why is None:
             return what + ("fp32 on the CPU is the reference every candidate is verified against, so nothing is "
                            "demoted: look at the learning rate, the data and the model")
-        return what + (f"It is demoted on this machine: restart from your last checkpoint with guard.fallback() "
-                       f"(what best_config({self.model_kind!r}) now answers); "
-                       f"`python -m autotune --forget-demotion {self.model_kind}` undoes it")
+        if not self.demoted:
+            return what + (f"{self.why[0].upper()}{self.why[1:]}, so nothing is demoted: look at the learning rate "
+                           "(lower it, or warm it up), the data (NaN or extreme values) and the loss")
+        return what + (f"{self.why[0].upper()}{self.why[1:]}: it is demoted on this machine for this model; restart "
+                       "from your last checkpoint with guard.fallback() (what best_config(kind, model=model) now "
+                       f"answers); `python -m autotune --forget-demotion {self.model_kind}` undoes it")
 
 
 class ImportFileError(AutotuneError, ValueError):

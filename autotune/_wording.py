@@ -17,6 +17,7 @@ from autotune._records import (
     FailureKind,
     FamilyResult,
     Precision,
+    Replay,
     Rival,
 )
 
@@ -59,6 +60,24 @@ def demotion_words(demotion: Demotion) -> str:
     non-finite losses within 100 steps ...)'``"""
     return (f"{demotion.candidate.device} {demotion.candidate.precision} demoted on {demotion.at[:10]} after "
             f"{demotion.words} from step {demotion.step:,} (a run on {demotion.candidate.label}: {demotion.detail})")
+
+
+def replay_words(replay: Replay, run: Candidate) -> str:
+    """What the guard's replay found, e.g. ``'replayed from step 300 on the 50 batches since, fp32 misbehaves too
+    (at replayed step 31): it is the training, not the configuration'``."""
+    if replay.blame == "unreplayed":
+        return f"not replayed: {replay.detail}"
+    batches = (f"the {replay.steps:,} batches since" if replay.steps == replay.since
+               else f"the last {replay.steps:,} of the {replay.since:,} batches since")
+    where = f"replayed from step {replay.from_step:,} on {batches}"
+    reference = "fp32" if replay.reference is None or replay.reference.device == run.device \
+        else f"{replay.reference.device} fp32"
+    if replay.blame == "training":
+        return f"{where}, {reference} misbehaves too (at replayed step {replay.reference_at}): it is the training, " \
+               "not the configuration"
+    if replay.blame == "configuration":
+        return f"{where}, {run.precision} misbehaves again (at replayed step {replay.run_at}) and {reference} does not"
+    return f"{where}, neither {run.precision} nor {reference} misbehaves: the batches that did are gone"
 
 
 def qualifiers(evidence: Evidence, *, init_scale: float | None) -> list[str]:
@@ -285,6 +304,7 @@ __all__ = [
     "qualifiers",
     "ratio_words",
     "reason",
+    "replay_words",
     "retry_words",
     "time_words",
     "times_over",
