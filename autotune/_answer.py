@@ -38,6 +38,7 @@ _decisions: dict[tuple[object, ...], tuple[Config, dt.datetime | None]] = {}
 
 
 def _validate(prefer: str, expected_steps: int | None) -> None:
+    _env.check_all()
     if prefer not in PREFERENCES:
         raise ConfigurationError("prefer", prefer, " | ".join(PREFERENCES))
     if expected_steps is not None and (isinstance(expected_steps, bool) or not isinstance(expected_steps, int)

@@ -26,6 +26,7 @@ from autotune._cache.lookup import clear_cache, export_results, import_results
 from autotune._calibrate import CalibrationProgress, calibrate
 from autotune._config import Config
 from autotune._decide import picked
+from autotune._env import check_all as check_settings
 from autotune._errors import AutotuneError, CalibrationError, UnknownFamilyError
 from autotune._families import builtin_family_names, family_names, register_family
 from autotune._fingerprint import fingerprint
@@ -54,6 +55,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     logging.getLogger("filelock").setLevel(logging.WARNING)
     try:
+        check_settings()  # a wrong AUTOTUNE_* value is answered before anything is measured
         if args.clear:
             removed = clear_cache()
             print(f"removed {len(removed)} file(s)", file=sys.stderr)

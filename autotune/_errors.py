@@ -65,16 +65,18 @@ class MaxBatchError(AutotuneError, RuntimeError):
 
 
 class ConfigurationError(AutotuneError, ValueError):
-    """An invalid option or ``AUTOTUNE_*`` environment variable."""
+    """An invalid option or ``AUTOTUNE_*`` environment variable; ``why``, where the value has the right form but
+    names nothing usable here (a device this process cannot use), says what there is instead."""
 
-    def __init__(self, variable: str, value: object, expected: str) -> None:
+    def __init__(self, variable: str, value: object, expected: str, *, why: str | None = None) -> None:
         self.variable = variable
         self.value = value
         self.expected = expected
-        super().__init__(variable, value, expected)
+        self.why = why
+        super().__init__(variable, value, expected, why)
 
     def __str__(self) -> str:
-        return f"{self.variable}={self.value!r} is invalid: expected {self.expected}"
+        return f"{self.variable}={self.value!r} is invalid: {self.why or f'expected {self.expected}'}"
 
 
 class FrameworkError(AutotuneError, ValueError):

@@ -18,8 +18,8 @@ FailureKind = Literal["crashed", "timeout", "oom", "error", "unsupported", "nume
 Misbehaviour = Literal["non_finite", "skipped_steps", "diverged"]
 #: whose doing a training run's misbehaviour was, as the guard's replay found it
 Blame = Literal["configuration", "training", "not_reproduced", "unreplayed"]
-#: the user's device choice ("GPU" is whatever accelerator this machine has), not a backend
-Prefer = Literal["auto", "gpu", "cpu"]
+#: the user's device choice: "gpu" is whatever accelerator this machine has, a backend's name that backend's GPU
+Prefer = Literal["auto", "gpu", "cpu", "cuda", "mps", "xpu"]
 
 
 class Record(BaseModel):
