@@ -19,8 +19,9 @@ class UnknownFamilyError(AutotuneError, KeyError):
         super().__init__(name, self.known)
 
     def __str__(self) -> str:
-        close = difflib.get_close_matches(self.name, self.known, n=1)
-        hint = f"did you mean {close[0]!r}? " if close else ""
+        by_case = {kind.lower(): kind for kind in self.known}
+        close = difflib.get_close_matches(str(self.name).lower(), list(by_case), n=1)
+        hint = f"did you mean {by_case[close[0]]!r}? " if close else ""
         return f"unknown model kind {self.name!r}; {hint}known: {', '.join(self.known)}"
 
 
