@@ -161,12 +161,16 @@ def without(measured: FamilyResult, demoted: list[Demotion]) -> FamilyResult:
 
 
 def _why_unmeasured(kind: str, fp: Fingerprint, store: Store) -> str:
-    """"calibration running ..." when this process's job or another process holds the family's lock."""
+    """"calibration running ..." when this process's job or another process holds the family's lock; the cache
+    directory when it cannot be used (its warning says why and what to do)."""
     from autotune._background import running  # a job of this process can only exist once that module loaded
 
     if running(kind):
         return "calibration running in this process"
-    if held_elsewhere(store.calibration_lock(fp.digest, kind)):
+    if store.problem() is not None:
+        return "the cache directory cannot be used, wait=False never measures"
+    if held_elsewhere(store.calibration_lock(fp.digest, kind, unlocked="wait=False answers without knowing whether "
+                                             "another process is calibrating it")):
         return "calibration running in another process"
     return "wait=False never measures"
 

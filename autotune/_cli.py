@@ -24,7 +24,7 @@ from autotune._answer import best_config, cached_configs, cached_families, demot
 from autotune._answer import forget_demotion as forget
 from autotune._args import parser
 from autotune._cache.freshness import retry_at
-from autotune._cache.lookup import clear_cache, export_results, import_results
+from autotune._cache.lookup import cache_problem, clear_cache, export_results, import_results
 from autotune._calibrate import CalibrationProgress, calibrate
 from autotune._config import Config
 from autotune._decide import picked
@@ -66,6 +66,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger("filelock").setLevel(logging.WARNING)
     try:
         check_settings()  # a wrong AUTOTUNE_* value is answered before anything is measured
+        if not args.doctor and (problem := cache_problem()) is not None:
+            print(f"autotune: error: cannot use the cache directory: {problem}; nothing would be stored",
+                  file=sys.stderr)
+            return 1
         if args.clear:
             removed = clear_cache()
             print(f"removed {len(removed)} file(s)", file=sys.stderr)

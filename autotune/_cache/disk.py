@@ -139,6 +139,30 @@ def directory_problem(root: Path, *, create: bool = False) -> str | None:
     return None
 
 
+def unusable_directory(root: Path, *, chosen_by: str | None = "AUTOTUNE_CACHE_DIR") -> str | None:
+    """Why ``root`` cannot hold autotune's files, naming it and saying what to do, e.g. ``'/x is a file, not a
+    directory: move the file away, or point AUTOTUNE_CACHE_DIR at a directory of your own'``; None when it can (it
+    is created where missing). ``chosen_by``: the setting that picks the directory, for the advice."""
+    elsewhere = f", or point {chosen_by} at a directory of your own" if chosen_by else ""
+    try:
+        problem = directory_problem(root, create=True)
+    except FileExistsError:
+        problem = "not a directory"
+    except OSError as exc:
+        return f"{root} cannot be created ({os_reason(exc)}): make it yourself{elsewhere}"
+    if problem is None:
+        return None
+    if problem == "not a directory":
+        return f"{root} is a file, not a directory: move the file away{elsewhere}"
+    if problem.startswith("writable by other users"):
+        mode = problem.rpartition(" ")[2]
+        return (f"{root} is writable by other users (mode {mode}), who could plant files there that autotune would "
+                f"trust: chmod 700 {root}{elsewhere}")
+    if problem.startswith("owned by another user"):
+        return f"{root} is {problem}: autotune trusts only a directory of your own; chown it{elsewhere}"
+    return f"{root}: {problem}"
+
+
 def mark_used(results: Path, at: float) -> None:
     """Write the time of a use of ``results`` into its ``.used`` marker, which pruning reads."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
@@ -197,5 +221,6 @@ def utc_stamp() -> str:
 __all__ = [
     "KEEP_FILES", "KEEP_QUARANTINED", "KEEP_USED_DAYS", "MAX_FILE_BYTES", "Refused", "directory_problem",
     "identity", "mark_used", "os_reason", "prune", "read_regular", "refuse_link", "remove_stale_temps",
+    "unusable_directory",
     "utc_stamp", "write_atomic",
 ]
