@@ -151,8 +151,7 @@ def _decisions(args: argparse.Namespace) -> int:
                 unusable.append(kind)
     fp = fingerprint()
     if args.json:
-        print(json.dumps({"fingerprint": fp.model_dump(mode="json"),
-                          "configs": {k: c.model_dump(mode="json") for k, c in configs.items()}}, indent=1))
+        print(strict_json({"fingerprint": fp, "configs": configs}))
         return 0
 
     out = console()
@@ -181,7 +180,7 @@ def _check(args: argparse.Namespace) -> int:
     kinds = [_register(value) for value in args.family] if args.family else None
     results = check_cached(kinds)
     if args.json:
-        print(json.dumps([r.model_dump(mode="json") for r in results], indent=1))
+        print(strict_json(results))
     for r in results:
         line = f"{r.model_kind}: {r.verdict}: {r.detail}"
         if r.verdict == "recalibrated":
@@ -208,7 +207,7 @@ def _doctor(args: argparse.Namespace) -> int:
 
     findings = diagnose()
     if args.json:
-        print(json.dumps([f.model_dump() for f in findings], indent=1))
+        print(strict_json(findings))
     else:
         for finding in findings:
             print(f"[{finding.level}] {finding.message}")
@@ -471,6 +470,23 @@ def max_batch(kind: str, args: argparse.Namespace) -> int:
     out.print(f"[dim]measured {report.measured_at} in {report.wall_s:.1f} s; peaks are what training adds to "
               "the process (--recalibrate measures again)[/dim]", highlight=False)
     return 0
+
+
+def strict_json(value: object) -> str:
+    """Records (in lists and dicts) as strict JSON, as the files are written: a NaN or an unbounded interval is the
+    string ``"NaN"`` / ``"Infinity"``, which every JSON parser reads."""
+    from pydantic import BaseModel
+
+    def plain(found: object) -> object:
+        if isinstance(found, BaseModel):
+            return json.loads(found.model_dump_json())
+        if isinstance(found, dict):
+            return {k: plain(v) for k, v in found.items()}
+        if isinstance(found, (list, tuple)):
+            return [plain(v) for v in found]
+        return found
+
+    return json.dumps(plain(value), indent=1, allow_nan=False)
 
 
 def mib(peak_mb: float | None, reserved_mb: float | None = None) -> str:

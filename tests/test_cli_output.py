@@ -6,6 +6,7 @@ a demotion): how the output reads is the subject, not which candidate wins.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from pathlib import Path
@@ -123,6 +124,20 @@ def test_a_column_that_carries_nothing_is_left_out(capsys: pytest.CaptureFixture
     out = _render(capsys, monkeypatch, 200, "--family", KIND)
     assert "peak MiB" not in out  # nothing measured a peak
     assert "vs fp32 CPU" in out and "also" in out
+
+
+@pytest.mark.usefixtures("measured")
+def test_json_output_is_strict_and_carries_the_demotions(capsys: pytest.CaptureFixture[str]) -> None:
+    """The demotion's NaN losses are strings in --json, as in the files: every JSON parser reads it."""
+
+    def refuse(constant: str) -> None:
+        raise ValueError(f"{constant} is not JSON")
+
+    assert main(["--family", KIND, "--json"]) == 0
+    document = json.loads(capsys.readouterr().out, parse_constant=refuse)
+    [demotion] = document["configs"][KIND]["evidence"]["demotions"]
+    assert demotion["evidence"] == [0.3127, "NaN", "NaN", "NaN"] and demotion["step"] == 5_120
+    assert autotune.Config.model_validate(document["configs"][KIND]).evidence.demotions[0].step == 5_120  # type: ignore[union-attr]
 
 
 def test_without_columns_a_pipe_gets_120(tmp_path: Path, capsys: pytest.CaptureFixture[str],

@@ -76,9 +76,9 @@ class Answers:
         try:
             with lock.acquire(timeout=min(LOCK_TIMEOUT_S.get(), 30.0)):
                 reports = {**self._read(), key: report}
-                document = AnswersFile(reports=reports).model_dump(mode="json")
+                document = json.loads(AnswersFile(reports=reports).model_dump_json())
                 _disk.remove_stale_temps(self.path)
-                _disk.write_atomic(self.path, json.dumps(document, indent=1).encode())
+                _disk.write_atomic(self.path, _disk.strict_json(document))
         except (OSError, TimeoutError) as exc:  # filelock.Timeout is a TimeoutError
             log.warning("cannot store the max-batch answer in %s (%s); it is measured again next time",
                         self.path, exc)

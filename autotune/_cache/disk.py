@@ -17,13 +17,16 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import errno
+import json
 import logging
+import math
 import os
 import stat
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger("autotune")
 
@@ -163,6 +166,26 @@ def unusable_directory(root: Path, *, chosen_by: str | None = "AUTOTUNE_CACHE_DI
     return f"{root}: {problem}"
 
 
+#: a non-finite float in a JSON file: the string pydantic's records write (``ser_json_inf_nan="strings"``)
+_NON_FINITE = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
+
+
+def strict_json(document: Any) -> bytes:
+    """``document`` as strict JSON (every parser reads it), e.g. for a file: a NaN or infinite float is written as
+    the string records use (``"NaN"``, ``"Infinity"``), also one kept from a file that held the bare constant."""
+
+    def strict(value: Any) -> Any:
+        if isinstance(value, float) and not math.isfinite(value):
+            return _NON_FINITE[repr(value)]
+        if isinstance(value, dict):
+            return {k: strict(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [strict(v) for v in value]
+        return value
+
+    return json.dumps(strict(document), indent=1, allow_nan=False).encode()
+
+
 def mark_used(results: Path, at: float) -> None:
     """Write the time of a use of ``results`` into its ``.used`` marker, which pruning reads."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
@@ -221,6 +244,6 @@ def utc_stamp() -> str:
 __all__ = [
     "KEEP_FILES", "KEEP_QUARANTINED", "KEEP_USED_DAYS", "MAX_FILE_BYTES", "Refused", "directory_problem",
     "identity", "mark_used", "os_reason", "prune", "read_regular", "refuse_link", "remove_stale_temps",
-    "unusable_directory",
+    "strict_json", "unusable_directory",
     "utc_stamp", "write_atomic",
 ]

@@ -18,7 +18,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
 import os
@@ -191,7 +190,7 @@ class Store:
         """Keep the unreadable record of ``family`` next to the file before its new measurement replaces it."""
         record = {"family": family, "reason": current.invalid[family], "record": current.document["families"][family]}
         target = path.with_name(f"{path.name}.{family}.corrupt-{_disk.utc_stamp()}")
-        write_atomic(target, json.dumps(record, indent=1).encode())
+        write_atomic(target, _disk.strict_json(record))
         log.warning("moved the unusable results of %r to %s", family, target.name)
 
     def stamps(self) -> tuple[object, ...]:
