@@ -25,7 +25,6 @@ from autotune._answer import forget_demotion as forget
 from autotune._args import parser
 from autotune._cache.freshness import retry_at
 from autotune._cache.lookup import cache_problem, clear_cache, export_results, import_results
-from autotune._calibrate import CalibrationProgress, calibrate
 from autotune._config import Config
 from autotune._decide import picked
 from autotune._env import check_all as check_settings
@@ -33,9 +32,6 @@ from autotune._errors import AutotuneError, CalibrationError, UnknownFamilyError
 from autotune._families import builtin_family_names, family_names, register_family
 from autotune._fingerprint import fingerprint
 from autotune._records import FP32_CPU, Candidate, CandidateResult, FamilyResult, Prefer, Rival
-from autotune._tools.canary import check_cached
-from autotune._tools.max_batch import max_batch_report
-from autotune._tools.trace import trace as trace_kind
 from autotune._wording import (
     demotion_words,
     mib_words,
@@ -50,6 +46,8 @@ from autotune.backends import diagnose
 if TYPE_CHECKING:
     from rich.console import Console
     from rich.table import Table
+
+    from autotune._calibrate import CalibrationProgress
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -178,6 +176,8 @@ def _decisions(args: argparse.Namespace) -> int:
 def _check(args: argparse.Namespace) -> int:
 
     kinds = [_register(value) for value in args.family] if args.family else None
+    from autotune._tools.canary import check_cached  # what measures loads only where a command measures
+
     results = check_cached(kinds)
     if args.json:
         print(strict_json(results))
@@ -266,6 +266,8 @@ def fitted(out: Console, columns: Sequence[Col], *, title: str | None = None) ->
 
 
 def calibrate_with_progress(kinds: list[str], *, force: bool) -> None:
+    from autotune._calibrate import calibrate  # the calibration machinery: only where the table misses
+
     if not sys.stderr.isatty():
         calibrate(kinds, force=force, progress=plain_progress())
         return
@@ -415,6 +417,8 @@ def trace(kind: str, args: argparse.Namespace) -> int:
 
     if args.recalibrate or kind not in cached_families([kind]):
         calibrate_with_progress([kind], force=args.recalibrate)
+    from autotune._tools.trace import trace as trace_kind
+
     report = trace_kind(kind, out_dir=args.out or ".", candidate=args.candidate)
     if args.json:
         print(report.model_dump_json(indent=1))
@@ -445,6 +449,8 @@ def trace(kind: str, args: argparse.Namespace) -> int:
 
 
 def max_batch(kind: str, args: argparse.Namespace) -> int:
+    from autotune._tools.max_batch import max_batch_report
+
     report = max_batch_report(kind, margin=args.margin, memory_limit_mb=args.memory_limit_mb,
                                        force=args.recalibrate)
     if args.json:

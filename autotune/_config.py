@@ -46,9 +46,9 @@ class Config(Choice):
     model_kind: str
     source: Source
     reason: str
-    evidence: Evidence | None = Field(default=None, description=(
+    evidence: Evidence | None = Field(default=None, repr=False, description=(
         "every other candidate against the pick, and what qualifies the answer; None in a Config made by hand "
-        "or by an older autotune"))
+        "or by an older autotune (left out of repr(): thousands of characters; print cfg.evidence)"))
     step_ms: float | None = None
     setup_s: float | None = None
     speedup_vs_fp32_cpu: float | None = None

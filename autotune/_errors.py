@@ -186,14 +186,18 @@ class ConfigMisbehaved(AutotuneError, UserWarning):
 
 
 class ImportFileError(AutotuneError, ValueError):
-    """A results file given to ``--import`` or ``AUTOTUNE_DEFAULTS`` cannot be used; nothing was written."""
+    """A results file given to ``--import`` or ``AUTOTUNE_DEFAULTS`` cannot be used; nothing was written.
+    ``unreadable``: the file could not be read at all (a wrong path), rather than read and refused."""
 
-    def __init__(self, path: str, why: str) -> None:
+    def __init__(self, path: str, why: str, *, unreadable: bool = False) -> None:
         self.path = path
         self.why = why
-        super().__init__(path, why)
+        self.unreadable = unreadable
+        super().__init__(path, why, unreadable)
 
     def __str__(self) -> str:
+        if self.unreadable:
+            return f"cannot use results file {self.path}: {self.why}. Nothing was imported; check the path"
         return (f"cannot use results file {self.path}: {self.why}. Nothing was imported; export it again with "
                 "`python -m autotune --export FILE` on the machine that measured it")
 
