@@ -56,10 +56,12 @@ def no_gpu_words(measured: FamilyResult) -> str:
 
 
 def demotion_words(demotion: Demotion) -> str:
-    """e.g. ``'cpu bf16-mixed demoted on 2026-12-03 after NaN losses from step 5,120 (a run on cpu bf16-mixed: 3
-    non-finite losses within 100 steps ...)'``"""
+    """e.g. ``'cpu bf16-mixed demoted on 2026-12-03 after NaN losses from step 5,120 (a run of Sequential
+    5c3e2a09d1f4 on cpu bf16-mixed: 3 non-finite losses within 100 steps ...)'``"""
+    model = f" of {demotion.model}" if demotion.model else ""
     return (f"{demotion.candidate.device} {demotion.candidate.precision} demoted on {demotion.at[:10]} after "
-            f"{demotion.words} from step {demotion.step:,} (a run on {demotion.candidate.label}: {demotion.detail})")
+            f"{demotion.words} from step {demotion.step:,} (a run{model} on {demotion.candidate.label}: "
+            f"{demotion.detail})")
 
 
 def replay_words(replay: Replay, run: Candidate) -> str:

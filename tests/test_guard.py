@@ -390,6 +390,7 @@ def test_a_recalibration_keeps_demotions_and_forget_demotion_undoes_them(
     assert main(["--explain", tiny_family]) == 0
     explained = capsys.readouterr().out
     assert "cpu fp16-mixed demoted on" in explained and f"--forget-demotion {tiny_family}" in explained
+    assert f"(a run of {model_signature(build_tiny().model)} on cpu fp16-mixed:" in " ".join(explained.split())
     assert "decision: fp16-mixed was demoted after NaN losses" in explained
     assert main(["--forget-demotion", tiny_family]) == 0
     assert "undone: cpu fp16-mixed demoted" in capsys.readouterr().err
