@@ -34,7 +34,8 @@ _WHERE = {
     "Config": "_config",
     **dict.fromkeys([
         "AutotuneError", "BatchSizeUnsupportedError", "CalibrationCancelled", "CalibrationError",
-        "CalibrationPending", "ConfigMisbehaved", "ConfigurationError", "FamilyRegistrationError", "FrameworkError",
+        "CalibrationPending", "ConfigMisbehaved", "ConfigurationError", "DatasetError", "FamilyRegistrationError",
+        "FrameworkError",
         "ImportFileError", "MaxBatchError", "TraceError", "UnknownFamilyError",
     ], "_errors"),
     "use_defaults": "_cache.exchange",
@@ -45,8 +46,8 @@ _WHERE = {
     # never needs a framework the app may not have.
     "GuardCallback": "_lightning",
     "max_batch_report": "_tools.max_batch", "max_batch_size": "_tools.max_batch",
-    **dict.fromkeys(["Evidence", "MaxBatchReport", "MemoryLine", "MemoryProbe", "OperatorTime", "Rival",
-                     "TraceReport"], "_records"),
+    **dict.fromkeys(["Evidence", "LoaderReport", "LoaderTrial", "LoopSummary", "MaxBatchReport", "MemoryLine",
+                     "MemoryProbe", "OperatorTime", "Rival", "TraceReport"], "_records"),
 }
 #: a guard answers again through the module that answers, which registers itself when it loads: a Config or a
 #: Guard made by hand loads it first
@@ -68,6 +69,7 @@ if TYPE_CHECKING:
         CalibrationPending,
         ConfigMisbehaved,
         ConfigurationError,
+        DatasetError,
         FamilyRegistrationError,
         FrameworkError,
         ImportFileError,
@@ -79,7 +81,18 @@ if TYPE_CHECKING:
     from autotune._fingerprint import Fingerprint, fingerprint
     from autotune._guard import Guard
     from autotune._lightning import GuardCallback as GuardCallback  # re-exported; not in __all__: it loads Lightning
-    from autotune._records import Evidence, MaxBatchReport, MemoryLine, MemoryProbe, OperatorTime, Rival, TraceReport
+    from autotune._records import (
+        Evidence,
+        LoaderReport,
+        LoaderTrial,
+        LoopSummary,
+        MaxBatchReport,
+        MemoryLine,
+        MemoryProbe,
+        OperatorTime,
+        Rival,
+        TraceReport,
+    )
     from autotune._tools.max_batch import max_batch_report, max_batch_size
     from autotune._tools.trace import trace
 else:  # type checkers see the imports above: a misspelt name stays an error there
@@ -111,6 +124,7 @@ __all__ = [
     "Config",
     "ConfigMisbehaved",
     "ConfigurationError",
+    "DatasetError",
     "Evidence",
     "Family",
     "FamilyRegistrationError",
@@ -118,6 +132,9 @@ __all__ = [
     "FrameworkError",
     "Guard",
     "ImportFileError",
+    "LoaderReport",
+    "LoaderTrial",
+    "LoopSummary",
     "MaxBatchError",
     "MaxBatchReport",
     "MemoryLine",

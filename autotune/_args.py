@@ -26,10 +26,10 @@ examples:
   python -m autotune --clear               delete the stored measurements (and demotions)
 
 the table: also: the settings that won besides device and precision (memory format, optimizer kernels, CPU
-threads); step: the median training step; vs fp32 CPU: how many times faster than fp32 on the CPU; peak MiB: the
-most memory its measured steps held; source: measured, forced (AUTOTUNE_DEVICE) or heuristic (nothing measured
-here; the line under the table says why). --explain prints what its own columns mean. Output is as wide as the
-terminal, or COLUMNS when piped (default 120).
+threads); step: the median training step; vs fp32 CPU: how many times faster than fp32 on the CPU, per training
+step (the loop's data loading not in it); peak MiB: the most memory its measured steps held; source: measured,
+forced (AUTOTUNE_DEVICE) or heuristic (nothing measured here; the line under the table says why). --explain
+prints what its own columns mean. Output is as wide as the terminal, or COLUMNS when piped (default 120).
 
 environment: AUTOTUNE_CACHE_DIR, AUTOTUNE_DEVICE, AUTOTUNE_ISOLATION, AUTOTUNE_CANDIDATE_TIMEOUT_S,
 AUTOTUNE_LOCK_TIMEOUT_S, AUTOTUNE_BUDGET_S, AUTOTUNE_SEARCH, AUTOTUNE_DEFAULTS (see README.md)

@@ -25,6 +25,7 @@ from autotune._answer import forget_demotion as forget
 from autotune._args import parser
 from autotune._cache.freshness import retry_at
 from autotune._cache.lookup import cache_problem, clear_cache, export_results, import_results
+from autotune._cache.loops import of as loops_of
 from autotune._config import Config
 from autotune._decide import picked
 from autotune._env import check_all as check_settings
@@ -34,6 +35,7 @@ from autotune._fingerprint import fingerprint
 from autotune._records import FP32_CPU, Candidate, CandidateResult, FamilyResult, Prefer, Rival
 from autotune._wording import (
     demotion_words,
+    loop_words,
     mib_words,
     qualifiers,
     ratio_words,
@@ -164,7 +166,7 @@ def _decisions(args: argparse.Namespace) -> int:
         Col("vs fp32 CPU", [ratio_words(c.speedup_vs_fp32_cpu) if c.speedup_vs_fp32_cpu else "-" for _, c in rows]),
         Col("peak MiB", [mib(c.peak_memory_mb) for _, c in rows]),
         Col("source", [c.source for _, c in rows]),
-    ]))
+    ], caption="vs fp32 CPU: per training step, the loop's data loading not in it"))
     for kind, config in configs.items():  # the evidence is --explain's
         out.print(f"[bold]{kind}[/bold]: {config.reason}", highlight=False)
     for kind in unusable:
@@ -234,7 +236,7 @@ class Col:
     wraps: bool = True
 
 
-def fitted(out: Console, columns: Sequence[Col], *, title: str | None = None) -> Table:
+def fitted(out: Console, columns: Sequence[Col], *, title: str | None = None, caption: str | None = None) -> Table:
     """A table as wide as its cells or the console, whichever is narrower, that never splits a word: a column
     whose cells are all ``-`` is left out, each column is at least as wide as its longest word (its longest cell
     where it does not wrap), and the room left goes to the columns whose cells wrap, as far as they need it."""
@@ -256,7 +258,8 @@ def fitted(out: Console, columns: Sequence[Col], *, title: str | None = None) ->
         short = min((i for i, (w, most) in enumerate(zip(widths, longest, strict=True)) if w < most),
                     key=lambda i: widths[i] / longest[i])
         widths[short] += 1  # the column furthest from its widest cell first
-    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0), title=title)
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0), title=title,
+                  caption=caption)
     for column, width in zip(shown, widths, strict=True):
         table.add_column(column.header, width=width, no_wrap=not column.wraps, overflow="fold")
     for row in zip(*(c.cells for c in shown), strict=True):
@@ -340,6 +343,8 @@ def explain(kind: str, *, recalibrate: bool, as_json: bool, prefer: Prefer = "au
     for demotion in demotions(kind):
         out.print(f"[yellow]{demotion_words(demotion)}[/yellow]; python -m autotune --forget-demotion {kind} "
                   "undoes it", highlight=False)
+    for seen in loops_of(fingerprint().digest, kind):  # the loop end to end, beside the step measured above
+        out.print(loop_words(seen), highlight=False)
     out.print(f"decision: {config.reason}", highlight=False)
     if config.evidence is not None:
         out.print(evidence_table(config, out))

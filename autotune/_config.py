@@ -18,7 +18,7 @@ from autotune import _fp32
 from autotune._errors import FrameworkError
 from autotune._guard import Guard, OnFailure
 from autotune._precision import AUTOCAST_DTYPES, DEFAULT_INIT_SCALE
-from autotune._records import Candidate, Choice, Evidence, Precision
+from autotune._records import Candidate, Choice, Evidence, LoaderReport, Precision
 from autotune._variants import apply
 from autotune.backends import backend_for
 
@@ -37,7 +37,7 @@ class Config(Choice):
 
     The device, precision and variants are the measured candidate's (:class:`Choice`); ``reason`` is one
     sentence of at most 160 characters for a log or a status bar, the answer and its strongest evidence, e.g.
-    ``"bf16 mixed precision with channels_last on the CPU: 2.5x faster than fp32 (measured 2026-12-02)"``;
+    ``"bf16 mixed precision with channels_last on the CPU: 2.5x faster per step than fp32 (measured 2026-12-02)"``;
     ``evidence`` holds the whole argument as data. ``source`` says where the answer came from: ``measured`` on
     this machine, ``forced`` by ``AUTOTUNE_DEVICE``, or ``heuristic`` when no measurement was possible (the
     reason says why and what it falls back to).
@@ -99,8 +99,12 @@ class Config(Choice):
         builds through ``torch.set_float32_matmul_precision`` and ``torch.backends.cudnn.allow_tf32``. torch
         forbids mixing the two: after this call on a 2.9+ build, read the per-backend values, not
         ``torch.get_float32_matmul_precision()``.
+
+        On NVIDIA CUDA it also turns on cuDNN's benchmark mode (``torch.backends.cudnn.benchmark``), which
+        calibration measured with.
         """
         _fp32.apply(self.precision)
+        backend_for(self.device).apply_loop_settings()
 
     def optimizer_kwargs(self, optimizer: Callable[..., torch.optim.Optimizer] = torch.optim.AdamW) -> dict[str, Any]:
         """``{"fused": True}``, ``{"foreach": True}`` or ``{}``: the measured implementation, if ``optimizer`` takes it.
@@ -229,10 +233,49 @@ class Config(Choice):
         it is the training and nothing is demoted; where only this precision does, it is demoted on this machine for
         this model, so that ``best_config`` and ``guard.fallback()`` answer the best remaining candidate. Without
         the model, optimizer and ``loss_fn`` the guard cannot replay: it warns and demotes nothing. The rules:
-        ``autotune._guard``; the replay's cost: ``autotune._replay``.
+        ``autotune._guard``; the replay's cost: ``autotune._replay``. ``for batch in guard.data(loader):`` also times
+        the loop's waits for data (``guard.summary()``).
         """
         return Guard(self.model_kind, self.candidate, self.fingerprint_digest, on_failure=on_failure, model=model,
-                     optimizer=optimizer, loss_fn=loss_fn)
+                     optimizer=optimizer, loss_fn=loss_fn, step_ms=self.step_ms, speedup=self.speedup_vs_fp32_cpu)
+
+    def dataloader_kwargs(self, dataset: Any, *, batch_size: int, key: str | None = None,
+                          **fixed: Any) -> dict[str, Any]:
+        """``DataLoader(dataset, **cfg.dataloader_kwargs(dataset, batch_size=64))``: the keyword arguments that
+        measured fastest for this machine, this config and this dataset, e.g. ``{"num_workers": 2, "pin_memory":
+        False, "persistent_workers": True, "prefetch_factor": 2, "batch_size": 64}``.
+
+        Measured for a few seconds (``_tools.loader.BUDGET_S``) in the loop as you run it, this config's training
+        step fed by a DataLoader over ``dataset`` (see :meth:`dataloader_report`), then answered at once from the
+        cache for the same dataset signature (type, length, one sample's structure), batch size and ``key`` (name a
+        new version of your data with it). ``fixed`` DataLoader arguments (``shuffle=True``, ``collate_fn=...``,
+        ``num_workers=4``) are measured with and returned as given. On the CPU the choice is joint with the training
+        threads: where it was measured with fewer, this sets torch's thread count to them (process-wide, as
+        :meth:`apply_threads` does; an INFO log line says so).
+        """
+        report = self.dataloader_report(dataset, batch_size=batch_size, key=key, **fixed)
+        if report.num_threads is not None and torch.get_num_threads() != report.num_threads:
+            log.info("training with %d CPU threads beside %d DataLoader workers, as measured together",
+                     report.num_threads, report.num_workers)
+            torch.set_num_threads(report.num_threads)
+        return {**report.tuned(), "batch_size": batch_size, **fixed}
+
+    def dataloader_report(self, dataset: Any, *, batch_size: int, key: str | None = None, budget_s: float | None = None,
+                          force: bool = False, **fixed: Any) -> LoaderReport:
+        """What :meth:`dataloader_kwargs` answers, with the evidence: every setting timed, the step alone, the
+        reason (per training step) and what the measurement cost (``wall_s``); ``force=True`` measures again.
+
+        Without workers first, then the most, then the counts between; on the CPU each with this config's training
+        threads and with fewer. The cheapest setting whose loop keeps within 10% of its training step wins, else
+        the fastest. A dataset that cannot be pickled for worker processes gets ``num_workers=0`` and the reason; a
+        setting whose worker dies or hangs is ruled out; one that is empty or raises is a :class:`DatasetError`,
+        and nothing is cached.
+        """
+        from autotune._tools import loader as _loader  # loads the training step's machinery: only when asked
+
+        return _loader.report(self.candidate, self.model_kind, self.fingerprint_digest, dataset,
+                              batch_size=batch_size, key=key, fixed=fixed, init_scale=self.init_scale,
+                              budget_s=_loader.BUDGET_S if budget_s is None else budget_s, force=force)
 
     def grad_scaler(self) -> torch.amp.GradScaler:
         """A GradScaler enabled only for fp16, starting at the init_scale calibration found safe."""

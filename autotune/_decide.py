@@ -11,17 +11,19 @@ Rules, in order:
    x step time for a short job.
 4. It must beat a preferred candidate on its device (fp32 < tf32 < bf16 < fp16, torch's thread count, eager:
    ``_rules.preference``) by more than ``_rules.margin`` with the decision's confidence
-   (``_stats.ratio_interval``, paired over the final rounds, its error split over the pairs the pick rests
-   on: ``decision_alpha``); otherwise it is a tie and the preferred one wins. Layout and optimizer kernels
-   (the same math) go to the faster.
+   (``_stats.ratio_interval``, paired over the final rounds, its error split over the k - 1 pairs of any one
+   finalist: ``decision_alpha``); otherwise it is a tie and the preferred one wins. Layout and optimizer
+   kernels (the same math) go to the faster. A pair the pick rests on that the rounds left open (the pick may
+   be further from the best than the pair allows) is named in the evidence (``open_pairs``).
 5. Another device must beat the CPU the same way, by ``_rules.MARGIN``; on a tie the CPU wins (no driver, no
    device memory held, no copies) and the reason says the GPU was no faster.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from autotune import _stats
 from autotune._config import Config
@@ -38,8 +40,8 @@ from autotune._records import (
     Role,
     Verdict,
 )
-from autotune._rules import margin, preference
-from autotune._wording import no_gpu_words, reason, times_over
+from autotune._rules import indifference, is_open, margin, tie_winner
+from autotune._wording import headline, no_gpu_words, reason
 
 log = logging.getLogger("autotune")
 
@@ -91,6 +93,7 @@ def decide(
         default_scale_skipped=numerics.default_scale_skipped if numerics is not None else None,
         verified_steps=len(numerics.losses) if numerics is not None else None,
         noisy=measured.noisy, origin=measured.origin,
+        unresolved=open_pairs(pick, pool, expected_steps, alpha=alpha),
     )
     baseline = next((r for r in measured.candidates if r.usable and r.candidate == FP32_CPU), None)
     config = Config(
@@ -114,11 +117,11 @@ def decide(
 
 
 def _speedup(pick: CandidateResult, baseline: CandidateResult, evidence: Evidence) -> float:
-    """fp32 on the CPU's step time over the pick's: from paired evidence, as the reason words it (a chain of
-    drops); from the medians where that chain breaks."""
+    """fp32 on the CPU's step time over the pick's, as the reason words it: from paired evidence (a chain of
+    drops), its estimate or its bound (:func:`headline`); from the medians where that chain breaks."""
     found = next((r for r in evidence.rivals if r.candidate == FP32_CPU), None)
-    paired = times_over(found, pick.candidate, evidence) if found is not None else None
-    return paired if paired is not None else step_ms(baseline) / step_ms(pick)
+    claim = headline(found, pick.candidate, evidence) if found is not None else None
+    return claim[0] if claim is not None else step_ms(baseline) / step_ms(pick)
 
 
 def restate(config: Config, **flags: object) -> Config:
@@ -143,31 +146,89 @@ def _untrainable(measured: FamilyResult) -> CalibrationError:
 
 
 def decision_alpha(finalists: Sequence[CandidateResult]) -> float:
-    """One look's error share split over the pairs a pick rests on (each candidate of the final comparison
-    against it): the error control is per decision, as in the final comparison's first look."""
-    timed_together = sum(1 for r in finalists if r.timing is not None and r.timing.final)
+    """Each claim's error: one look's share split over the k - 1 pairs of any one finalist (k timed together in
+    the final comparison), as in that comparison's looks. A pick is wrong only through a wrong verdict on a pair
+    of the right answer (it wrongly beaten, or a pick wrongly resolved against it), so whichever pairs the rule
+    compares, the chance of a wrong pick is at most one look's share per decision."""
+    timed_together = sum(1 for r in finalists if r.timing is not None and r.timing.final and r.timing.outpaced is None)
     return _stats.ALPHA_PER_LOOK / max(1, timed_together - 1)
 
 
 def pick_fastest(pool: Sequence[CandidateResult], expected_steps: int | None, *,
                  alpha: float | None = None) -> CandidateResult:
-    """The pick among ``pool`` (finalists): on each device, of the candidates nothing there clearly beats,
-    the preferred one (``_rules.preference``; layout and optimizer kernels by speed); then another device
-    only if it clearly beats the CPU's pick. ``alpha``: each claim's error (default: :func:`decision_alpha`)."""
+    """The pick among ``pool`` (finalists): on each device, the first one nothing there clearly beats, in the
+    order the tie rule prefers (``_rules.preference``; layout and optimizer kernels by speed); then another
+    device only if it clearly beats the CPU's pick. ``alpha``: each claim's error (default:
+    :func:`decision_alpha`)."""
     alpha = decision_alpha(pool) if alpha is None else alpha
-    picks = {}
-    for device in dict.fromkeys(r.candidate.device for r in pool):
-        on_device = [r for r in pool if r.candidate.device == device]
-        unbeaten = [r for r in on_device if not any(clearly_faster(other, r, expected_steps, alpha=alpha)
-                                                    for other in on_device if other is not r)]
-        scores = ranking(unbeaten or on_device, expected_steps)
-        picks[device] = min(unbeaten or on_device, key=lambda r: (preference(r.candidate), scores[id(r)]))
+    picks = device_picks(pool, expected_steps, alpha=alpha)
     scores = ranking(list(picks.values()), expected_steps)
     best = min(picks.values(), key=lambda r: scores[id(r)])
     cpu = picks.get("cpu")
     if cpu is not None and best is not cpu and not clearly_faster(best, cpu, expected_steps, alpha=alpha):
         return cpu
     return best
+
+
+def device_picks(pool: Sequence[CandidateResult], expected_steps: int | None, *,
+                 alpha: float) -> dict[str, CandidateResult]:
+    """Each device's pick among ``pool``: the first in the tie rule's order that no other candidate of its
+    device clearly beats (or the first, if each one is beaten); between equally preferred ones, the faster on
+    the rounds the two share, so one that left the final comparison early keeps its place."""
+    picks = {}
+    for device in dict.fromkeys(r.candidate.device for r in pool):
+        on_device = [r for r in pool if r.candidate.device == device]
+        order = sorted(on_device, key=functools.cmp_to_key(_before(expected_steps)))
+        picks[device] = next((r for r in order if not _beaten(r, on_device, expected_steps, alpha)), order[0])
+    return picks
+
+
+def _before(expected_steps: int | None) -> Callable[[CandidateResult, CandidateResult], int]:
+    """The tie rule's order of two candidates: the one a tie goes to, else the faster on the rounds they share."""
+    def before(a: CandidateResult, b: CandidateResult) -> int:
+        winner = tie_winner(a.candidate, b.candidate)
+        if winner is not None:
+            return -1 if winner == a.candidate else 1
+        estimate = score_ratio(a, b, expected_steps)[0]
+        return (estimate > 1) - (estimate < 1)
+
+    return before
+
+
+def _beaten(result: CandidateResult, others: Sequence[CandidateResult], expected_steps: int | None,
+            alpha: float) -> bool:
+    return any(clearly_faster(other, result, expected_steps, alpha=alpha) for other in others if other is not result)
+
+
+def open_pairs(pick: CandidateResult, pool: Sequence[CandidateResult], expected_steps: int | None, *,
+               alpha: float) -> list[Candidate]:
+    """The candidates whose pair with ``pick`` (among ``pool``) was still open when timing stopped: neither clearly
+    beaten nor surely within what the pair allows of the pick (``_rules.is_open``), so the pick may be further
+    from the best than its margin and indifference allow. As in the final comparison, the pick rests on its pair
+    with each candidate of its device that nothing beats and with each other device's pick, and one of those
+    matters only while its own pair with the fastest of them is open (resolved, the pick's pair with the fastest
+    answers for it)."""
+    picks = device_picks(pool, expected_steps, alpha=alpha)
+    on_device = [r for r in pool if r.candidate.device == pick.candidate.device]
+    mine = [r for r in on_device if r is pick or not _beaten(r, on_device, expected_steps, alpha)]
+    before = functools.cmp_to_key(_before(expected_steps))
+    found = []
+    for group in (mine, [pick, *(r for device, r in picks.items() if device != pick.candidate.device)]):
+        scores = ranking(group, expected_steps)
+        fastest = min(group, key=lambda r: scores[id(r)])
+        for other in group:
+            first, second = sorted((other, fastest), key=before)
+            if other is not pick and _open(pick, other, expected_steps, alpha) and (
+                    other is fastest or _open(first, second, expected_steps, alpha)):
+                found.append(other.candidate)
+    return found
+
+
+def _open(first: CandidateResult, other: CandidateResult, expected_steps: int | None, alpha: float) -> bool:
+    """Is the pair of ``first`` (the one the tie rule prefers) and ``other`` still open?"""
+    return is_open(score_ratio(first, other, expected_steps, alpha=alpha), margin(first.candidate, other.candidate),
+                   indifference(first.candidate, other.candidate),
+                   tie_to_pick=tie_winner(first.candidate, other.candidate) == first.candidate)
 
 
 def _unmeasured_forced(measured: FamilyResult, device: str, digest: str) -> Config:
@@ -233,6 +294,20 @@ def step_ratio(a: CandidateResult, b: CandidateResult, *,
     if a.timing.stage == b.timing.stage and min(a.timing.n, b.timing.n) >= 2:
         return _stats.ratio_interval(a.timing.round_ms, b.timing.round_ms, alpha=alpha)
     return step_ms(a) / step_ms(b), 0.0, float("inf")
+
+
+def score_ratio(a: CandidateResult, b: CandidateResult, expected_steps: int | None, *,
+                alpha: float = _stats.ALPHA_PER_LOOK) -> tuple[float, float, float]:
+    """``a``'s score over ``b``'s with its interval: the step-time ratio (:func:`step_ratio`), or, for a short
+    job, set-up + steps x step time, the step time's bounds from the paired interval."""
+    estimate, low, high = step_ratio(a, b, alpha=alpha)
+    if expected_steps is None:
+        return estimate, low, high
+
+    def score(ratio: float) -> float:
+        return (1000 * (a.setup_s or 0.0) + expected_steps * step_ms(b) * ratio) / score_ms(b, expected_steps)
+
+    return score(estimate), score(low), score(high)
 
 
 def clearly_faster(fast: CandidateResult, slow: CandidateResult, expected_steps: int | None, *,
@@ -308,14 +383,17 @@ __all__ = [
     "clearly_faster",
     "decide",
     "decision_alpha",
+    "device_picks",
     "finalists",
     "is_cpu",
+    "open_pairs",
     "pick_fastest",
     "picked",
     "ranking",
     "restate",
     "rival",
     "score_ms",
+    "score_ratio",
     "step_ms",
     "step_ratio",
 ]

@@ -185,6 +185,19 @@ class ConfigMisbehaved(AutotuneError, UserWarning):
                        f"answers); `python -m autotune --forget-demotion {self.model_kind}` undoes it")
 
 
+class DatasetError(AutotuneError, ValueError):
+    """``Config.dataloader_kwargs`` cannot load the dataset: it is empty, has no length, or raised (the dataset's
+    own exception is the ``__cause__``); nothing was cached."""
+
+    def __init__(self, dataset: str, why: str) -> None:
+        self.dataset = dataset
+        self.why = why
+        super().__init__(dataset, why)
+
+    def __str__(self) -> str:
+        return f"cannot measure loading {self.dataset}: {self.why}; nothing was cached"
+
+
 class ImportFileError(AutotuneError, ValueError):
     """A results file given to ``--import`` or ``AUTOTUNE_DEFAULTS`` cannot be used; nothing was written.
     ``unreadable``: the file could not be read at all (a wrong path), rather than read and refused."""
@@ -210,6 +223,7 @@ __all__ = [
     "CalibrationPending",
     "ConfigMisbehaved",
     "ConfigurationError",
+    "DatasetError",
     "FamilyRegistrationError",
     "FrameworkError",
     "ImportFileError",

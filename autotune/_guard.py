@@ -8,6 +8,10 @@ evidence, not one bad batch: ``NON_FINITE_LOSSES`` non-finite losses or ``SKIPPE
 ``BACKOFF_SKIPS``), or ``DIVERGED_BLOCKS`` medians of ``BLOCK_STEPS`` losses in a row that gave back more than
 ``GIVE_BACK`` of the progress from start to floor (once it reached ``MIN_PROGRESS``). ``SLOW_BLOCKS`` reads in a
 row at ``SLOW_FACTOR`` times the run's fastest pace only warn. fp32 on the CPU, the reference, is never demoted.
+
+``data(loader)`` times each wait for a batch on the host, between the batches the loop asks for (no
+synchronization): a loop that waits for data over ``DATA_WAIT_SHARE`` of its time in ``DATA_WAIT_WINDOWS`` windows
+of ``read_every`` batches in a row gets one WARNING, and each pass's summary is kept for its family.
 """
 
 from __future__ import annotations
@@ -20,18 +24,20 @@ import statistics
 import time
 import warnings
 from collections import deque
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 import torch
 from torch import nn
 
 from autotune._cache import demotions as _demotions
+from autotune._cache import loops as _loops
 from autotune._errors import ConfigMisbehaved, ConfigurationError, UnknownFamilyError
 from autotune._families import get_family
-from autotune._records import Candidate, Demotion, Misbehaviour, Prefer, Replay
+from autotune._records import Candidate, Demotion, LoopSummary, Misbehaviour, Prefer, Replay
 from autotune._replay import LossFn, Tape
 from autotune._version import __version__
-from autotune._wording import replay_words
+from autotune._wording import data_bound_words, replay_words
 
 if TYPE_CHECKING:
     from autotune._config import Config
@@ -39,6 +45,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("autotune")
 
 OnFailure = Literal["warn", "raise"]
+Batch = TypeVar("Batch")
 
 #: steps between two reads of the device buffer (one synchronization each)
 READ_EVERY_STEPS = 50
@@ -57,6 +64,10 @@ SLOW_FACTOR = 2.0
 SLOW_BLOCKS = 5
 #: a read over less time than this is not judged for pace: at that scale the timer and the scheduler are the noise
 PACE_MIN_READ_MS = 20.0
+#: a loop that waits for data over this share of its time for ``DATA_WAIT_WINDOWS`` windows in a row is data-bound:
+#: a loader that kept up would make it at least 1 / (1 - 0.25) = 1.33x faster
+DATA_WAIT_SHARE = 0.25
+DATA_WAIT_WINDOWS = 3
 
 _ON_FAILURE: tuple[OnFailure, ...] = ("warn", "raise")
 
@@ -142,7 +153,8 @@ class Guard:
 
     def __init__(self, model_kind: str, candidate: Candidate, digest: str, *, on_failure: OnFailure = "warn",
                  read_every: int = READ_EVERY_STEPS, model: nn.Module | None = None,
-                 optimizer: torch.optim.Optimizer | None = None, loss_fn: LossFn | None = None) -> None:
+                 optimizer: torch.optim.Optimizer | None = None, loss_fn: LossFn | None = None,
+                 step_ms: float | None = None, speedup: float | None = None) -> None:
         if on_failure not in _ON_FAILURE:
             raise ConfigurationError("on_failure", on_failure, " | ".join(_ON_FAILURE))
         if isinstance(read_every, bool) or not isinstance(read_every, int) or read_every < 1:
@@ -184,6 +196,18 @@ class Guard:
         self._fastest_ms = math.inf
         self._slow_reads = 0
         self._warned_slow = False
+        # the loop's time as data() sees it: what calibration measured of the step, to set it beside
+        self.measured_step_ms = step_ms
+        self.speedup = speedup
+        self.started_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="microseconds")
+        self._batches = 0
+        self._wait_ms = 0.0
+        self._step_ms = 0.0
+        self._window_wait_ms = self._window_ms = 0.0
+        self._window_batches = 0
+        self._waiting_windows = 0
+        self._warned_data = False
+        self._data_batch: Any = None  # the batch data() handed the loop last, for a replay
 
     def watch(self, model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: LossFn) -> Guard:
         """Watch ``model``, trained by ``optimizer``: a finding is replayed with ``loss_fn(model, batch)`` on the
@@ -199,7 +223,8 @@ class Guard:
     def step(self, loss: torch.Tensor | float, scaler: torch.amp.GradScaler | None = None, *,
              batch: Any = None) -> None:
         """Record one training step: its loss and, with fp16, the GradScaler (call it after ``scaler.update()``);
-        ``batch``, the inputs ``loss_fn`` takes, for a replay (the guard keeps a reference to recent ones)."""
+        ``batch``, the inputs ``loss_fn`` takes, for a replay (the guard keeps a reference to recent ones); inside
+        ``for batch in guard.data(loader):``, the batch ``data`` handed the loop unless given."""
         if isinstance(loss, torch.Tensor) and loss.numel() != 1:
             raise ValueError(f"guard.step takes the step's loss, one value; got a tensor of shape {tuple(loss.shape)}: "
                              "pass the loss you call backward() on (e.g. loss.mean())")
@@ -207,6 +232,8 @@ class Guard:
         if self.finding is not None:
             return
         self._scaler = scaler
+        if batch is None:
+            batch = self._data_batch
         if self._tape is not None and batch is not None:
             self._tape.add(batch, self.steps, scaler)
         if self._buffer is None:
@@ -235,7 +262,49 @@ class Guard:
         """Read what the buffer holds now (one synchronization) and judge it: at the end of an epoch or of training."""
         if self.finding is None and self._filled:
             self._read(timed=False)
+        self._keep_summary()
         return self.finding
+
+    def data(self, loader: Iterable[Batch]) -> Iterator[Batch]:
+        """``for batch in guard.data(loader):`` the loader's batches, each wait for one timed on the host.
+
+        With ``step`` it splits the loop's time into waiting for data and the step, with no synchronization added
+        (:meth:`summary`); a loop that is data-bound for a sustained stretch gets one WARNING that says what to
+        try. At the end of each pass the summary is kept for this family on this machine (``--explain`` shows it).
+        Each batch is also the one ``step`` keeps for a replay, unless it is given another.
+        """
+        asked = time.perf_counter()
+        batches = iter(loader)  # a DataLoader starts its workers here: waiting for data too
+        try:
+            while True:
+                try:
+                    batch = next(batches)
+                except StopIteration:
+                    self._wait_ms += (time.perf_counter() - asked) * 1000
+                    return
+                got = time.perf_counter()
+                self._data_batch = batch
+                yield batch
+                self._data_batch = None
+                done = time.perf_counter()
+                self._batch_done((got - asked) * 1000, (done - got) * 1000)
+                asked = done
+        finally:
+            self._data_batch = None
+            self._keep_summary()
+
+    def summary(self) -> LoopSummary:
+        """What this run saw of its loop so far: steps, the share of the loop's time spent waiting for data, data ms
+        and step ms per batch, beside the step time calibration measured for this config."""
+        timed = self._batches > 0 and self._wait_ms + self._step_ms > 0
+        return LoopSummary(
+            model_kind=self.model_kind, candidate=self.candidate, steps=self.steps, batches=self._batches,
+            data_wait_share=self._wait_ms / (self._wait_ms + self._step_ms) if timed else None,
+            data_ms=self._wait_ms / self._batches if timed else None,
+            step_ms=self._step_ms / self._batches if timed else None,
+            measured_step_ms=self.measured_step_ms, started_at=self.started_at,
+            at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), autotune_version=__version__,
+        )
 
     def fallback(self, *, prefer: Prefer = "auto", expected_steps: int | None = None) -> Config:
         """What ``best_config`` answers now for this guard's model, at once (never measuring): after a demotion, the
@@ -352,6 +421,33 @@ class Guard:
                 "steps in fp32 (cfg.guard(model, optimizer, loss_fn=...))"))
         return self._tape.replay(self.candidate, seen, self.steps)
 
+    def _batch_done(self, wait_ms: float, step_ms: float) -> None:
+        """Count one batch's wait and step; judge each window of ``read_every`` batches long enough to time."""
+        self._batches += 1
+        self._wait_ms += wait_ms
+        self._step_ms += step_ms
+        self._window_wait_ms += wait_ms
+        self._window_ms += wait_ms + step_ms
+        self._window_batches += 1
+        if self._window_batches < self.read_every:
+            return
+        wait, loop_ms = self._window_wait_ms, self._window_ms
+        self._window_wait_ms = self._window_ms = 0.0
+        self._window_batches = 0
+        if loop_ms < PACE_MIN_READ_MS:
+            return
+        share = wait / loop_ms
+        self._waiting_windows = self._waiting_windows + 1 if share > DATA_WAIT_SHARE else 0
+        if self._waiting_windows >= DATA_WAIT_WINDOWS and not self._warned_data:
+            self._warned_data = True
+            log.warning("%s on %s: %s", self.model_kind, self.candidate.label,
+                        data_bound_words(share, DATA_WAIT_WINDOWS * self.read_every, self.speedup))
+
+    def _keep_summary(self) -> None:
+        """Keep what this run saw of its loop for its family, once it saw a window of batches."""
+        if self._batches >= self.read_every:
+            _loops.record(self.digest, self.summary())
+
     def _pace(self, step_ms: float) -> None:
         """Watch this read's ms per step against the run's fastest; the first read (warm-up) sets no pace."""
         if self.steps <= self.read_every:
@@ -371,7 +467,8 @@ def _number(values: list[float]) -> str:
 
 
 __all__ = [
-    "BACKOFF_SKIPS", "BLOCK_STEPS", "DIVERGED_BLOCKS", "GIVE_BACK", "MIN_PROGRESS", "NON_FINITE_LOSSES",
+    "BACKOFF_SKIPS", "BLOCK_STEPS", "DATA_WAIT_SHARE", "DATA_WAIT_WINDOWS", "DIVERGED_BLOCKS", "GIVE_BACK",
+    "MIN_PROGRESS", "NON_FINITE_LOSSES",
     "PACE_MIN_READ_MS", "READ_EVERY_STEPS", "SETTLED_STEPS", "SKIPPED_STEPS", "SLOW_BLOCKS", "SLOW_FACTOR",
     "WINDOW_STEPS", "Guard", "OnFailure", "family_model", "is_reference", "model_signature",
 ]

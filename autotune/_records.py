@@ -20,6 +20,8 @@ Misbehaviour = Literal["non_finite", "skipped_steps", "diverged"]
 Blame = Literal["configuration", "training", "not_reproduced", "unreplayed"]
 #: the user's device choice: "gpu" is whatever accelerator this machine has, a backend's name that backend's GPU
 Prefer = Literal["auto", "gpu", "cpu", "cuda", "mps", "xpu"]
+#: why a device holds its clocks down, as NVML reports it: not idling, not an application's clock setting
+ClockEvent = Literal["thermal", "power_cap", "hw_slowdown"]
 
 
 class Record(BaseModel):
@@ -125,7 +127,11 @@ class Timing(Record):
         default=None, description="the evidence that another device is clearly faster: it loses the device choice"
     )
     clock_mhz: list[float] = Field(
-        default_factory=list, description="the device's clock before each round's sample, where it reports one"
+        default_factory=list, description="the device's clock after each round's sample, where it reports one"
+    )
+    clock_events: list[list[ClockEvent]] = Field(
+        default_factory=list,
+        description="what held the device's clocks down after each round's sample, where it reports that (NVML)",
     )
 
     @property
@@ -290,6 +296,9 @@ class Evidence(Record):
     similar: SimilarMachine | None = Field(default=None, description="the record of the same hardware it used")
     demotions: list[Demotion] = Field(default_factory=list, description=(
         "what training runs demoted on this machine for this model, which the answer leaves out, oldest first"))
+    unresolved: list[Candidate] = Field(default_factory=list, description=(
+        "rivals whose comparison with the pick was still open when timing stopped (a close call, or a busy "
+        "machine): the pick may be further from the best than the margin allows"))
 
 
 class Replay(Record):
@@ -357,6 +366,84 @@ class Demotion(Record):
         """Whether ``candidate`` is demoted by this: the same device and precision, whatever its variants (a memory
         format, an optimizer kernel or a thread count does not change what the precision's range does to training)."""
         return candidate.device == self.candidate.device and candidate.precision == self.candidate.precision
+
+
+class LoopSummary(Record):
+    """What a training loop's guard saw of the loop's time (``guard.summary()``), kept per family on this machine,
+    e.g. ``LoopSummary(model_kind="cnn", candidate=Candidate(device="cpu", precision="bf16-mixed"), steps=1200,
+    batches=1200, data_wait_share=0.62, data_ms=75.1, step_ms=46.3, measured_step_ms=45.8, ...)``.
+
+    Per training step, one batch each: the wait for the batch (``guard.data(loader)``) and the rest of the loop's
+    time (the step, and whatever else the loop does), timed on the host between batches, with no synchronization
+    of the device added.
+    """
+
+    model_kind: str
+    candidate: Candidate
+    steps: int = Field(description="training steps the guard saw (guard.step)")
+    batches: int = Field(description="batches guard.data delivered whose step ended")
+    data_wait_share: float | None = Field(default=None, description=(
+        "the share of the loop's time spent waiting for a batch, e.g. 0.62; None where no batch was timed"))
+    data_ms: float | None = Field(default=None, description="ms waiting for data per batch")
+    step_ms: float | None = Field(default=None, description="ms of the rest of the loop per batch: the step")
+    measured_step_ms: float | None = Field(default=None, description="the step time calibration measured")
+    started_at: str = Field(description="when the guard was made, ISO 8601 UTC: the run's identity")
+    at: str = Field(description="when this was summed up, ISO 8601 UTC")
+    autotune_version: str
+
+
+class LoaderTrial(Record):
+    """One DataLoader setting timed in the loop, e.g. ``LoaderTrial(num_workers=2, num_threads=1, prefetch_factor=2,
+    loop_ms=52.0, data_wait_share=0.08, start_s=0.21, batches=14)``, or ruled out (``failure``)."""
+
+    num_workers: int
+    num_threads: int | None = Field(default=None, description="the training's CPU threads; None: left as they are")
+    prefetch_factor: int | None = None
+    loop_ms: float | None = Field(default=None, description="ms per training step of the loop, its data included")
+    data_wait_share: float | None = None
+    start_s: float | None = Field(default=None, description="until the first batch: the workers' start")
+    batches: int = 0
+    failure: str | None = Field(default=None, description="why it was ruled out: a worker died, hung, or never started")
+
+
+class LoaderReport(Record):
+    """What ``Config.dataloader_report`` measured for one dataset: the DataLoader settings it chose, why, and every
+    setting it timed in the loop with the config's own training step.
+
+    ``reason`` is one line, e.g. ``"num_workers=2 with 1 training thread: the cheapest setting that kept up with the
+    training step (52 ms per step, the step alone 49 ms; without workers 95 ms)"``.
+    """
+
+    model_kind: str
+    candidate: Candidate
+    dataset: str = Field(description="the dataset's signature: type, length, one sample's structure")
+    batch_size: int
+    num_workers: int
+    pin_memory: bool
+    persistent_workers: bool
+    prefetch_factor: int | None
+    multiprocessing_context: str | None
+    num_threads: int | None = Field(default=None, description=(
+        "the training's CPU threads the choice was measured with, where it differs from the config's"))
+    reason: str
+    step_ms: float | None = Field(description="the training step alone, on batches already in memory")
+    trials: list[LoaderTrial]
+    measured_at: str
+    wall_s: float = Field(description="what the measurement cost, in seconds")
+    budget_s: float
+
+    def tuned(self) -> dict[str, object]:
+        """The DataLoader keywords it chose, e.g. ``{"num_workers": 2, "persistent_workers": True, ...}``:
+        the keywords that only workers take are left out without them (DataLoader refuses them)."""
+        if self.num_workers == 0:
+            return {"num_workers": 0, "pin_memory": self.pin_memory}
+        chosen: dict[str, object] = {"num_workers": self.num_workers, "pin_memory": self.pin_memory,
+                                     "persistent_workers": self.persistent_workers}
+        if self.prefetch_factor is not None:
+            chosen["prefetch_factor"] = self.prefetch_factor
+        if self.multiprocessing_context is not None:
+            chosen["multiprocessing_context"] = self.multiprocessing_context
+        return chosen
 
 
 class OperatorTime(Record):
@@ -454,6 +541,7 @@ __all__ = [
     "Candidate",
     "CandidateResult",
     "Choice",
+    "ClockEvent",
     "Demotion",
     "Difference",
     "Drop",
@@ -463,6 +551,9 @@ __all__ = [
     "FamilyKey",
     "FamilyResult",
     "Interval",
+    "LoaderReport",
+    "LoaderTrial",
+    "LoopSummary",
     "MaxBatchReport",
     "MemoryLine",
     "MemoryProbe",

@@ -22,9 +22,9 @@ SAME_MATH_INDIFFERENCE = 0.03
 #: public UPPER_CASE constant these modules define, with the calibration settings' defaults. A module of the
 #: worker's package is either here or named as no rule by the test that walks the package.
 RULE_MODULES = (
-    "autotune._rules", "autotune._stats", "autotune._lab.looks", "autotune._lab.measure", "autotune._lab.plan",
-    "autotune._lab.prepare", "autotune._lab.probe", "autotune._lab.roster", "autotune._lab.session",
-    "autotune._lab.step", "autotune._lab.verify",
+    "autotune._rules", "autotune._stats", "autotune._lab.clocks", "autotune._lab.looks", "autotune._lab.measure",
+    "autotune._lab.plan", "autotune._lab.prepare", "autotune._lab.probe", "autotune._lab.roster",
+    "autotune._lab.session", "autotune._lab.step", "autotune._lab.verify",
 )
 
 _SIMPLICITY: dict[Precision, int] = {"fp32": 0, "tf32": 1, "bf16-mixed": 2, "fp16-mixed": 3}
@@ -70,12 +70,20 @@ def tie_winner(a: Candidate, b: Candidate) -> Candidate | None:
     return a if preference(a) < preference(b) else b
 
 
+def is_open(ratio: tuple[float, float, float], margin: float, indifference: float, *, tie_to_pick: bool) -> bool:
+    """Can more rounds still move a pick by more than its pair with another candidate allows? ``ratio``: the
+    (estimate, low, high) of the pick's step time over the other's, the pick being the one the decision prefers
+    on the rounds so far (neither clearly slower). Where a tie goes to the pick (``tie_to_pick``) it may be up to
+    margin + indifference slower; where speed decides, up to the larger of the two."""
+    return ratio[2] >= 1 + (margin + indifference if tie_to_pick else max(margin, indifference))
+
+
 def complexity(candidate: Candidate) -> tuple[int, int]:
     """Lower is simpler: the CPU, then fp32 < tf32 < bf16 < fp16, then each non-default variant adds one."""
     return _SIMPLICITY[candidate.precision], len(_variants.changed(candidate))
 
 
 __all__ = [
-    "INDIFFERENCE", "MARGIN", "RULE_MODULES", "SAME_MATH_INDIFFERENCE", "complexity", "indifference", "margin",
-    "preference", "tie_winner",
+    "INDIFFERENCE", "MARGIN", "RULE_MODULES", "SAME_MATH_INDIFFERENCE", "complexity", "indifference", "is_open",
+    "margin", "preference", "tie_winner",
 ]

@@ -1,6 +1,7 @@
 """The words of a decision for people: its reason (one sentence of at most ``REASON_CHARS`` from the
-evidence), the evidence's other lines (no usable GPU, a demotion, the qualifiers, a failure's retry) and a
-ratio, a time or an amount of memory. Pure: words from records; nothing here measures or decides."""
+evidence), the evidence's other lines (no usable GPU, a demotion, the qualifiers, a failure's retry), what a
+training loop saw of its time, and a ratio, a time or an amount of memory. Pure: words from records; nothing here
+measures or decides."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from autotune._records import (
     Evidence,
     FailureKind,
     FamilyResult,
+    LoaderTrial,
+    LoopSummary,
     Precision,
     Replay,
     Rival,
@@ -96,6 +99,9 @@ def qualifiers(evidence: Evidence, *, init_scale: float | None) -> list[str]:
                      f"{evidence.default_scale_skipped} of {evidence.verified_steps} verification steps")
     if evidence.noisy:
         lines.append("measured while the machine was busy: the next calibration measures it again")
+    if evidence.unresolved:
+        lines.append("still open when timing stopped (the pick may be further from the best than the margin "
+                     "allows): " + ", ".join(c.label for c in evidence.unresolved))
     if evidence.older_rules is not None:
         lines.append(f"measured under older rules (by autotune {evidence.older_rules}): the next calibration "
                      "measures it again")
@@ -112,6 +118,60 @@ def retry_words(at: dt.datetime | None) -> str:
     if at <= dt.datetime.now(dt.timezone.utc):
         return "retried by the next calibration"
     return f"retried after {at.astimezone(dt.timezone.utc):%Y-%m-%d %H:%M} UTC, or at once with --recalibrate"
+
+
+# -- the loop end to end ------------------------------------------------------------------------------------------
+
+
+def data_bound_words(share: float, steps: int, speedup: float | None) -> str:
+    """The guard's line for a data-bound loop, e.g. ``'training waited for data 62% of the time over the last 150
+    steps; the step is 3.8x faster than fp32 but the loop is data-bound: try DataLoader(dataset,
+    **cfg.dataloader_kwargs(dataset, batch_size=...))'``"""
+    step = f"the step is {ratio_words(speedup)} faster than fp32 but " if speedup is not None and speedup > 1 else ""
+    return (f"training waited for data {share:.0%} of the time over the last {steps:,} steps; {step}the loop is "
+            "data-bound: try DataLoader(dataset, **cfg.dataloader_kwargs(dataset, batch_size=...))")
+
+
+def loop_words(summary: LoopSummary) -> str:
+    """What a training run saw of its loop, for ``--explain`` beside the measured step, e.g. ``'in training on
+    2026-12-04 (cpu bf16-mixed, 1,200 steps): 62% waiting for data; per training step 75 ms of data, 46 ms of
+    step (46 ms measured)'``"""
+    where = f"in training on {summary.at[:10]} ({summary.candidate.label}, {summary.batches:,} steps)"
+    if summary.data_wait_share is None or summary.data_ms is None or summary.step_ms is None:
+        return f"{where}: no batch timed"
+    measured = f" ({time_words(summary.measured_step_ms)} measured)" if summary.measured_step_ms else ""
+    return (f"{where}: {summary.data_wait_share:.0%} waiting for data; per training step "
+            f"{time_words(summary.data_ms)} of data, {time_words(summary.step_ms)} of step{measured}")
+
+
+def loader_reason(chosen: LoaderTrial, trials: Sequence[LoaderTrial], *, step_ms: float, kept_up: bool,
+                  unpicklable: str | None, method: str) -> str:
+    """Why ``dataloader_kwargs`` chose ``chosen``, per training step, e.g. ``'num_workers=2 with 1 training thread:
+    the cheapest setting that kept up with the training step (52 ms per training step, the step alone 49 ms;
+    without workers 95 ms)'``"""
+    setting = f"num_workers={chosen.num_workers}"
+    if chosen.num_threads is not None:
+        setting += f" with {chosen.num_threads} training thread{'s' if chosen.num_threads != 1 else ''}"
+    if chosen.prefetch_factor not in (None, 2):
+        setting += f" and prefetch_factor={chosen.prefetch_factor}"
+    loop = f"{time_words(chosen.loop_ms or 0.0)} per training step, the step alone {time_words(step_ms)}"
+    without = next((t for t in trials if t.num_workers == 0 and t.loop_ms is not None), None)
+    if without is not None and chosen.num_workers:
+        loop += f"; without workers {time_words(without.loop_ms or 0.0)}"
+    if unpicklable is not None:
+        why = (f"{setting}: the dataset cannot be pickled for worker processes started by {method} ({unpicklable}); "
+               f"define what it holds at module level to use workers ({loop})")
+    elif kept_up:
+        what = "the loop kept up with the training step without workers" if not chosen.num_workers else \
+            "the cheapest setting that kept up with the training step"
+        why = f"{setting}: {what} ({loop})"
+    else:
+        why = (f"{setting}: the fastest setting, though none kept up with the training step ({loop}, "
+               f"{chosen.data_wait_share or 0.0:.0%} of it waiting for data)")
+    ruled_out = [t for t in trials if t.failure is not None]
+    if ruled_out:
+        why += "; ruled out: " + "; ".join(f"num_workers={t.num_workers} ({t.failure})" for t in ruled_out)
+    return why
 
 
 # -- the reason: one sentence from the evidence ------------------------------------------------------------------
@@ -171,11 +231,11 @@ def _device_claim(pick: Candidate, evidence: Evidence) -> str | None:
                 f"{time_words(1000 * (best.setup_s or 0.0))} outweighs its faster steps")
     if best.verdict == "faster":
         if evidence.forced is not None:
-            return f"{where} is {ratio_words(1 / times)} faster"
-        return f"as requested, though {where} is {ratio_words(1 / times)} faster"
+            return f"{where} is {ratio_words(1 / times)} faster per step"
+        return f"as requested, though {where} is {ratio_words(1 / times)} faster per step"
     if best.verdict == "tie":
         return f"{where} was no faster" + (", and on a tie the CPU wins" if pick.device == "cpu" else "")
-    return f"{ratio_words(times)} faster than {where}"
+    return f"{ratio_words(times)} faster per step than {where}"
 
 
 def _precision_claim(pick: Candidate, evidence: Evidence) -> str | None:
@@ -210,15 +270,42 @@ def times_over(found: Rival, pick: Candidate, evidence: Evidence, seen: frozense
     return None if rest is None else found.ratio.estimate * rest
 
 
+#: a speed-up is stated as measured when its interval lies within this of the estimate, else as the bound the
+#: interval shows
+HEADLINE_ERROR = 0.10
+
+
+def headline(found: Rival, pick: Candidate, evidence: Evidence) -> tuple[float, bool] | None:
+    """``found``'s step time over the pick's as a user reads it, from paired evidence: its ratio to the pick, or
+    to what it stopped against times that one's to the pick (a chain of drops, the intervals multiplied). The
+    estimate where the interval lies within :data:`HEADLINE_ERROR` of it; else the interval's low end, a bound
+    (True), e.g. fp32 dropped after a few noisy rounds: (2.9, True), "at least 2.9x faster". None where the chain
+    breaks or the bound says no more than "not slower"."""
+    estimate = low = high = 1.0
+    seen: set[Candidate] = set()
+    link: Rival | None = found
+    while link is not None and link.ratio is not None and link.against is not None and link.candidate not in seen:
+        seen.add(link.candidate)
+        estimate, low, high = estimate * link.ratio.estimate, low * link.ratio.low, high * link.ratio.high
+        if link.against == pick:
+            if low >= estimate / (1 + HEADLINE_ERROR) and high <= estimate * (1 + HEADLINE_ERROR):
+                return estimate, False
+            return (low, True) if low > 1 else None
+        link = next((r for r in evidence.rivals if r.candidate == link.against), None)
+    return None
+
+
 def _against(found: Rival, pick: Candidate, evidence: Evidence) -> str:
-    """e.g. ``'2.5x faster than fp32'``, ``'bf16 mixed precision was no faster'``."""
+    """e.g. ``'2.5x faster per step than fp32'``, ``'bf16 mixed precision was no faster'``: a training step's time,
+    not the loop's (its data loading is not in it)."""
     name = _named(found.candidate, pick)
     times = times_over(found, pick, evidence)
-    if found.verdict in ("dropped", "slower", "outpaced") and (times is None or times < 1):
+    claim = headline(found, pick, evidence) if times is not None and times >= 1 else None  # estimate, or a bound
+    if found.verdict in ("dropped", "slower", "outpaced") and claim is None:
         return f"{name} was clearly slower"
-    if found.verdict not in ("dropped", "slower", "outpaced") or times is None or times < 1:
+    if found.verdict not in ("dropped", "slower", "outpaced") or claim is None:
         return f"{name} was no faster"
-    return f"{ratio_words(times)} faster than {name}"
+    return f"{'at least ' if claim[1] else ''}{ratio_words(claim[0])} faster per step than {name}"
 
 
 def reason(pick: Candidate, evidence: Evidence, *, measured_at: str | None) -> str:
@@ -298,9 +385,14 @@ def _fitting(answer: str, forms: Sequence[str], *, short: str | None = None) -> 
 
 
 __all__ = [
+    "HEADLINE_ERROR",
     "REASON_CHARS",
     "answer_words",
+    "data_bound_words",
     "demotion_words",
+    "headline",
+    "loader_reason",
+    "loop_words",
     "mib_words",
     "no_gpu_words",
     "qualifiers",

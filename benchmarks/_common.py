@@ -136,7 +136,8 @@ def picked(measured: FamilyResult) -> Candidate:
 
 def _block(runner: TrainStep, steps: int) -> float:
     """Mean seconds per step over ``steps`` steps, as a training loop sees them (``per_step_s``: on an
-    accelerator, a span between two synchronisations less a lone step); the thread count is set outside."""
+    accelerator, each step of a span on the device's own clock, batches pinned and copied non_blocking); the
+    thread count is set outside."""
     with runner.selected():
         return statistics.fmean(per_step_s(runner, time.perf_counter, steps, spans=runner.asynchronous))
 

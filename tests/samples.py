@@ -6,20 +6,21 @@ test_machines.py), never as hand-made results.
 
 from __future__ import annotations
 
-import itertools
-
 from autotune._cache.freshness import family_key, rules_digest
 from autotune._config import Config
 from autotune._families import family_names, get_family
 from autotune._records import Candidate, CandidateResult, Failure, FamilyResult, Numerics, Rival, Timing
 
-# Seven values for six rounds: consecutive series get different noise, as real interleaved rounds do.
-_noise = itertools.cycle([1.0, 1.01, 0.99, 1.005, 0.995, 1.0, 1.008])
+# Each candidate's rounds start at their own place in this cycle, so two candidates never share their noise (as
+# real interleaved rounds do not), and a series does not depend on which tests built series before it.
+_NOISE = (1.0, 1.01, 0.99, 1.005, 0.995, 1.0, 1.008, 0.997)
+_PRECISIONS = ("fp32", "tf32", "bf16-mixed", "fp16-mixed")
 
 
 def timed(device: str, precision: str, step_ms: float, *, rounds: int = 6, setup_s: float = 0.1,
           jitter: float = 1.0, init_scale: float | None = None) -> CandidateResult:
-    round_ms = [step_ms * (1 + (next(_noise) - 1) * jitter) for _ in range(rounds)]
+    phase = _PRECISIONS.index(precision) + 4 * (device != "cpu")
+    round_ms = [step_ms * (1 + (_NOISE[(phase + i) % len(_NOISE)] - 1) * jitter) for i in range(rounds)]
     return CandidateResult(
         candidate=Candidate(device=device, precision=precision),  # type: ignore[arg-type]
         setup_s=setup_s,

@@ -50,13 +50,14 @@ def test_mps_peak_memory_is_the_largest_driver_allocation_over_the_steps(monkeyp
     allocations = iter([100, 500, 300, 200, 50, 60])
     monkeypatch.setattr(torch.mps, "driver_allocated_memory", lambda: next(allocations))
     monkeypatch.setattr(torch.mps, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.mps, "empty_cache", lambda: None)
     backend = MpsBackend()
-    backend.reset_peak_memory("mps")  # 100
+    backend.reset_peak_memory("mps")  # 100: another candidate's model, still held
     backend.synchronize("mps")  # 500: the step's activations are still cached
     backend.synchronize("mps")  # 300
-    assert backend.peak_memory_bytes("mps") == 500  # reads 200 now: the current value would have said 200
+    assert backend.peak_memory_bytes("mps") == 400  # reads 200 now: the current value would have said 100
     backend.reset_peak_memory("mps")  # 50
-    assert backend.peak_memory_bytes("mps") == 60
+    assert backend.peak_memory_bytes("mps") == 10
 
 
 def test_every_backend_answers_the_whole_interface_without_a_device() -> None:
@@ -100,3 +101,70 @@ def test_every_backend_answers_the_whole_interface_without_a_device() -> None:
                 config.lightning_kwargs()
         else:
             assert config.lightning_kwargs()["accelerator"] == backend.lightning_accelerator
+
+
+def test_a_step_clock_pairs_each_marker_with_the_next() -> None:
+    # The device's events are the boundary (none here): each keeps the time its queue reached it, in ms.
+    from autotune.backends.api import StepClock
+
+    class Event:
+        def __init__(self) -> None:
+            self.at_ms = 0.0
+
+        def elapsed_time(self, end_event: Event) -> float:
+            return end_event.at_ms - self.at_ms
+
+    reached = iter([10.0, 12.5, 14.0])
+
+    def record(event: Event) -> None:
+        event.at_ms = next(reached)
+
+    clock = StepClock(Event, record)
+    for _ in range(3):
+        clock.mark()
+    assert clock.intervals_s() == [pytest.approx(0.0025), pytest.approx(0.0015)]
+
+
+def test_a_step_on_a_device_without_its_own_clock_is_timed_from_the_host() -> None:
+    # Real torch on the CPU: no events, so a span less a lone step after an untimed one (one figure); the batch
+    # stays pageable (copies there are not stream-ordered).
+    from autotune import _fp32
+    from autotune._families import get_family
+    from autotune._lab.step import TrainStep, pins_batches
+    from autotune._records import Candidate
+    from autotune.backends import backend_for
+
+    backend = backend_for("cpu")
+    step = TrainStep(get_family("tiny_mlp"), Candidate(device="cpu", precision="fp32"), backend, seed=0,
+                     fp32_host=_fp32.current())
+    assert not pins_batches(backend) and not any(t.is_pinned() for t in step.inputs)
+    assert backend.step_clock("cpu") is None
+    with step.selected():
+        figures = step.span(3)
+    assert len(figures) == 1 and figures[0] > 0
+
+
+@pytest.mark.parametrize(("mask", "events"), [
+    (0x0, []), (0x1, []), (0x2 | 0x10 | 0x100, []),  # idle, application clocks, sync boost, display: no throttle
+    (0x4, ["power_cap"]), (0x1 | 0x4, ["power_cap"]), (0x20, ["thermal"]), (0x40 | 0x20, ["thermal"]),
+    (0x8, ["hw_slowdown"]), (0x80, ["hw_slowdown"]), (0x4 | 0x40 | 0x8, ["hw_slowdown", "power_cap", "thermal"]),
+], ids=lambda value: hex(value) if isinstance(value, int) else "-".join(value) or "none")
+def test_nvml_clock_event_masks_name_the_throttle_reasons(mask: int, events: list[str]) -> None:
+    from autotune.backends.cuda import clock_events
+
+    assert clock_events(mask) == events
+
+
+def test_the_clock_check_says_why_it_is_off() -> None:
+    # Here: no nvidia-ml-py (the optional [nvidia] extra), no GPU. The CPU and other backends report no events.
+    from autotune.backends.cuda import NVML_HINT, CudaBackend
+    from autotune.backends.mps import MpsBackend
+
+    try:
+        import pynvml  # noqa: F401 - only its absence is this test's case
+    except ImportError:
+        assert CudaBackend().clock_check("cuda:0") == NVML_HINT
+        assert CudaBackend().clock_reading("cuda:0") is None
+    else:
+        pytest.skip("nvidia-ml-py is installed")
+    assert MpsBackend().clock_check("mps") == "Apple Metal (MPS) reports no clock events"

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import autotune
-from autotune import Config
+from autotune import Config, _fp32
 
 
 def _config(precision: str, init_scale: float | None = None) -> Config:
@@ -103,3 +103,17 @@ def test_repr_is_the_answer_not_its_evidence(tiny_family: str) -> None:
     shown = repr(config)
     assert len(shown) < 700 and "evidence" not in shown and "reason='bf16 mixed precision" in shown
     assert config.model_dump()["evidence"]["rivals"]
+
+
+@pytest.mark.parametrize(("device", "benchmark"), [("cpu", False), ("cuda:0", torch.version.hip is None)],
+                         ids=["cpu", "cuda"])
+def test_a_cuda_config_runs_convolutions_as_calibration_timed_them(
+        device: str, benchmark: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    # cuDNN's benchmark mode: on for every NVIDIA CUDA candidate's steps, and so for its Config (not on ROCm,
+    # where it makes MIOpen search exhaustively). The flag is process state: put back after the test.
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
+    config = Config(model_kind="cnn", device=device, precision="fp32", source="measured", reason="test",
+                    fingerprint_digest="d")
+    with _fp32.preserved():
+        config.apply_precision()
+    assert torch.backends.cudnn.benchmark is benchmark

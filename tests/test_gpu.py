@@ -87,3 +87,20 @@ def test_rocm_gpus_are_named_by_architecture_in_the_fingerprint() -> None:
     accelerators = autotune.fingerprint().accelerators
     assert accelerators and all(a.name.startswith("AMD gfx") for a in accelerators)
     assert autotune.fingerprint().hip == torch.version.hip
+
+
+@pytest.mark.skipif(not has_cuda, reason="needs a CUDA GPU")
+def test_a_candidates_peak_memory_leaves_out_the_candidates_still_held() -> None:
+    # The same candidate set up twice in one lab: the second's peak, with the first's model, optimizer state and
+    # cached blocks on the device, is its own (it used to include the first's).
+    from autotune._families import get_family
+    from autotune._lab.prepare import TorchLab
+    from autotune._lab.protocol import CalibrationSettings
+    from autotune._records import Candidate
+
+    lab = TorchLab(get_family("cnn"), CalibrationSettings(verify=False), probe=False)
+    candidate = Candidate(device="cuda:0", precision="fp32")
+    first = lab.set_up(candidate)
+    second = lab.set_up(candidate)
+    assert first.result.peak_bytes and second.result.peak_bytes
+    assert second.result.peak_bytes <= 1.1 * first.result.peak_bytes

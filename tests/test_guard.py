@@ -172,6 +172,30 @@ def test_nan_losses_from_step_n_demote(tiny_family: str, isolated_autotune: Path
     _demoted_answer(tiny_family, "fp16-mixed", "NaN losses", 150, "bf16-mixed")
 
 
+def test_a_loop_through_guard_data_keeps_its_batches_for_the_replay(tiny_family: str) -> None:
+    """Inside ``for batch in guard.data(loader):`` guard.step needs no batch=: the replay trains on the loader's."""
+    config = _measured(tiny_family, "fp16-mixed")
+    model = build_tiny().model
+    torch.manual_seed(0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    guard = config.guard(model, optimizer, loss_fn=_loss)
+    scaler = config.grad_scaler()
+    features, labels = torch.randn(64, 8), torch.randint(0, 4, (64,))
+    loader = [(features * (1e5 if step >= 10 else 1.0), labels, 1.0) for step in range(1, 51)]
+    with pytest.warns(ConfigMisbehaved, match="it is demoted"):
+        for batch in guard.data(loader):
+            with config.autocast():
+                loss = _loss(model, batch)
+            optimizer.zero_grad(set_to_none=True)
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            guard.step(loss, scaler)
+        guard.check()
+    assert guard.finding is not None and guard.finding.replay is not None
+    assert guard.finding.replay.blame == "configuration" and guard.finding.replay.steps
+
+
 @pytest.mark.parametrize("pick", ["bf16-mixed", "fp16-mixed"])
 def test_a_learning_rate_blow_up_is_the_training_and_demotes_nothing(
     tiny_family: str, isolated_autotune: Path, pick: str

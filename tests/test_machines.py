@@ -56,7 +56,7 @@ def test_a_recorded_variant_gain_reaches_the_truth_of_its_own_candidate_only() -
 def test_m1_trains_the_tiny_mlp_on_the_cpu() -> None:
     config = pick("apple-m1", "tiny_mlp")
     assert (config.device, config.precision) == ("cpu", "fp32")
-    assert re.search(r"on the CPU: [89]\.\dx faster than mps", config.reason)
+    assert re.search(r"on the CPU: [89]\.\dx faster per step than mps", config.reason)
     assert rival(config, "mps fp32").verdict == "outpaced"
 
 
@@ -92,7 +92,7 @@ def test_3090_tiny_mlp_on_the_cpu_cnn_on_cuda_bf16() -> None:
     assert pick("rtx-3090-i9", "tiny_mlp").device == "cpu"
     config = pick("rtx-3090-i9", "cnn")
     assert (config.device, config.precision) == ("cuda:0", "bf16-mixed")
-    assert "faster than the CPU" in config.reason
+    assert "faster per step than the CPU" in config.reason
 
 
 @pytest.mark.parametrize("kind", ["cnn", "detector", "transformer"])
@@ -125,7 +125,7 @@ def test_2070_transformer_with_fp16_rejected_uses_fp32_and_says_why() -> None:
 def test_3080_laptop_input_bound_mixed_precision_is_a_tie_and_fp32_wins() -> None:
     config = pick("rtx-3080-laptop", "classifier")
     assert (config.device, config.precision) == ("cuda:0", "fp32")
-    assert re.search(r"on cuda:0: \d\.\dx faster than the CPU, (bf16|fp16) mixed precision was no faster",
+    assert re.search(r"on cuda:0: \d\.\dx faster per step than the CPU, (bf16|fp16) mixed precision was no faster",
                      config.reason)
     bf16 = rival(config, "cuda:0 bf16-mixed")
     assert (bf16.verdict, bf16.margin) == ("tie", 0.03)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import random
 from collections.abc import Callable, Iterator, Mapping
 
 import pytest
@@ -15,7 +16,6 @@ from autotune._lab.measure import (
     MeasureSettings,
     Series,
     interleave,
-    overlaps,
     per_step_s,
     timed,
     warm_up,
@@ -99,7 +99,8 @@ def test_a_2x_winner_is_found_at_the_first_look_and_the_loser_keeps_its_evidence
 
 def test_a_100x_slower_candidate_costs_one_step() -> None:
     result, steps = _run({"fp32": jittered(0.1), "bf16": jittered(0.05), "fp16": jittered(10.0)},
-                         settings=MeasureSettings(budget_s=30.0, round_min_s=0.0), estimate_s={"fp16": 10.0})
+                         settings=MeasureSettings(budget_s=30.0, round_min_s=0.0),
+                         estimate_s={"fp32": 0.1, "bf16": 0.05, "fp16": 10.0})
     assert steps["fp16"].steps == 1
     dropped = result.series["fp16"].dropped
     assert dropped is not None and dropped.far_behind and dropped.estimate == pytest.approx(200.0)
@@ -107,8 +108,18 @@ def test_a_100x_slower_candidate_costs_one_step() -> None:
 
 def test_one_disturbed_first_round_does_not_push_a_candidate_out() -> None:
     hiccup = itertools.chain([0.5], jittered(0.1))  # a 5x hiccup in round 1; its warm-up said 0.1 s
-    result, _ = _run({"fp32": hiccup, "bf16": jittered(0.1, phase=2)}, estimate_s={"fp32": 0.1})
+    result, _ = _run({"fp32": hiccup, "bf16": jittered(0.1, phase=2)}, estimate_s={"fp32": 0.1, "bf16": 0.1})
     assert result.series["fp32"].dropped is None
+
+
+def test_a_leaders_disturbed_first_round_does_not_keep_a_device_10x_behind_in() -> None:
+    # Another program on the cores: the GPU's first round 4x its warm-up's 10 ms. Against that round the CPU
+    # would be 2.5x behind and timed on for the stage (in the final comparison too, round after dear round).
+    gpu = itertools.chain([0.04], jittered(0.01))
+    result, steps = _run({"cpu fp32": jittered(0.1), "cuda fp32": gpu}, comparisons=BY_DEVICE,
+                         estimate_s={"cpu fp32": 0.1, "cuda fp32": 0.01})
+    outpaced = result.series["cpu fp32"].outpaced
+    assert outpaced is not None and outpaced.far_behind and steps["cpu fp32"].steps == 1
 
 
 def test_equal_candidates_run_to_the_budget_without_a_verdict() -> None:
@@ -120,7 +131,7 @@ def test_equal_candidates_run_to_the_budget_without_a_verdict() -> None:
 
 
 def test_a_tie_settled_tightly_stops_before_the_budget() -> None:
-    result, _ = _run({"fp32": jittered(0.1, 0.001), "bf16": jittered(0.1, 0.001)})
+    result, _ = _run({"fp32": jittered(0.1, 0.001), "bf16": jittered(0.1, 0.001, phase=3)})
     assert result.rounds < SETTINGS.max_rounds
     assert result.elapsed_s < SETTINGS.budget_s
 
@@ -199,14 +210,14 @@ def test_across_devices_the_slower_device_is_outpaced_not_dropped() -> None:
     assert steps["cpu fp32"].steps < steps["cuda fp32"].steps  # settled once outpaced
 
 
-def test_past_the_budget_the_final_comparison_times_only_the_leaders_unresolved_pairs() -> None:
-    by_device = BY_DEVICE
-    result, steps = _run({"cpu a": jittered(0.1, 0.05), "cpu b": jittered(0.1, 0.05, phase=3),
-                          "cuda a": jittered(0.09, 0.05, phase=1)},
-                         settings=MeasureSettings(budget_s=0.3, round_min_s=0.0), comparisons=by_device)
-    assert result.elapsed_s > 0.3
-    timed_more = {k for k, s in steps.items() if s.steps == max(x.steps for x in steps.values())}
-    assert "cuda a" in timed_more and len(timed_more) < 3
+def test_past_the_budget_the_final_comparison_times_only_what_can_still_change_the_pick() -> None:
+    # The CPU's tie against cuda (10% faster) is timed on; xpu's own pair is open too, but xpu's pick is resolved
+    # against the CPU's within the budget: whichever xpu candidate it is, the pick does not change.
+    result, steps = _run({"cpu a": jittered(0.1, 0.05), "cuda a": jittered(0.09, 0.05, phase=1),
+                          "xpu a": jittered(0.1, 0.05, phase=2), "xpu b": jittered(0.1, 0.05, phase=4)},
+                         settings=MeasureSettings(budget_s=1.0, round_min_s=0.0), comparisons=BY_DEVICE)
+    assert result.elapsed_s > 1.0
+    assert steps["cpu a"].steps == steps["cuda a"].steps > max(steps["xpu a"].steps, steps["xpu b"].steps)
 
 
 def test_a_gap_the_final_comparison_cannot_resolve_by_its_cap_is_not_final() -> None:
@@ -252,45 +263,97 @@ def test_a_candidate_timed_again_warms_up_afresh_until_a_step_is_near_its_steady
 
 class QueueStep:
     """An accelerator's step on a fake clock: the host launches a step in ``launch_s``, the device runs it in
-    ``device_s`` once launched and once the step before it is done; a loop overlaps the two."""
+    ``device_s`` once launched and once the step before it is done; a loop overlaps the two. ``cold_s``: what the
+    first step after another candidate's costs the device more (its clocks and caches). Its events time the
+    steps' ends on the device."""
 
     asynchronous = True
 
-    def __init__(self, clock: FakeClock, launch_s: float, device_s: float) -> None:
-        self.clock, self.launch_s, self.device_s = clock, launch_s, device_s
+    def __init__(self, clock: FakeClock, launch_s: float, device_s: float, cold_s: float = 0.0) -> None:
+        self.clock, self.launch_s, self.device_s, self.cold_s = clock, launch_s, device_s, cold_s
+        self.cold = True
+        self.steps = 0
 
     def run(self, steps: int = 1) -> None:
+        self.span_from_here(steps)
+
+    def span(self, steps: int) -> list[float]:
+        return self.span_from_here(steps + 1)
+
+    def span_from_here(self, steps: int) -> list[float]:
         launched = done = self.clock.now
+        ends = []
         for _ in range(steps):
             launched += self.launch_s
-            done = max(done, launched) + self.device_s
+            done = max(done, launched) + self.device_s + (self.cold_s if self.cold else 0.0)
+            ends.append(done)
+            self.cold = False
+            self.steps += 1
         self.clock.now = done
+        return [later - first for first, later in itertools.pairwise(ends)]
 
-    def selected(self) -> contextlib.AbstractContextManager[None]:
-        return contextlib.nullcontext()
+    @contextlib.contextmanager
+    def selected(self) -> Iterator[None]:
+        yield
+        self.cold = True  # another candidate runs next
 
 
 @pytest.mark.parametrize(("launch_s", "device_s"), [(0.0026, 0.002), (0.001, 0.004), (0.0029, 0.001)])
-def test_launch_bound_steps_are_timed_in_spans_at_a_loops_speed(launch_s: float, device_s: float) -> None:
+def test_asynchronous_steps_are_timed_at_a_loops_speed(launch_s: float, device_s: float) -> None:
     clock = FakeClock()
     step = QueueStep(clock, launch_s, device_s)
-    lone_s = [timed(step, clock) for _ in range(3)]
-    assert lone_s == [pytest.approx(launch_s + device_s)] * 3  # synchronised alone, they add up
-    assert overlaps(step, clock, lone_s, MeasureSettings())
-    # A loop's step takes the longer of the two; a span's mean would still carry a part of the shorter one.
-    assert per_step_s(step, clock, 4, spans=True) == [pytest.approx(max(launch_s, device_s))]
+    assert timed(step, clock) == pytest.approx(launch_s + device_s)  # synchronised alone, they add up
+    # A loop's step takes the longer of the two: each step after a span's first.
+    assert per_step_s(step, clock, 4, spans=True) == [pytest.approx(max(launch_s, device_s))] * 4
+    assert step.steps == 1 + 1 + 4
 
 
-def test_steps_whose_time_is_the_devices_anyway_are_timed_one_by_one() -> None:
+def test_a_cold_first_step_after_another_candidate_is_left_out() -> None:
+    # The device's first step after another candidate's is 1 ms slower: not a loop's step, so in no figure.
     clock = FakeClock()
-    assert not overlaps(QueueStep(clock, 0.0, 0.004), clock, [0.004] * 3, MeasureSettings())
-    assert not overlaps(FakeStep(clock, itertools.repeat(0.004)), clock, [0.008] * 3, MeasureSettings())  # CPU
-    # Warm-up steps disturbed three times in a row (interference only adds time) do not fake an overlap.
-    disturbed = FakeStep(clock, itertools.repeat(0.004))
-    disturbed.asynchronous = True
-    assert not overlaps(disturbed, clock, [0.008] * 3, MeasureSettings())
-    # A long step keeps the device busy while its own kernels launch: not worth the steps a check costs.
-    assert not overlaps(QueueStep(clock, 0.04, 0.03), clock, [0.07] * 3, MeasureSettings())
+    step = QueueStep(clock, 0.001, 0.004, cold_s=0.001)
+    with step.selected():
+        assert per_step_s(step, clock, 2, spans=True) == [pytest.approx(0.004)] * 2
+
+
+@pytest.mark.parametrize(("launch_s", "device_s"), [(0.0, 0.004), (0.0004, 0.004), (0.0026, 0.002)],
+                         ids=["device-bound", "4pct-overlap", "launch-bound"])
+def test_every_asynchronous_candidate_is_timed_the_same_way(launch_s: float, device_s: float) -> None:
+    # Lone steps for one, spans for the other meant two estimators in one pair: now each of them step by step
+    # inside spans, whatever its overlap.
+    clock = FakeClock()
+    steps = {"a": QueueStep(clock, launch_s, device_s), "b": QueueStep(clock, 0.001, 0.004)}
+    result = interleave(steps, estimate_s={"a": launch_s + device_s, "b": 0.005},
+                        control=FakeStep(clock, itertools.repeat(0.001)), clock=clock,
+                        settings=MeasureSettings(budget_s=0.5), comparisons=ONE_DEVICE, settle=lambda s: None)
+    assert result.series["a"].round_ms == [pytest.approx(1000 * max(launch_s, device_s))] * result.rounds
+    assert result.series["b"].round_ms == [pytest.approx(4.0)] * result.rounds
+
+
+def test_a_spans_first_step_does_not_count_against_the_budget() -> None:
+    # Heavy steps: a span of two steps gives one figure. Counted against the budget, the untimed first step
+    # would halve the rounds an accelerator's candidates get next to the same steps timed alone; counted in what
+    # a stage reports spent, it would shrink the final comparison's budget (what the stages leave of it).
+    def rounds(step: Callable[[FakeClock], object]) -> tuple[int, float]:
+        clock = FakeClock()
+        pair = {"a": step(clock), "b": step(clock)}
+        result = interleave(pair, estimate_s={"a": 0.05, "b": 0.05},  # type: ignore[arg-type]
+                            control=FakeStep(clock, itertools.repeat(0.001)), clock=clock,
+                            settings=MeasureSettings(budget_s=2.0), comparisons=ONE_DEVICE, settle=lambda s: None)
+        return result.rounds, result.elapsed_s
+
+    spans = rounds(lambda clock: QueueStep(clock, 0.0, 0.05))
+    assert spans == pytest.approx(rounds(lambda clock: FakeStep(clock, jittered(0.05, jitter=0.0))))
+
+
+def test_an_asynchronous_candidate_timed_again_warms_up_in_spans() -> None:
+    # Its steady time was measured in spans (a loop's 2.6 ms): a lone step (4.6 ms) would never come within 5% of
+    # it, and every re-warm would take the full eight steps.
+    clock = FakeClock()
+    step = QueueStep(clock, 0.0026, 0.002)
+    times = warm_up(step, clock, [0.0046] * 3, MeasureSettings(), steady_s=0.0026)
+    assert times == [pytest.approx(0.0026)]
+    assert step.steps == 1 + 2  # a span's untimed first step and two timed ones (3 ms at least)
 
 
 def test_max_rounds_must_be_a_look() -> None:
@@ -376,17 +439,36 @@ def test_the_control_runs_every_round_of_heavy_steps_and_every_few_of_cheap_ones
     assert len(heavy.control_ms) == heavy.rounds
 
 
-def test_a_precision_near_tie_inside_the_margin_is_never_timed_past_the_budget() -> None:
-    # bf16 2% faster on very noisy steps: the rounds cannot show bf16 surely not more than 4% faster, but an
-    # estimate inside the margin is no reason to overrun the budget or flag the result: the tie decides.
-    def near_tie(step_s: float) -> Interleaved[str]:
-        return _run({"fp32": jittered(step_s, 0.3), "bf16": jittered(step_s / 1.02, 0.3, phase=3)})[0]
+#: precisions on one device as the final comparison decides them: ties to fp32, a 3% margin
+FINAL_ONE_DEVICE: Comparisons[str] = Comparisons(group=lambda key: "cpu", margin=lambda a, b: 0.03, across_groups=True,
+                                                 tie_winner=lambda a, b: "fp32" if "fp32" in (a, b) else None)
 
-    cheap, costly = near_tie(0.001), near_tie(0.05)
-    assert cheap.elapsed_s < SETTINGS.budget_s
-    assert costly.elapsed_s < SETTINGS.budget_s + 1.5  # the first look past the budget: no overrun
-    for result in (cheap, costly):
-        assert all(s.dropped is None for s in result.series.values()) and not result.unresolved_gap
+
+def test_a_close_call_is_timed_past_the_budget_while_its_rounds_are_cheap_and_named_open_when_they_are_dear() -> None:
+    # bf16 2% faster: the tie goes to fp32 once fp32 is surely within 4% of it. Sub-millisecond rounds settle that
+    # past the budget; rounds of a second cannot within the cap, so the pair is left open at once, named, and the
+    # result not flagged (measuring again would leave it open again).
+    def near_tie(step_s: float, budget_s: float) -> Interleaved[str]:
+        return _run({"fp32": jittered(step_s, 0.1), "bf16": jittered(step_s / 1.02, 0.1, phase=3)},
+                    settings=MeasureSettings(budget_s=budget_s, round_min_s=0.0), comparisons=FINAL_ONE_DEVICE)[0]
+
+    cheap, dear = near_tie(0.001, 0.2), near_tie(0.5, 2.0)
+    assert cheap.elapsed_s > 0.2 and cheap.open_pairs == [] and not cheap.unresolved_gap
+    assert dear.elapsed_s < 2.0 + 1.5 and dear.open_pairs == [("fp32", "bf16")] and not dear.unresolved_gap
+    assert all(s.dropped is None for r in (cheap, dear) for s in r.series.values())
+
+
+def test_looks_go_past_275_rounds_for_a_cheap_close_call() -> None:
+    # 1 thread 6% faster on steps that vary by 50%: these 400 rounds tell them apart; they cost 1 ms each.
+    threads = Comparisons(group=lambda key: "cpu", margin=lambda a, b: 0.0, across_groups=True,
+                          indifference=lambda a, b: 0.03,
+                          tie_winner=lambda a, b: "default" if "default" in (a, b) else None)
+    noise = random.Random(2)
+    result, _ = _run({"default": (0.0005 * noise.lognormvariate(0, 0.5) for _ in itertools.count()),
+                      "1 thread": (0.0005 / 1.06 * noise.lognormvariate(0, 0.5) for _ in itertools.count())},
+                     settings=MeasureSettings(budget_s=0.5, round_min_s=0.0), comparisons=threads)
+    dropped = result.series["default"].dropped
+    assert result.rounds > 275 and dropped is not None and dropped.by == "1 thread"
 
 
 THREADS: Comparisons[str] = Comparisons(group=lambda key: "cpu", margin=lambda a, b: 0.0, across_groups=True,
@@ -406,3 +488,21 @@ def test_a_same_math_near_tie_within_the_indifference_stays_in_the_budget() -> N
                      settings=MeasureSettings(budget_s=1.0, round_min_s=0.0), comparisons=THREADS)
     assert all(s.dropped is None for s in result.series.values())
     assert result.elapsed_s < 1.5 and not result.unresolved_gap
+
+
+def test_a_throttle_reason_flags_a_candidate_only_if_its_rounds_moved() -> None:
+    # Recorded shapes: rounds in ms with the reasons read after each one's sample.
+    from autotune._lab.clocks import throttle_slowdown
+
+    steady = [10.0, 10.1, 9.9, 10.0, 10.2, 9.9]
+    # A power cap in force all along (a heavy bf16 load): its rounds before the final comparison ran as fast.
+    assert throttle_slowdown(steady, [["power_cap"]] * 6, [10.0, 10.1, 10.0], 0.05) is None
+    # A thermal event over the last three rounds, 25% slower than the first three.
+    hot = [10.0, 10.1, 9.9, 12.5, 12.6, 12.4]
+    found = throttle_slowdown(hot, [[], [], [], ["thermal"], ["thermal"], ["thermal"]], [10.0], 0.05)
+    assert found is not None and found[0] == pytest.approx(0.25, abs=0.01) and found[1] == ["thermal"]
+    # No reason reported (or no reading at all): whatever the clock did, nothing throttled.
+    assert throttle_slowdown(hot, [[]] * 6, [10.0], 0.05) is None
+    assert throttle_slowdown(hot, [], [10.0], 0.05) is None
+    # A reason in every round and nothing to compare with: no evidence that the rounds moved.
+    assert throttle_slowdown(hot, [["thermal"]] * 6, [], 0.05) is None

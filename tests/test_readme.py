@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.utils.data import TensorDataset
 
 import autotune
+from autotune._tools import loader as loader_tuner
 
 README = Path(__file__).parent.parent / "README.md"
 
@@ -35,10 +37,12 @@ def test_the_first_example_runs_as_written(tmp_path: Path, monkeypatch: pytest.M
     (package / "__init__.py").write_text("")
     (package / "models.py").write_text(models)
     monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(loader_tuner, "BUDGET_S", 1.0)  # the DataLoader's measurement, as its own tests budget it
     torch.manual_seed(0)
-    loader = [(torch.randn(64, 3, 32, 32), torch.randint(0, 10, (64,))) for _ in range(3)]
-    namespace = {"__name__": "__main__", "loader": loader}
+    dataset = TensorDataset(torch.randn(192, 3, 32, 32), torch.randint(0, 10, (192,)))
+    namespace = {"__name__": "__main__", "dataset": dataset}
     exec(compile(train, str(package / "train.py"), "exec"), namespace)
     cfg, guard = namespace["cfg"], namespace["guard"]
     assert isinstance(cfg, autotune.Config) and cfg.source == "measured" and cfg.model_kind == "classifier"
     assert isinstance(guard, autotune.Guard) and guard.steps == 3 and guard.finding is None
+    assert guard.summary().batches == 3

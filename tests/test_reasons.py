@@ -67,8 +67,8 @@ def test_a_cpu_pick_with_every_setting_asked_for_a_gpu_on_a_busy_machine_still_f
 def test_a_reason_that_fits_keeps_every_qualifier() -> None:
     config = restate(decide(family("cnn", timed("cpu", "fp32", 20.0), timed("cpu", "bf16-mixed", 10.0)),
                             digest=DIGEST), noisy=True, older_rules="0.1.0", origin="shipped in results.json")
-    assert config.reason == ("bf16 mixed precision on the CPU: 2.0x faster than fp32 (measured 2026-11-30 on a busy "
-                             "machine, under older rules), shipped in results.json")
+    assert config.reason == ("bf16 mixed precision on the CPU: 2.0x faster per step than fp32 (measured 2026-11-30 "
+                             "on a busy machine, under older rules), shipped in results.json")
 
 
 def test_the_suites_reasons_are_recorded(reasons: list[str]) -> None:

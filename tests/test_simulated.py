@@ -9,7 +9,7 @@ import pytest
 from samples import rival
 
 import autotune
-from autotune._decide import decide
+from autotune._decide import decide, finalists, ranking
 from autotune._records import Candidate, CandidateResult, Failure
 from autotune._variants import Facts
 from autotune.testing.simulate import CandidateTruth, Truth, simulate
@@ -98,8 +98,60 @@ def test_a_same_math_gain_of_4_5pct_is_found_at_8pct_noise(precisions: tuple[str
                                             for p in precisions},
                   variant_factors={"1 thread": 3.0, "4 threads": 1.5, "fused-optimizer": 1 / 1.045},
                   noise=0.057, switch_penalty=0.03, warmup_penalty=0.3)
-    found = [decide(simulate(truth, seed)[0], digest="sim").optimizer == "fused" for seed in range(40)]
-    assert sum(found) >= 38
+    found = [decide(simulate(truth, seed)[0], digest="sim") for seed in range(40)]
+    assert sum((c.precision, c.optimizer) == ("bf16-mixed", "fused") for c in found) >= 38
+
+
+def test_a_same_math_gain_of_3_3pct_meets_the_precision_a_tie_goes_to() -> None:
+    # The transformer measured: bf16 + fused AdamW 3.3% faster than plain bf16, fp16 as fast as bf16. When fp16
+    # leads the search, bf16 must still meet the fused optimizer, or plain bf16 wins the tie 3.3% slow.
+    truth = Truth(name="fused", candidates={_c("cpu", p): CandidateTruth(60.0 if p == "fp32" else 40.0)
+                                            for p in ("fp32", "bf16-mixed", "fp16-mixed")},
+                  variant_factors={"1 thread": 3.0, "4 threads": 1.5, "fused-optimizer": 1 / 1.033},
+                  noise=0.057, switch_penalty=0.03, warmup_penalty=0.3)
+    configs = [decide(simulate(truth, seed)[0], digest="sim") for seed in range(40)]
+    assert sum((c.precision, c.optimizer) == ("bf16-mixed", "fused") for c in configs) >= 38
+
+
+def test_a_layout_gain_of_4_5pct_is_found_at_8pct_per_step_noise() -> None:
+    truth = Truth(name="layout", candidates={_c("cpu", "fp32"): CandidateTruth(100.0),
+                                             _c("cpu", "bf16-mixed"): CandidateTruth(140.0)},
+                  variant_factors={"1 thread": 3.0, "4 threads": 1.5, "channels_last": 1 / 1.045},
+                  facts=Facts(image_inputs=True, default_optimizer=True), noise=0.08, switch_penalty=0.03,
+                  warmup_penalty=0.3)
+    configs = [decide(simulate(truth, seed)[0], digest="sim") for seed in range(40)]
+    assert sum((c.precision, c.memory_format) == ("fp32", "channels_last") for c in configs) >= 38
+
+
+def test_a_thread_count_gain_of_6pct_is_found_on_a_busy_machine() -> None:
+    # tiny_mlp on a busy 2-core machine: a load that comes and goes hurts the step that waits for two threads more
+    # than the one that needs one, so the pair needs hundreds of sub-millisecond rounds: past the old last look.
+    truth = Truth(name="busy", candidates={_c("cpu", "fp32"): CandidateTruth(0.5, setup_s=0.05),
+                                           _c("cpu", "bf16-mixed"): CandidateTruth(0.8, setup_s=0.05, noise=0.4)},
+                  variant_factors={"1 thread": 1 / 1.06, "fused-optimizer": 0.75}, default_threads=2, noise=0.3,
+                  load_correlation=0.8, load_noise=0.2, threads_load=1.0)
+    configs = [decide(simulate(truth, seed)[0], digest="sim") for seed in range(40)]
+    assert sum((c.precision, c.num_threads, c.optimizer) == ("fp32", 1, "fused") for c in configs) >= 38
+
+
+def test_a_close_call_its_rounds_cannot_afford_is_named_in_the_evidence() -> None:
+    # bf16 3.5% faster, inside the zone: a tie to fp32 is right only once fp32 is surely within 4% of the fastest
+    # candidate, which 20 ms GPU steps at these rounds rarely show. A pick of fp32 says so: that pair is resolved,
+    # named in the evidence, or the result flagged.
+    truth = gpu_machine(20.0, 20.0 / 1.035)
+    named = 0
+    for seed in range(10):
+        measured, _ = simulate(truth, seed)
+        config = decide(measured, digest="sim")
+        if config.precision == "fp32":
+            assert config.evidence is not None
+            gpu = [r for r in finalists(measured) if r.candidate.device == "cuda:0"]
+            scores = ranking(gpu, None)
+            fastest = rival(config, min(gpu, key=lambda r: scores[id(r)]).candidate.label)
+            assert fastest.ratio is not None
+            named += fastest.candidate in config.evidence.unresolved
+            assert fastest.ratio.low * 1.04 > 1 or measured.noisy or fastest.candidate in config.evidence.unresolved
+    assert named
 
 
 def test_launch_bound_gpu_steps_are_judged_at_a_loops_speed() -> None:
@@ -123,9 +175,10 @@ def test_a_gpu_throttling_in_the_final_comparison_is_flagged_noisy() -> None:
     for seed in SEEDS:
         measured, _ = simulate(truth, seed)
         if decide(measured, digest="sim").device == "cpu":
-            assert measured.noisy and any("clock fell" in note for note in measured.search_notes)
+            assert measured.noisy and any("reported thermal" in note for note in measured.search_notes)
         gpu = next(r for r in measured.candidates if r.candidate.device == "cuda:0" and r.timing is not None)
         assert gpu.timing is not None and gpu.timing.clock_mhz  # recorded with the result
+        assert len(gpu.timing.clock_events) == gpu.timing.n
 
 
 def test_a_clear_gain_is_found() -> None:
@@ -139,11 +192,8 @@ def test_a_cheap_steps_gain_gets_the_rounds_it_needs() -> None:
     truth = Truth(name="sim", candidates={_c("cpu", "fp32"): CandidateTruth(0.5, setup_s=0.05),
                                           _c("cpu", "bf16-mixed"): CandidateTruth(0.8, setup_s=0.05)},
                   variant_factors={"1 thread": 0.93, "fused-optimizer": 0.7}, default_threads=2, noise=0.25)
-    threads = []
-    for seed in SEEDS:
-        measured, _ = simulate(truth, seed)
-        threads.append(decide(measured, digest="sim").num_threads)
-    assert threads.count(1) >= 0.9 * len(SEEDS)
+    configs = [decide(simulate(truth, seed)[0], digest="sim") for seed in SEEDS]
+    assert sum((c.precision, c.num_threads, c.optimizer) == ("fp32", 1, "fused") for c in configs) >= 0.9 * len(SEEDS)
 
 
 def test_a_busy_machine_rarely_costs_a_clear_gain_and_says_so_when_it_may_have() -> None:
@@ -203,7 +253,7 @@ def test_a_real_family_whose_fp32_steps_are_10x_slower_trains_in_mixed_precision
     autotune.register_family("tensor_core_like", "families_for_tests:build_tensor_core_like")
     config = autotune.best_config("tensor_core_like")
     assert config.precision in ("bf16-mixed", "fp16-mixed"), config.reason
-    assert re.search(r"faster than fp32 \(measured", config.reason), config.reason
+    assert re.search(r"faster per step than fp32 \(measured", config.reason), config.reason
     fp32 = rival(config, "cpu fp32")
     assert fp32.verdict in ("slower", "dropped") and fp32.ratio is not None and fp32.ratio.low > 1
 
@@ -389,3 +439,66 @@ def test_a_resumed_worker_builds_what_the_variants_are_timed_against_first() -> 
     again = run(1, failed=[crashed], resume=checkpoint)
     assert not [e.result.candidate.label for e in again if isinstance(e, Failed)]
     assert any(isinstance(e, Done) for e in again)
+
+
+def loop_gpu(gpu: dict[str, CandidateTruth], **weather: object) -> Truth:
+    """A GPU that runs kernel by kernel (``Truth.pipelined``), the CPU 10x slower than its fp32."""
+    cpu_ms = 10 * gpu["fp32"].step_ms
+    return Truth(name="loop", candidates={
+        _c("cpu", "fp32"): CandidateTruth(cpu_ms), **{_c("cuda:0", p): one for p, one in gpu.items()}},
+        variant_factors={"1 thread": 3.0, "4 threads": 1.5}, pipelined=True, **weather)  # type: ignore[arg-type]
+
+
+def test_batches_are_copied_as_a_fast_loop_copies_them() -> None:
+    # In a loop that copies pinned batches non_blocking, fp32 takes 3.0 ms a step (launch-bound, its 1 ms copy
+    # queued behind) and bf16 3.3 ms. Copied from pageable memory, each step waits for the one before: 3.6 and
+    # 3.3 ms, and bf16 was "clearly faster".
+    truth = loop_gpu({"fp32": CandidateTruth(2.0, setup_s=3.0, launch_ms=2.6),
+                      "bf16-mixed": CandidateTruth(2.3, setup_s=3.0, launch_ms=1.0)}, copy_ms=1.0, sync_ms=0.02)
+    assert picks(truth, seeds=range(10)) == [("cuda:0", "fp32")] * 10
+
+
+def test_every_gpu_candidate_is_timed_as_a_loop_runs_it() -> None:
+    # A lone step is 4% slower than a loop's for fp32, 8% for bf16, and a step after another candidate's costs
+    # 0.4 ms more: fp32 timed alone (under a 5% overlap) and bf16 in spans made bf16, 3.5% slower, look 7% faster.
+    truth = loop_gpu({"fp32": CandidateTruth(10.0, setup_s=3.0, launch_ms=4.0, lead_ms=0.55),
+                      "bf16-mixed": CandidateTruth(10.35, setup_s=3.0, launch_ms=9.0, lead_ms=1.2)},
+                     noise=0.01, sync_ms=0.05, idle_penalty_ms=0.4)
+    assert picks(truth, seeds=range(10)) == [("cuda:0", "fp32")] * 10
+
+
+def test_fp16_pays_gradscalers_synchronisation_as_a_loop_does() -> None:
+    # fp16 waits mid-step for GradScaler's inf check (10.15 ms a step in a loop), fused it does not (10.0), bf16
+    # 10.6: timed alone, plain fp16 looked slower than bf16 in spans, and fp16 was never picked.
+    truth = loop_gpu({"fp32": CandidateTruth(20.0, setup_s=3.0, launch_ms=6.0),
+                      "bf16-mixed": CandidateTruth(10.6, setup_s=3.0, launch_ms=8.0, lead_ms=1.2),
+                      "fp16-mixed": CandidateTruth(10.0, setup_s=3.0, launch_ms=8.0, lead_ms=0.5)},
+                     noise=0.01, sync_ms=0.05, idle_penalty_ms=0.4, variant_launch_factors={"fused-optimizer": 0.5})
+    for seed in range(10):
+        measured, _ = simulate(truth, seed)
+        config = decide(measured, digest="sim")
+        assert config.precision == "fp16-mixed"
+        assert any("GradScaler's inf check" in note for note in measured.search_notes)
+
+
+@pytest.mark.parametrize("power_cap_reason", [False, True], ids=["no-reason", "reason"])
+def test_a_power_capped_gpu_under_a_heavy_load_is_not_noisy(power_cap_reason: bool) -> None:
+    # bf16's load holds the clock at 1550 MHz against fp32's 1980, readings average over 0.17 s (1000 MHz idle):
+    # the clock falls 12% below the highest read, where nothing throttles what a loop would run at.
+    truth = loop_gpu({"fp32": CandidateTruth(20.0, setup_s=3.0, launch_ms=5.0),
+                      "bf16-mixed": CandidateTruth(17.4, setup_s=3.0, launch_ms=5.0, clock_mhz=1550.0,
+                                                   power_cap_reason=power_cap_reason)},
+                     noise=0.01, sync_ms=0.05, clock_mhz=1980.0, idle_clock_mhz=1000.0, clock_window_s=0.17)
+    for seed in range(5):
+        measured, _ = simulate(truth, seed)
+        assert not measured.noisy
+        assert "cuda:0 clock check: throttle reasons read after each candidate's timed steps" in measured.search_notes
+
+
+def test_a_noisy_candidate_is_timed_as_a_loop_runs_it_too() -> None:
+    # bf16 is 8.7% faster than fp32 in a loop (9.2 ms against 10) and 10% slower alone; its steps vary by 8%,
+    # which hid its overlap from a check of lone steps against a span: it was timed alone and lost its gain.
+    truth = loop_gpu({"fp32": CandidateTruth(10.0, setup_s=3.0, launch_ms=4.0, lead_ms=0.3),
+                      "bf16-mixed": CandidateTruth(9.0, setup_s=3.0, launch_ms=8.0, lead_ms=1.2, noise=0.08)},
+                     noise=0.01, sync_ms=0.05)
+    assert picks(truth, seeds=range(10)) == [("cuda:0", "bf16-mixed")] * 10

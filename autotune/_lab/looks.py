@@ -1,21 +1,25 @@
 """What one look of the sequential test decides, pair by pair, from the paired ratio intervals (``_stats``).
 
 Successive elimination with an indifference zone (Even-Dar, Mannor & Mansour 2006; Kim & Nelson 2001 for paired
-rounds): each candidate is tested against its group's leader (in the final comparison also each leader against
-the fastest), at ``_stats.ALPHA_PER_LOOK`` split over the look's pairs. One clearly slower than its leader by
-more than the pair's margin is *dropped*, a group clearly slower than another is *outpaced*, a pair is
-*resolved* once its pick is surely within margin + indifference (``_rules.INDIFFERENCE``) of the other, and a
-candidate whose pairs are all resolved is *settled*. The rounds are timed by ``measure.interleave``.
+rounds): every look forms the pick the decision would make on the rounds so far and tests each candidate against
+its group's pick and, while that pick's pair with it is open, against its group's fastest (in the final
+comparison each group's pick against the overall pick too): at most k - 1 pairs per candidate, each at a look's
+share of ``_stats.ALPHA`` over k - 1. One clearly slower by more than the pair's margin is *dropped*, a group
+clearly slower than another is *outpaced*, a pair is *resolved* once the one the decision prefers is surely
+within what the pair allows of the other (``_rules.is_open``), and a candidate whose pairs are all resolved is
+*settled*. Pairs are ordered on the rounds they share. The rounds are timed by ``measure.interleave``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterator, Mapping
+import functools
+import math
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from autotune import _stats
-from autotune._rules import INDIFFERENCE
+from autotune._rules import INDIFFERENCE, is_open
 
 K = TypeVar("K", bound=Hashable)
 
@@ -76,11 +80,15 @@ def drop_far_behind(series: dict[K, Series[K]], active: list[K], comparisons: Co
     """After the first round: drop candidates so far behind their group's leader that no interval is needed,
     and stop timing candidates that far behind the fastest one of another group (outpaced).
 
-    A candidate's time is the better of its first round and its warm-up estimate, so one disturbed round
-    (a hiccup of the machine) cannot push it out.
+    Each candidate's time, its leader's too, is the better of its first round and its warm-up estimate: one
+    disturbed round (a hiccup of the machine) can neither push a candidate out nor keep one in, as a leader's
+    round 4x slow would keep a device 10x behind it timed through every dear round of the stage.
     """
+    def best_ms(key: K) -> float:
+        return min(series[key].round_ms[0], 1000 * estimate_s[key])
+
     def ratio_to(key: K, leader: K) -> float:
-        return min(series[key].round_ms[0], 1000 * estimate_s[key]) / series[leader].round_ms[0]
+        return best_ms(key) / best_ms(leader)
 
     leaders = _leaders(series, active, comparisons)
     overall = ranked(series, active)[0]
@@ -106,71 +114,164 @@ def _outpace(series: dict[K, Series[K]], active: list[K], comparisons: Compariso
                 active.remove(key)
 
 
-def _pairs(series: Mapping[K, Series[K]], keys: list[K], comparisons: Comparisons[K]) -> Iterator[tuple[K, K]]:
-    """(candidate, the leader it must be resolved against), for every pair the stage decides: each candidate
-    against its group's leader, and in the final comparison each group's leader against the fastest overall."""
-    leaders = _leaders(series, keys, comparisons)
-    overall = ranked(series, keys)[0]
+def _order(series: Mapping[K, Series[K]], keys: list[K], comparisons: Comparisons[K]) -> list[K]:
+    """``keys`` as a decision prefers them: the one a tie goes to first, else the faster on the rounds the two
+    share (their paired estimate: one no longer timed keeps its place against another still timed)."""
+    def before(a: K, b: K) -> int:
+        winner = comparisons.tie_winner(a, b)
+        if winner is not None:
+            return -1 if winner == a else 1
+        estimate = _stats.ratio_interval(series[a].round_ms, series[b].round_ms)[0]
+        return (estimate > 1) - (estimate < 1)
+
+    return sorted(keys, key=functools.cmp_to_key(before))
+
+
+def _pairs(series: Mapping[K, Series[K]], keys: list[K],
+           comparisons: Comparisons[K]) -> tuple[K, dict[tuple[K, K], frozenset[K] | None]]:
+    """The pick among ``keys`` (the decision's rule on the estimates so far), and every pair the stage decides,
+    each as (the one the decision prefers, the other) with the pair it matters through (None: by itself).
+
+    Each candidate is paired with its group's pick and, in the final comparison, each group's pick with the
+    overall pick. Where the pick is not the fastest, each is paired with the fastest too, which matters only while
+    the pick's own pair with the fastest is open: the fastest may yet beat the pick, and one no longer timed must
+    not become the pick unresolved then. Another candidate matters against the pick only while its pair with the
+    fastest is open: resolved, the pick's pair with the fastest answers for it. Any two candidates share one pair
+    at most."""
+    groups: dict[Hashable, list[K]] = {}
     for key in keys:
-        leader = leaders[comparisons.group(key)]
-        if key != leader:
-            yield key, leader
-        elif comparisons.across_groups and key != overall:
-            yield key, overall
+        groups.setdefault(comparisons.group(key), []).append(key)
+    pairs: dict[tuple[K, K], frozenset[K] | None] = {}
+
+    def against(members: list[K]) -> K:
+        order = _order(series, members, comparisons)
+        place = {key: index for index, key in enumerate(order)}
+        pick, fastest = order[0], ranked(series, members)[0]
+        for key in members:
+            if key == pick:
+                continue
+            pairs[(pick, key)] = frozenset((key, fastest)) if key != fastest else None
+            if fastest not in (pick, key):
+                pairs[(key, fastest) if place[key] < place[fastest] else (fastest, key)] = frozenset((pick, fastest))
+        return pick
+
+    picks = [against(members) for members in groups.values()]
+    if comparisons.across_groups:
+        return against(picks), pairs
+    return _order(series, picks, comparisons)[0], pairs
 
 
-def look(series: dict[K, Series[K]], active: list[K], comparisons: Comparisons[K], rounds: int) -> set[K]:
+@dataclass(frozen=True)
+class Verdict(Generic[K]):
+    """One pair at one look: ``pair`` (the one the decision prefers, the other), ``ratio`` the first's step time
+    over the other's (estimate, low, high) on the ``rounds`` both have, at one-sided error ``alpha``; the one
+    ``clearly`` slower than the other by more than the pair's margin, if either; whether the pair is still
+    ``open`` (:func:`~autotune._rules.is_open`)."""
+
+    pair: tuple[K, K]
+    ratio: tuple[float, float, float]
+    rounds: int
+    alpha: float
+    clearly: K | None
+    open: bool
+    margin: float
+    indifference: float
+    tie_to_first: bool
+
+    @property
+    def beyond(self) -> bool:
+        """The preferred one's estimate is slower by more than the larger of margin and indifference."""
+        return self.ratio[0] > 1 + max(self.margin, self.indifference)
+
+    def rounds_needed(self) -> float:
+        """About the rounds at which the open pair would resolve, were its estimate and spread right: the interval
+        narrows as one over the root of the rounds (and its t quantile towards the normal one) until a bound
+        crosses the nearest line that decides the pair (either one clearly slower, or the preferred one surely
+        within what the pair allows). Infinite for a pair timed together less than three times."""
+        estimate, low, high = (math.log(x) if 0 < x < math.inf else math.nan for x in self.ratio)
+        if math.isnan(low) or math.isnan(high) or self.rounds < 3:
+            return math.inf
+        zone = self.margin + self.indifference if self.tie_to_first else max(self.margin, self.indifference)
+        room = max(estimate - math.log1p(self.margin), -math.log1p(self.margin) - estimate,
+                   math.log1p(zone) - estimate)
+        spread = max(high - estimate, estimate - low) / _stats.t_quantile(1 - self.alpha, self.rounds - 1)
+        return self.rounds * (spread * _stats.t_quantile(1 - self.alpha, 10_000) / room) ** 2
+
+
+def verdict(series: Mapping[K, Series[K]], first: K, other: K, comparisons: Comparisons[K],
+            alpha: float) -> Verdict[K]:
+    """The pair of ``first`` (the one the decision prefers) and ``other`` on the rounds both have."""
+    ratio = _stats.ratio_interval(series[first].round_ms, series[other].round_ms, alpha=alpha)
+    _, low, high = ratio
+    margin, indifference = comparisons.margin(first, other), comparisons.indifference(first, other)
+    tie_to_first = comparisons.tie_winner(first, other) == first
+    clearly = first if low > 1 + margin else other if high * (1 + margin) < 1 else None
+    return Verdict((first, other), ratio, min(len(series[first].round_ms), len(series[other].round_ms)), alpha,
+                   clearly, clearly is None and is_open(ratio, margin, indifference, tie_to_pick=tie_to_first),
+                   margin, indifference, tie_to_first)
+
+
+@dataclass(frozen=True)
+class Standing(Generic[K]):
+    """Where the decision stands after a look of the final comparison: the candidate it would pick among all
+    not dropped, the pairs it rests on still ``open`` (more rounds could still move the pick by more than the
+    pair allows; one against a candidate no longer timed cannot close), and the open pairs of the pick's group
+    still timed (``racing``): what past the budget may still be worth rounds."""
+
+    pick: K | None = None
+    open: list[Verdict[K]] = field(default_factory=list)
+    racing: list[Verdict[K]] = field(default_factory=list)
+
+
+def _open(verdicts: list[Verdict[K]], pairs: Mapping[tuple[K, K], frozenset[K] | None]) -> list[Verdict[K]]:
+    """The open pairs that matter: each by itself, or while the pair it matters through is open."""
+    still = {frozenset(v.pair) for v in verdicts if v.open}
+    return [v for v in verdicts if v.open and (pairs[v.pair] is None or pairs[v.pair] in still)]
+
+
+def look(series: dict[K, Series[K]], active: list[K], comparisons: Comparisons[K], rounds: int) -> Standing[K]:
     """One look: drop the clearly slower, mark the outpaced, settle the resolved (``active`` keeps the rest).
 
-    Returns, in the final comparison, the candidates of the fastest candidate's open pairs whose estimated gap
-    is beyond what the pick may give away (the larger of margin and indifference): the pick still rests on them,
-    so they are worth timing past the budget, up to its cap; a near-tie left open there goes to the tie rule.
+    In the final comparison, returns where the decision stands (:class:`Standing`).
     """
-    # A settled candidate's pairs were resolved: the open ones are decided against the leaders still timed (a
-    # leader no longer timed would leave its rivals' pairs open with no rounds to close them).
-    contenders = [k for k, s in series.items() if s.dropped is None and s.outpaced is None]
-    contenders = [k for k in contenders if k in active] or contenders
-    overall = ranked(series, contenders)[0]
-    unresolved: set[K] = set()
-    with_leader: set[K] = set()
-    pairs = list(_pairs(series, contenders, comparisons))
-    alpha = _stats.ALPHA_PER_LOOK / max(1, len(pairs))  # every pair the look decides: one error budget
-    for key, leader in pairs:
-        if series[key].dropped is not None or series[key].outpaced is not None:
-            continue
-        estimate, low, high = _stats.ratio_interval(series[key].round_ms, series[leader].round_ms, alpha=alpha)
-        pair_margin = comparisons.margin(key, leader)
-        if low > 1 + pair_margin:
-            evidence = Dropped(leader, estimate, low, high, min(len(series[key].round_ms), rounds), far_behind=False)
-            if comparisons.group(key) == comparisons.group(leader):
-                series[key].dropped = evidence
-                if key in active:
-                    active.remove(key)
-            else:
-                _outpace(series, active, comparisons, comparisons.group(key), evidence)
-        elif key in active and leader in active and is_open(
-                comparisons.tie_winner(key, leader) == key, (estimate, low, high), pair_margin,
-                indifference := comparisons.indifference(key, leader)):
-            unresolved.update((key, leader))
-            # An estimated gap beyond the margin (or the indifference of the same math): the pick may be wrong by
-            # more than it allows, so the pair is worth more rounds, and flags the result if still open at the cap.
-            if overall in (key, leader) and comparisons.across_groups and estimate > 1 + max(pair_margin,
-                                                                                              indifference):
-                with_leader.update((key, leader))
+    while True:
+        # A settled candidate's pairs were resolved: the open ones are decided against the leaders still timed (a
+        # leader no longer timed would leave its rivals' pairs open with no rounds to close them).
+        contenders = [k for k, s in series.items() if s.dropped is None and s.outpaced is None]
+        timed = [k for k in contenders if k in active] or contenders
+        pick, pairs = _pairs(series, timed, comparisons)
+        # Each candidate is in k - 1 of the look's pairs at most, its pick's with every one not dropped included.
+        alpha = _stats.ALPHA_PER_LOOK / max(1, len(contenders) - 1)
+        verdicts = [verdict(series, first, other, comparisons, alpha) for first, other in pairs]
+        fallen = [(v, v.clearly) for v in verdicts if v.clearly is not None]
+        for one, slower in fallen:
+            faster = one.pair[1] if slower == one.pair[0] else one.pair[0]
+            estimate, low, high = one.ratio if slower == one.pair[0] else (1 / one.ratio[0], 1 / one.ratio[2],
+                                                                           1 / one.ratio[1])
+            evidence = Dropped(faster, estimate, low, high, min(len(series[slower].round_ms), rounds), far_behind=False)
+            if comparisons.group(slower) != comparisons.group(faster):
+                _outpace(series, active, comparisons, comparisons.group(slower), evidence)
+            elif series[slower].dropped is None:
+                series[slower].dropped = evidence
+                if slower in active:
+                    active.remove(slower)
+        if not fallen:
+            break  # else the picks and their pairs are decided again on what is left
+    racing = [v for v in _open(verdicts, pairs) if all(k in active for k in v.pair)]
     # Settled: every pair resolved (or one side no longer timed); it keeps its rounds and leaves the rounds.
-    active[:] = [k for k in active if k in unresolved and series[k].dropped is None and series[k].outpaced is None]
-    return with_leader
+    active[:] = [k for k in active if any(k in v.pair for v in racing)]
+    if not comparisons.across_groups:
+        return Standing()
+    # Worth rounds past the budget: what can still change the pick, the open pairs of its group and of each
+    # group whose pick is in an open pair with it (that group's pick may change too).
+    contending = {comparisons.group(k) for v in racing if pick in v.pair for k in v.pair} | {comparisons.group(pick)}
+    racing = [v for v in racing if all(comparisons.group(k) in contending for k in v.pair)]
+    # The decision's pick (one settled may be it), and what it rests on: its pair with each candidate of its
+    # group and with each other group's pick.
+    pick, pairs = _pairs(series, contenders, comparisons)
+    verdicts = [verdict(series, first, other, comparisons, alpha) for first, other in pairs]
+    return Standing(pick, [v for v in _open(verdicts, pairs) if v.pair[0] == pick], racing)
 
 
-def is_open(tie_to_slower: bool, ratio: tuple[float, float, float], margin: float, indifference: float) -> bool:
-    """Can more rounds still change the pick of a pair by more than the pair allows? ``ratio``: the (estimate,
-    low, high) of slower / faster. A tie to the slower side is resolved once the faster is clearly beyond the
-    margin (then dropped) or surely within margin + indifference of it; a pair that speed decides, once the
-    slower cannot be faster than the faster by more than the larger of the two."""
-    _, low, high = ratio
-    if tie_to_slower:
-        return high >= 1 + margin + indifference
-    return low * (1 + max(margin, indifference)) <= 1
-
-
-__all__ = ["Comparisons", "Dropped", "K", "Series", "drop_far_behind", "look", "ranked"]
+__all__ = ["Comparisons", "Dropped", "K", "Series", "Standing", "Verdict", "drop_far_behind", "look", "ranked",
+           "verdict"]

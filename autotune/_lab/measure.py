@@ -1,11 +1,14 @@
 """Interleaved, sequential timing of candidates that already passed set-up and verification.
 
-Each round runs every active candidate once, in a fresh seeded random order, so drift and position effects hit
-all alike; at each of ``_stats.LOOKS`` the paired intervals drop, outpace and settle candidates (``looks``).
-Timing stops when nothing is open or at the first look past the budget, but the final comparison times the
-pick's open pairs on, up to ``overrun`` x the budget. A control workload flags a noisy machine and doubles the
-budget. On an asynchronous device a candidate whose steps overlap (``overlaps``) is timed in spans
-(``per_step_s``). The clock and the steps are injected (``Clock``, ``Steppable``).
+Each round runs every active candidate once, in a fresh seeded random order, so drift and position effects hit all
+alike; at each of ``_stats.LOOKS`` the paired intervals drop, outpace and settle candidates (``looks``). Timing
+stops when nothing is open or at the first look past the budget, but the final comparison times the open pairs that
+can still change its pick on while they are worth their rounds (an estimate beyond what the pick may give away, or
+rounds still needed cheap enough to fit the cap), up to ``overrun`` x the budget or the last look: a pair still open
+then is named in the evidence, and one still worth its rounds flags the result. A control workload flags a noisy
+machine and doubles the budget. On an asynchronous device every candidate is timed as a loop runs it, each step on
+the device's own clock inside a span after an untimed first step (``per_step_s``), so no pair mixes two estimators.
+The clock and the steps are injected (``Clock``, ``Steppable``).
 """
 
 from __future__ import annotations
@@ -15,13 +18,13 @@ import math
 import random
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Generic, Protocol
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from autotune import _stats
-from autotune._lab.looks import Comparisons, Dropped, K, Series, drop_far_behind, look
+from autotune._lab.looks import Comparisons, Dropped, K, Series, Standing, Verdict, drop_far_behind, look
 
 
 class Clock(Protocol):
@@ -29,16 +32,23 @@ class Clock(Protocol):
         """Seconds from an arbitrary origin (``time.perf_counter``)."""
 
 
-class Steppable(Protocol):
+class Runnable(Protocol):
+    def run(self, steps: int = 1) -> None:
+        """``steps`` steps back to back, synchronised once after the last."""
+
+    def selected(self) -> contextlib.AbstractContextManager[None]:
+        """Process-wide settings of this candidate (its thread count), applied outside the timed steps."""
+
+
+class Steppable(Runnable, Protocol):
     #: steps are queued to a device and run while the host launches the next ones (CUDA, XPU, MPS): a training
     #: loop synchronises rarely, so launch time and device time overlap
     asynchronous: bool
 
-    def run(self, steps: int = 1) -> None:
-        """``steps`` training steps back to back, synchronised once after the last."""
-
-    def selected(self) -> contextlib.AbstractContextManager[None]:
-        """Process-wide settings of this candidate (its thread count), applied outside the timed steps."""
+    def span(self, steps: int) -> list[float]:
+        """On an asynchronous device, the seconds of each of ``steps`` training steps as a loop runs them (its
+        launches overlapping the step before), after an untimed step that takes the queue's fill and a cold
+        start; synchronised once after the last."""
 
 
 class MeasureSettings(BaseModel):
@@ -68,20 +78,17 @@ class MeasureSettings(BaseModel):
     #: past the first look, the control takes at most this share of the time: every round of heavy steps, every
     #: few of sub-millisecond steps, whose rounds it would otherwise almost double
     control_share: float = 0.25
-    #: on an asynchronous device a sample spans at least this many steps between two synchronisations, once a
-    #: span's steps proved this much faster than lone ones (``overlaps``)
-    span_steps: int = 4
-    overlap: float = 0.05
-    #: ... for steps shorter than this (``overlaps``)
-    span_check_s: float = 0.05
+    #: on an asynchronous device a sample times at least this many steps of a span (``per_step_s``), and more
+    #: where steps are short (``round_min_s``)
+    span_steps: int = 1
     warmup_max_steps: int = 8
     warmup_stable: float = 0.15
     #: a candidate timed again, after others ran (their caches, a GPU's clocks gone down), warms up afresh: its
     #: steady step time is known, so a fresh step must come this close to it
     warmup_stable_again: float = 0.05
-    #: a device clock (where the device reports one) falling by more than this during the final comparison
-    #: (throttling, which the CPU control cannot see) makes the result noisy
-    clock_drop: float = 0.10
+    #: a candidate's rounds in the final comparison this much slower while its device reported a throttle
+    #: reason than its other rounds (``clocks``) make the result noisy: the CPU control cannot see that
+    throttle_slowdown: float = 0.05
 
     @model_validator(mode="after")
     def _max_rounds_is_a_look(self) -> MeasureSettings:
@@ -96,47 +103,39 @@ class Interleaved(Generic[K]):
     control_ms: list[float]
     noisy: bool
     rounds: int
+    #: what the budget counts: the seconds timing took, less the asynchronous spans' untimed first steps
     elapsed_s: float
-    #: the final comparison stopped at its cap with a pair the pick rests on still open: the pick may be
-    #: further from the best than its margin allows (a close call, or rounds wrecked by a busy machine)
+    #: the final comparison's pick's pairs still open when timing stopped (the pick, the other): the pick may be
+    #: further from the best than the pair allows (a close call, or rounds wrecked by a busy machine)
+    open_pairs: list[tuple[K, K]] = field(default_factory=list)
+    #: one of them was still worth its rounds at the cap: the next calibration measures again
     unresolved_gap: bool = False
 
 
-def timed(step: Steppable, clock: Clock, steps: int = 1) -> float:
+def timed(step: Runnable, clock: Clock, steps: int = 1) -> float:
     started = clock()
     step.run(steps)
     return clock() - started
 
 
 def per_step_s(step: Steppable, clock: Clock, steps: int, *, spans: bool) -> list[float]:
-    """Seconds per step, as a training loop sees them: each of ``steps`` steps on its own; or, ``spans``, a
-    single figure, ``steps`` steps' worth of a span of ``steps + 1`` less a lone step. A span of k steps takes
-    a + k x b (the queue's fill and drain, then one step's throughput b); the difference leaves b alone, where a
-    span's mean would still carry a / k of launch or compute that a loop hides."""
+    """Seconds per step, as a training loop sees them: each of ``steps`` steps on its own; or, ``spans``, each
+    of ``steps`` steps inside a span (``Steppable.span``). A step synchronised alone adds the host's lead and
+    the queue's fill and drain, and the first step after another candidate's (or after the device idled) runs
+    on cold clocks and caches: none of them is a loop's, and none is in a figure, but for a step launched
+    while a cold first one overran (a launch-bound step only: it runs short by the overrun), which the
+    median of a span's several figures leaves out. Per step, not per span, so a heavy tail hits one figure,
+    not a sample."""
     if not spans:
         return [timed(step, clock) for _ in range(steps)]
-    one = timed(step, clock)
-    span = timed(step, clock, steps + 1)
-    return [(span - one) / steps if span > one else span / (steps + 1)]
+    return step.span(steps)
 
 
-def overlaps(step: Steppable, clock: Clock, lone_s: list[float], settings: MeasureSettings) -> bool:
-    """Does a loop hide part of a lone step's time (its launches overlap the device's work)? Then it is timed in
-    spans. A step whose time is the device's anyway is timed step by step: each its own sample, and a heavy
-    tail then hits one step, not a span.
-
-    ``lone_s``: its last lone steps (the warm-up's). A step of ``span_check_s`` or more keeps the device busy
-    while its own kernels launch, and is not checked (a check costs steps). The best of those lone steps
-    against one span; a yes is checked again on the best of three fresh lone steps and of two spans
-    (interference only adds time, so a run of disturbed lone steps cannot fake an overlap)."""
-    if not step.asynchronous or not lone_s or min(lone_s[-3:]) >= settings.span_check_s:
-        return False
-    k = settings.span_steps
-    with step.selected():
-        if timed(step, clock, k) / k >= (1 - settings.overlap) * min(lone_s[-3:]):
-            return False
-        fresh_s = min(timed(step, clock) for _ in range(3))
-        return min(timed(step, clock, k) for _ in range(2)) / k < (1 - settings.overlap) * fresh_s
+def steps_per_sample(step: Steppable, estimate_s: float, settings: MeasureSettings) -> int:
+    """How many steps one sample of ``step`` times: at least ``round_min_s`` of them, so timer noise stays
+    negligible, and on an asynchronous device at least ``span_steps`` (``per_step_s``)."""
+    least = settings.span_steps if step.asynchronous else 1
+    return max(least, math.ceil(settings.round_min_s / max(estimate_s, 1e-9)))
 
 
 def warm_up(step: Steppable, clock: Clock, recent_s: list[float], settings: MeasureSettings, *,
@@ -144,14 +143,23 @@ def warm_up(step: Steppable, clock: Clock, recent_s: list[float], settings: Meas
     """Run extra steps until the last three agree within ``warmup_stable`` (allocator, JIT, kernel choice).
 
     A candidate timed before (``steady_s``: its step time then) warms up afresh, after other candidates ran
-    (their caches, their allocations, a GPU's clocks gone down while idle): fresh steps until one is within
-    ``warmup_stable_again`` of that steady time. Only a slower step is a warm-up, and a disturbed one is
-    followed by another, where three steps that must agree would keep a busy machine stepping."""
+    (their caches, their allocations, a GPU's clocks gone down while idle): fresh samples until one is within
+    ``warmup_stable_again`` of that steady time, each taken as its rounds take them (on an asynchronous device a
+    span's per-step time, not a lone step's). Only a slower sample is a warm-up, and a disturbed one is
+    followed by another, where three steps that must agree would keep a busy machine stepping; no new sample
+    once ``warmup_max_steps`` steps have run."""
     with step.selected():
         if steady_s is not None:
-            times = [timed(step, clock)]
-            while times[-1] > (1 + settings.warmup_stable_again) * steady_s and len(times) < settings.warmup_max_steps:
-                times.append(timed(step, clock))
+            count = steps_per_sample(step, steady_s, settings) if step.asynchronous else 1
+            cost = count + 1 if step.asynchronous else 1  # a span's untimed first step
+
+            def sample() -> float:
+                return _stats.median(per_step_s(step, clock, count, spans=step.asynchronous))
+
+            times = [sample()]
+            while (times[-1] > (1 + settings.warmup_stable_again) * steady_s
+                   and len(times) * cost < settings.warmup_max_steps):
+                times.append(sample())
             return times
         times = list(recent_s)
         for _ in range(settings.warmup_max_steps):
@@ -165,22 +173,20 @@ def interleave(
     steps: Mapping[K, Steppable],
     *,
     estimate_s: Mapping[K, float],
-    control: Steppable,
+    control: Runnable,
     clock: Clock,
     settings: MeasureSettings,
     comparisons: Comparisons[K],
     on_round: Callable[[int, K | None], None] | None = None,
     settle: Callable[[float], None] = time.sleep,
     answered: Callable[[Mapping[K, Series[K]]], bool] | None = None,
-    spans: Mapping[K, bool] | None = None,
+    sampled: Callable[[K], None] | None = None,
 ) -> Interleaved[K]:
     """Time ``steps`` in interleaved rounds until every pair is resolved or the budget is spent (or, at a look,
-    the caller's own question is ``answered``). ``spans``: the steps to time in spans (``overlaps``)."""
-    spans = {key: False for key in steps} if spans is None else spans
+    the caller's own question is ``answered``). Steps on an asynchronous device are timed in spans.
+    ``sampled(key)`` runs right after each sample, while the device is still in the state its steps left."""
     series: dict[K, Series[K]] = {
-        key: Series(steps_per_round=max(settings.span_steps if spans[key] else 1,
-                                        math.ceil(settings.round_min_s / max(estimate_s[key], 1e-9))))
-        for key in steps
+        key: Series(steps_per_round=steps_per_sample(step, estimate_s[key], settings)) for key, step in steps.items()
     }
     active = list(steps)
     order = random.Random(settings.order_seed)
@@ -188,20 +194,30 @@ def interleave(
         control.run()  # the interpreter specialises a loop's bytecode on its first runs: not drift
     control_ms: list[float] = []
     started = control_end = clock()
+    #: what the asynchronous spans' untimed first steps and drains took: the price of timing steps as a loop
+    #: runs them, like a warm-up; the budget is for the steps timed, or heavy steps would get half the rounds
+    untimed_s = 0.0
     control_s = 0.0
     rounds = 0
-    contested: set[K] = set()
+    standing: Standing[K] = Standing()
+    capped: set[frozenset[K]] = set()
     paused = False
     while active:
         for key in order.sample(active, len(active)):
             if on_round is not None:
                 on_round(rounds, key)
+            spans = steps[key].asynchronous
             with steps[key].selected():
-                if paused and series[key].steps_per_round > 1 and not spans[key]:
+                if paused and series[key].steps_per_round > 1 and not spans:
                     steps[key].run()  # cheap steps: one untimed step wakes the threads the control's pause put asleep
-                samples = per_step_s(steps[key], clock, series[key].steps_per_round, spans=spans[key])
+                share_started = clock()
+                samples = per_step_s(steps[key], clock, series[key].steps_per_round, spans=spans)
+                if spans:
+                    untimed_s += clock() - share_started - sum(samples)
             paused = False
             series[key].round_ms.append(1000 * _stats.median(samples))
+            if sampled is not None:
+                sampled(key)
         share = settings.control_share
         if rounds < _stats.LOOKS[0] or clock() - control_end >= control_s * (1 - share) / share:
             # The least disturbed of a few runs (interference only adds time), after a pause that lets the
@@ -221,29 +237,71 @@ def interleave(
         timing = list(active)
         drifting = _stats.drift(control_ms) > settings.noise_limit
         budget_s = settings.budget_s * (2 if drifting else 1)
-        contested = look(series, active, comparisons, rounds)
-        if rounds >= settings.max_rounds or (answered is not None and answered(series)):
+        standing = look(series, active, comparisons, rounds)
+        if rounds >= settings.max_rounds:
+            capped = {frozenset(v.pair) for v in standing.open}
+            break
+        if answered is not None and answered(series):
             break
         if drifting and rounds < 2 * _stats.LOOKS[0]:
             # A drifting machine gives every pair at least twice the first look's rounds before it settles.
             active[:] = [k for k in timing if series[k].dropped is None and series[k].outpaced is None]
         if not active:
             break
-        elapsed_s = clock() - started
+        elapsed_s = clock() - started - untimed_s
         if elapsed_s >= budget_s:
-            # Past the budget, the final comparison times only the pick's open pairs, until they are resolved or
-            # the cap (never below ``decisive_rounds`` for heavy steps): a pair left open there flags the result.
-            capped = elapsed_s >= settings.overrun * settings.budget_s and rounds >= settings.decisive_rounds
-            if not contested or capped:
+            # Past the budget, the final comparison times only the open pairs of the groups that can still change
+            # the pick, while one of them is worth its rounds, until the cap (never below ``decisive_rounds`` for
+            # heavy steps). A pair the pick rests on still worth them there flags the result (the next calibration
+            # measures again); one not worth them stays open, named in the evidence, as measuring again would
+            # leave it.
+            worth = _worth(series, standing, rounds, elapsed_s, settings)
+            if elapsed_s >= settings.overrun * settings.budget_s and rounds >= settings.decisive_rounds:
+                capped = set(worth)
                 break
-            active[:] = [k for k in active if k in contested]
+            if not worth:
+                break
+            active[:] = [k for k in active if any(k in v.pair for v in standing.racing)]
     if on_round is not None:
         on_round(rounds, None)
     noisy = _stats.drift(control_ms) > settings.noise_limit
-    return Interleaved(series, control_ms, noisy, rounds, clock() - started, unresolved_gap=bool(contested))
+    return Interleaved(series, control_ms, noisy, rounds, clock() - started - untimed_s,
+                       open_pairs=[v.pair for v in standing.open],
+                       unresolved_gap=any(frozenset(v.pair) in capped for v in standing.open))
+
+
+def _worth(series: Mapping[K, Series[K]], standing: Standing[K], rounds: int, elapsed_s: float,
+           settings: MeasureSettings) -> list[frozenset[K]]:
+    """The open pairs that may change the pick worth timing past the budget: each whose estimate is beyond what
+    the pick may give away and, whatever their estimates, those whose rounds are cheap (``decisive_rounds`` of
+    them within the budget) and whose rounds still needed (about: at least ``decisive_rounds``, else
+    :meth:`~autotune._lab.looks.Verdict.rounds_needed`) fit the cap together, in rounds and in time, the nearest
+    first. Cheap rounds resolve a close call that dear ones cannot; a pair that would need more is left open at
+    once rather than timed to the cap in vain."""
+    def round_s(keys: set[K]) -> float:
+        return sum(series[k].steps_per_round * _stats.median(series[k].round_ms[-_stats.LOOKS[0]:])
+                   for k in keys) / (1000 * (1 - settings.control_share))
+
+    def rounds_needed(one: Verdict[K]) -> float:  # fewer rounds than ``decisive_rounds`` cannot tell how many
+        return float(settings.decisive_rounds) if one.rounds < settings.decisive_rounds else one.rounds_needed()
+
+    found = [v for v in standing.racing if v.beyond]
+    keys = {k for v in found for k in v.pair}
+    needed = float(rounds)  # (those raced anyway are not bound by the cap's arithmetic)
+    cheap = [v for v in standing.racing if not v.beyond and settings.decisive_rounds * round_s(set(v.pair)) <= (
+        settings.budget_s)]
+    for one in sorted(cheap, key=rounds_needed):
+        more = max(needed, rounds_needed(one))
+        if more <= settings.max_rounds and elapsed_s + (more - rounds) * round_s(keys | set(one.pair)) <= (
+                settings.overrun * settings.budget_s):
+            found.append(one)
+            keys |= set(one.pair)
+            needed = more
+    return [frozenset(v.pair) for v in found]
 
 
 __all__ = [
-    "Clock", "Comparisons", "Dropped", "Interleaved", "K", "MeasureSettings", "Series", "Steppable", "interleave",
-    "overlaps", "per_step_s", "timed", "warm_up",
+    "Clock", "Comparisons", "Dropped", "Interleaved", "K", "MeasureSettings", "Runnable", "Series", "Steppable",
+    "interleave",
+    "per_step_s", "steps_per_sample", "timed", "warm_up",
 ]

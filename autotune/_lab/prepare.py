@@ -26,7 +26,7 @@ from autotune._lab.step import TrainStep, start_device
 from autotune._lab.verify import INIT_SCALES, Trajectory, compare
 from autotune._records import Candidate, CandidateResult, Failure
 from autotune._variants import Facts
-from autotune.backends import Backend, backend_for
+from autotune.backends import Backend, ClockReading, backend_for
 
 
 @dataclass
@@ -145,9 +145,13 @@ class TorchLab:
         except TooSlow as exc:
             raise failed(candidate, "too_slow", str(exc)) from None
 
-    def clock_mhz(self, device: str) -> float | None:
-        """The device's clock now, where its backend reads one (an NVIDIA GPU with NVML)."""
-        return backend_for(device).clock_mhz(device)
+    def clock_check(self, device: str) -> str | None:
+        """None where the device's backend reads its throttle reasons (an NVIDIA GPU with NVML); else why not."""
+        return backend_for(device).clock_check(device)
+
+    def clock_reading(self, device: str) -> ClockReading | None:
+        """The device's clock now and the throttle reasons in force, where its backend reads them."""
+        return backend_for(device).clock_reading(device)
 
     def release(self, candidates: list[Candidate]) -> None:
         """The session dropped its steps: collect them and hand the devices' cached blocks back."""

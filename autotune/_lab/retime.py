@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 
 from autotune import _rules, _stats
-from autotune._lab.measure import Clock, Comparisons, K, Series, Steppable, interleave, warm_up
+from autotune._lab.measure import Clock, Comparisons, K, Runnable, Series, interleave, warm_up
 from autotune._lab.prepare import CandidateFailed, Prepared, TorchLab, classify
 from autotune._lab.protocol import Begin, Checked, CheckJob, Failed, Retimed
 from autotune._records import Candidate, CandidateResult
@@ -51,7 +51,7 @@ def comparisons(pick: Candidate) -> Comparisons[Candidate]:
                        tie_winner=lambda a, b: pick if pick in (a, b) else None)
 
 
-def check(job: CheckJob, emit: Callable[[Begin | Failed | Checked], None], *, clock: Clock, control: Steppable,
+def check(job: CheckJob, emit: Callable[[Begin | Failed | Checked], None], *, clock: Clock, control: Runnable,
           settle: Callable[[float], None]) -> None:
     """Set up each candidate, time them together, emit one :class:`Checked` (failures as :class:`Failed`)."""
     lab = TorchLab(job.family, job.settings, probe=False)

@@ -20,6 +20,7 @@ from autotune._lab.prepare import CandidateFailed, Prepared, classify, unverifie
 from autotune._lab.protocol import Begin, Checkpoint, Done, Failed, Planned
 from autotune._records import Candidate, CandidateResult, Drop, Failure, Interval
 from autotune._variants import Facts
+from autotune.backends import ClockReading
 
 Emit = Callable[[Planned | Begin | Failed | Checkpoint | Done], None]
 
@@ -34,8 +35,11 @@ class Lab(Protocol):
     def release(self, candidates: list[Candidate]) -> None:
         """Free what the lab holds for ``candidates`` (no longer timed): memory for the ones still to come."""
 
-    def clock_mhz(self, device: str) -> float | None:
-        """The device's clock now; None where it reports none (the CPU)."""
+    def clock_check(self, device: str) -> str | None:
+        """None where :meth:`clock_reading` can say what holds the device's clocks down; otherwise why not."""
+
+    def clock_reading(self, device: str) -> ClockReading | None:
+        """The device's clock now and the throttle reasons in force; None where it reports none (the CPU)."""
 
 
 class Roster:

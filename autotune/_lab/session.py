@@ -1,32 +1,31 @@
 """One family's search: set-up, pruning stages, and the final paired comparison that decisions use.
 
 Stage 1 times every device x precision, stage 2 each device leader's layout and optimizer variants, stage 3 the
-combinations that helped, fewer CPU threads and the leader's settings in each simpler precision still alive
-(``plan.variants``). Stages only prune; every live candidate is then timed again, together, in fresh rounds
-(stage ``FINAL_STAGE``), and decisions compare only those: a slowdown between stages cannot become a verdict.
-Each pruning stage ends with a :class:`Checkpoint` that a worker restarted after a crash goes on from. The lab,
-the clock and the control workload are injected.
+combinations that helped, fewer CPU threads and the settings of the leader's precision in each simpler precision
+still alive unless an interval shows they do not pay (``plan.variants``, ``Session._donors``). Stages only prune;
+every live candidate is then timed again, together, in fresh rounds (stage ``FINAL_STAGE``), and decisions compare
+only those: a slowdown between stages cannot become a verdict. Each pruning stage ends with a :class:`Checkpoint`
+that a worker restarted after a crash goes on from. The lab, the clock and the control workload are injected.
 """
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Sequence
 
 from autotune import _rules, _stats
+from autotune._lab.clocks import throttle_slowdown
 from autotune._lab.measure import (
     Clock,
     Comparisons,
     MeasureSettings,
-    Steppable,
+    Runnable,
     interleave,
-    overlaps,
     warm_up,
 )
 from autotune._lab.plan import BASELINE, variants
 from autotune._lab.protocol import Begin, CalibrationSettings, Checkpoint, Done, Planned
 from autotune._lab.roster import Emit, Lab, Roster, evidence
-from autotune._records import Candidate, CandidateResult, Drop, Timing
+from autotune._records import Candidate, CandidateResult, ClockEvent, Drop, Timing
 
 FINAL_STAGE = 4
 
@@ -38,7 +37,7 @@ def _device(candidate: Candidate) -> str:
 class Session:
     """One pass over a family: candidates set up once, timed in stages, then in the final comparison."""
 
-    def __init__(self, lab: Lab, settings: CalibrationSettings, emit: Emit, *, clock: Clock, control: Steppable,
+    def __init__(self, lab: Lab, settings: CalibrationSettings, emit: Emit, *, clock: Clock, control: Runnable,
                  settle: Callable[[float], None], discard_on_device_error: bool) -> None:
         self.lab = lab
         self.settings = settings
@@ -49,15 +48,16 @@ class Session:
         self.roster = Roster(lab, emit, discard_on_device_error=discard_on_device_error)
         self.control_ms: list[float] = []
         self.notes: list[str] = []
+        #: the budget the stages spent, in the unit the budget counts (``Interleaved.elapsed_s``): the final
+        #: comparison gets what is left
         self.timing_s = 0.0
         #: the final comparison ended with a gap beyond the margin unresolved: the result is not final (noisy)
         self.unresolved_gap = False
-        #: a device's clock fell during the final comparison: its speed there is not its steady speed (noisy)
+        #: a device throttled during the final comparison and a candidate's times there moved: not its steady
+        #: speed (noisy)
         self.throttled = False
-        #: the highest clock each device read so far (where it reports one)
-        self.clock_peak: dict[str, float] = {}
-        #: whether each candidate is timed in spans of steps (``measure.overlaps``)
-        self.spans: dict[Candidate, bool] = {}
+        #: whether each accelerator's throttle reasons are read (``Lab.clock_check``); said once in the notes
+        self.clock_checked: dict[str, bool] = {}
         self._last_stage = 1
         self.excluded: set[Candidate] = set()
         #: devices far behind another one, with the evidence: it stays with the device when a later stage
@@ -187,32 +187,33 @@ class Session:
         settings = self._stage_settings(stage, budget_share)
         final = stage == FINAL_STAGE
 
+        earlier = {c: self._rounds(c) for c in candidates}
         clocks: dict[Candidate, list[float]] = {c: [] for c in candidates}
-        by_device: dict[str, list[float]] = {}  # in the order read
+        events: dict[Candidate, list[list[ClockEvent]]] = {c: [] for c in candidates}
+        checked = {device for device in dict.fromkeys(c.device for c in candidates) if self._clock_check(device)}
 
         def on_round(round_index: int, key: Candidate | None) -> None:
             if key is not None:  # rounds or budget, whichever runs out first
                 done = max(round_index / settings.max_rounds, (self.clock() - started) / settings.budget_s)
                 fraction = share[0] + (share[1] - share[0]) * min(1.0, done)
                 self.emit(Begin(candidate=key, phase="timing", fraction=fraction))
-                reading = self.lab.clock_mhz(key.device)
-                if reading is not None:
-                    clocks[key].append(reading)
-                    by_device.setdefault(key.device, []).append(reading)
-            else:  # the end: a fall during the last round counts too
-                for device, readings in by_device.items():
-                    readings.append(self.lab.clock_mhz(device) or readings[-1])
+
+        def sampled(key: Candidate) -> None:
+            """Right after its steps: the device's clock and throttle reasons, still those of its steps."""
+            if key.device in checked:
+                reading = self.lab.clock_reading(key.device)
+                events[key].append(reading.events if reading is not None else [])
+                if reading is not None and reading.mhz is not None:
+                    clocks[key].append(reading.mhz)
 
         warm = {c: warm_up(self.roster.ready[c].step, self.clock, self.roster.ready[c].recent_s, settings,
                            steady_s=self._steady_s(c)) for c in candidates}
         estimates = {c: _stats.median(times[-3:]) for c, times in warm.items()}
-        for c in candidates:
-            if c not in self.spans:  # once: a candidate's launches overlap its device's work or they do not
-                self.spans[c] = overlaps(self.roster.ready[c].step, self.clock, warm[c], settings)
+        self._describe([c for c in candidates if self.roster.ready[c].step.asynchronous])
         started = self.clock()
         timed = interleave(
             {c: self.roster.ready[c].step for c in candidates}, estimate_s=estimates, control=self.control,
-            clock=self.clock, settings=settings, on_round=on_round, settle=self.settle, spans=self.spans,
+            clock=self.clock, settings=settings, on_round=on_round, settle=self.settle, sampled=sampled,
             comparisons=Comparisons(group=_device, margin=_rules.margin, tie_winner=_rules.tie_winner,
                                     across_groups=final, indifference=_rules.indifference),
         )
@@ -220,12 +221,14 @@ class Session:
         self.timing_s += timed.elapsed_s
         if timed.unresolved_gap:  # not final: the next calibrate() measures it again
             self.unresolved_gap = True
-            self.notes.append(f"final comparison: a pair the pick rests on was still open after {timed.rounds} "
-                              "rounds (a close call or a busy machine); measured again by the next calibration")
+        for pick, other in timed.open_pairs:
+            self.notes.append(f"final comparison: {pick.label} against {other.label}, a pair the pick rests on, "
+                              f"was still open after {timed.rounds} rounds (a close call or a busy machine)"
+                              + ("; measured again by the next calibration" if timed.unresolved_gap else ""))
         if final:
-            self._throttled(by_device, settings.clock_drop)
-        for device, readings in by_device.items():
-            self.clock_peak[device] = max([*readings, self.clock_peak.get(device, 0.0)])
+            for candidate, series in timed.series.items():
+                self._throttled(candidate, series.round_ms, events[candidate], earlier[candidate],
+                                settings.throttle_slowdown)
         for candidate, series in timed.series.items():
             behind = evidence(series.outpaced)
             if behind is not None:
@@ -236,6 +239,7 @@ class Session:
                 median_ms=_stats.median(series.round_ms), spread=_stats.spread(series.round_ms),
                 stage=stage, final=final, dropped=evidence(series.dropped),
                 outpaced=evidence(series.outpaced) or self.behind.get(candidate.device), clock_mhz=clocks[candidate],
+                clock_events=events[candidate],
             )
             self.roster.results[candidate] = self.roster.results[candidate].model_copy(update={"timing": timing})
         return [c for c in candidates if timed.series[c].dropped is None]
@@ -272,17 +276,38 @@ class Session:
     def _outpaced(self, candidate: Candidate) -> bool:
         return candidate.device in self.behind
 
-    def _throttled(self, clocks: dict[str, list[float]], limit: float) -> None:
-        """A device whose clock, during the final comparison, fell by more than ``limit`` below the highest it
-        read in this search throttled: its ratios to the CPU, and to rounds before the fall, are not its speed
-        (the CPU control cannot see it). Noisy."""
-        for device, readings in clocks.items():
-            peaks = itertools.accumulate(readings, max, initial=self.clock_peak.get(device, 0.0))
-            fall = max(1 - mhz / peak for mhz, peak in zip(readings, itertools.islice(peaks, 1, None), strict=True))
-            if fall > limit:
-                self.throttled = True
-                self.notes.append(f"final comparison: {device}'s clock fell by {fall:.0%} (to {min(readings):.0f} "
-                                  "MHz), throttling the CPU control cannot see; measured again by the next calibration")
+    def _clock_check(self, device: str) -> bool:
+        """Whether ``device``'s throttle reasons are read; the notes say so, or why not, once per accelerator."""
+        if device not in self.clock_checked:
+            why_not = self.lab.clock_check(device)
+            self.clock_checked[device] = why_not is None
+            if device != "cpu":
+                self.notes.append(f"{device} clock check: " + ("throttle reasons read after each candidate's timed "
+                                                               "steps" if why_not is None else f"off, {why_not}"))
+        return self.clock_checked[device]
+
+    def _throttled(self, candidate: Candidate, round_ms: list[float], events: list[list[ClockEvent]],
+                   earlier_ms: list[float], limit: float) -> None:
+        """A candidate whose rounds ran more than ``limit`` slower while its device reported a throttle reason
+        in the final comparison (``clocks.throttle_slowdown``): its ratios there are not its speed, and the CPU
+        control cannot see it. Noisy."""
+        found = throttle_slowdown(round_ms, events, earlier_ms, limit)
+        if found is not None:
+            slowdown, reasons = found
+            self.throttled = True
+            self.notes.append(f"final comparison: {candidate.device} reported {' and '.join(reasons)} while "
+                              f"{candidate.label} ran, {slowdown:.0%} slower than in its other rounds; measured "
+                              "again by the next calibration")
+
+    def _describe(self, asynchronous: list[Candidate]) -> None:
+        """Say once per asynchronous device what its samples are: what a loop pays, for every candidate alike."""
+        for device in dict.fromkeys(c.device for c in asynchronous):
+            note = (f"{device}: every candidate timed as a training loop runs it, step by step on the device's own "
+                    "clock while the host launches the next step, after an untimed step that takes the queue's "
+                    "fill and a cold start; fp16 with an unfused optimizer waits for GradScaler's inf check every "
+                    "step there, as in a loop, fp16 with the fused optimizer does not")
+            if note not in self.notes:
+                self.notes.append(note)
 
     def _steady_s(self, candidate: Candidate) -> float | None:
         """Its step time when it was last timed (it warms up afresh, towards it); None if never timed."""
@@ -294,26 +319,27 @@ class Session:
         return timing.round_ms if timing is not None else []
 
     def _rivals(self, alive: list[Candidate], leader: Candidate, stage: int) -> list[Candidate]:
-        """In the last stage, the device's other live precisions that a tie would go to, once the leader's
-        variant settings pay (:meth:`_settings_pay`): each is timed again next to those settings in its own
-        precision, so the tie rule meets the best of every precision, not a plain one the settings would beat
-        by more than its margin allows."""
-        if stage != self._last_stage or not self._settings_pay(alive, leader):
+        """In the last stage, the device's other live precisions that a tie would go to, where some variant
+        settings of the leader's precision may pay (:meth:`_donors`): each is timed again next to those settings
+        in its own precision, so the tie rule meets the best of every precision, not a plain one the settings
+        would beat by more than its margin allows."""
+        if stage != self._last_stage or not self._donors(alive, leader):
             return []  # the rivals' own best stays comparable
         return [c for c in alive if c.device == leader.device and c.precision != leader.precision
                 and _rules.tie_winner(c, leader) == c]
 
-    def _settings_pay(self, alive: list[Candidate], leader: Candidate) -> bool:
-        """The leader's variant settings beat its plain precision: clearly (it was dropped), or by an estimate
-        past the indifference. Waiting for "clearly" gave a same-math gain of a few percent away to the tie
-        rule whenever its stage ended before it was proven; a settings gain within the indifference costs a
-        tie's pick less than the zone allows, and not asking saves a rival's rounds."""
-        if leader == leader.base:
-            return False
-        if leader.base not in alive or not self._rounds(leader.base):
-            return True
-        estimate, _, _ = _stats.ratio_interval(self._rounds(leader.base), self._rounds(leader))
-        return estimate > 1 + _rules.INDIFFERENCE
+    def _donors(self, alive: list[Candidate], leader: Candidate) -> list[Candidate]:
+        """The live variants of the leader's precision whose settings may beat it plain by more than a pick may
+        give away (the same math's indifference): all but those an interval rules out. A few rounds' estimate
+        gave a gain of a few percent away to the tie rule one time in five, and a plain leader ahead by chance
+        left its fused variant's settings untried in the precision the tie then went to."""
+        base = leader.base
+        found = [c for c in dict.fromkeys([leader, *alive])
+                 if c.device == leader.device and c.precision == leader.precision and c != c.base]
+        if base not in alive or not self._rounds(base):
+            return found
+        return [c for c in found if not self._rounds(c)  # (never timed next to it: no interval rules it out)
+                or _stats.ratio_interval(self._rounds(base), self._rounds(c))[2] > 1 + _rules.indifference(base, c)]
 
     def _variants(self, alive: list[Candidate], stage: int) -> list[Candidate]:
         found: list[Candidate] = []
@@ -322,8 +348,8 @@ class Session:
             tried = [c for c in self.roster.results if c.device == device and self._stage(c) == stage - 1]
             proposed = variants(leader, stage, self.roster.facts[leader], search=self.settings.search,
                                 default_threads=self.lab.default_threads, tried=tried)
-            proposed += [leader.model_copy(update={"precision": rival.precision})
-                         for rival in self._rivals(alive, leader, stage)]
+            proposed += [donor.model_copy(update={"precision": rival.precision})
+                         for rival in self._rivals(alive, leader, stage) for donor in self._donors(alive, leader)]
             proposed = [c for c in proposed
                         if c not in self.roster.results and c not in self.excluded and c not in found]
             if self._outpaced(leader) and self._cost_s(leader, len(proposed)) > self._stage_settings(stage).budget_s:

@@ -1,7 +1,8 @@
 """One candidate's training step on its device: the unit every measurement and every check runs.
 
 A step is what the user's loop does per batch: move the batch to the device, forward + loss under autocast,
-backward (scaled for fp16), optimizer step, then synchronise so the time is the time the user waits for.
+backward (scaled for fp16), optimizer step, then synchronise so the time is the time the user waits for. The
+batch is copied as a fast loop copies it (``pins_batches``).
 """
 
 from __future__ import annotations
@@ -32,6 +33,15 @@ def start_device(backend: Backend, device: str) -> float:
     return time.perf_counter() - started
 
 
+def pins_batches(backend: Backend) -> bool:
+    """Whether a step's batch is pinned once and copied ``non_blocking``, as a loop over a
+    ``DataLoader(pin_memory=True)`` copies its batches: where copies from pinned memory are stream-ordered (CUDA,
+    XPU), so the host launches the next step while the device still runs this one. From pageable memory every
+    copy waits for the device's queued work, a synchronisation per step that no fast loop pays; on MPS a loop
+    pays it too (non-blocking copies there lose data, pytorch/pytorch#189690)."""
+    return backend.async_copies
+
+
 class TrainStep:
     """Model, optimizer and GradScaler of one candidate, built from ``family`` with a fixed seed.
 
@@ -55,7 +65,7 @@ class TrainStep:
         start_device(backend, candidate.device)  # a no-op after the device's first candidate
         self.model = workload.model.to(self.device, **apply.model_keywords(candidate))
         self.model.train()
-        self.inputs = workload.inputs
+        self.inputs = tuple(t.pin_memory() for t in workload.inputs) if pins_batches(backend) else workload.inputs
         #: how each input is copied to the device (an image batch in the model's memory format)
         self.input_keywords = [apply.batch_keywords(candidate, t) for t in self.inputs]
         self.loss_fn = workload.loss
@@ -91,18 +101,53 @@ class TrainStep:
     @contextlib.contextmanager
     def selected(self) -> Iterator[None]:
         """This candidate's process-wide settings for a block of steps, applied outside the timed region:
-        the fp32 settings its precision means and its variants' (its thread count)."""
+        the fp32 settings its precision means, its backend's loop settings (cuDNN's benchmark mode on NVIDIA
+        CUDA, as ``Config.apply_precision`` sets it) and its variants' (its thread count)."""
         _fp32.ensure(self.fp32)
+        self.backend.apply_loop_settings()
         with apply.process(self.candidate):
             yield
 
-    def run(self, steps: int = 1) -> None:
-        """``steps`` training steps, synchronised after the last (inside ``selected()``)."""
+    def run(self, steps: int = 1, *, synchronize: bool = True) -> None:
+        """``steps`` training steps, synchronised after the last unless ``synchronize=False`` (a loop's steps,
+        which overlap the host's next work as the user's do) (inside ``selected()``)."""
         for _ in range(steps):
-            self._forward_backward()
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
+            self._step()
+        if synchronize:
+            self.backend.synchronize(self.candidate.device)
+
+    def span(self, steps: int) -> list[float]:
+        """The seconds of ``steps`` training steps as a loop runs them (inside ``selected()``): each between
+        markers at the ends of the step before it and of its own, on the device's own clock
+        (``Backend.step_clock``), while the host launches the next one. An untimed step goes first: it takes the
+        host's lead, the queue's fill and a cold start after another candidate's (clocks, caches); the drain
+        before the closing synchronisation is after the last marker. A loop that never synchronises pays none
+        of them.
+
+        A device without such a clock gives one figure from the host's: after an untimed step, a span of
+        ``steps + 1`` less a lone step, whose lead, fill and drain cancel."""
+        clock = self.backend.step_clock(self.candidate.device)
+        if clock is None:
+            self.run()
+            started = time.perf_counter()
+            self.run()
+            one = time.perf_counter() - started
+            started = time.perf_counter()
+            self.run(steps + 1)
+            span = time.perf_counter() - started
+            return [(span - one) / steps if span > one else span / (steps + 1)]
+        self._step()
+        clock.mark()
+        for _ in range(steps):
+            self._step()
+            clock.mark()
         self.backend.synchronize(self.candidate.device)
+        return clock.intervals_s()
+
+    def _step(self) -> None:
+        self._forward_backward()
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
 
     def run_checked(self) -> tuple[float, float, bool]:
         """One training step that also reports (loss, gradient norm, whether GradScaler skipped it); no dropout.
@@ -163,4 +208,4 @@ def dropout_off() -> Iterator[None]:
         yield
 
 
-__all__ = ["TrainStep", "dropout_off", "start_device"]
+__all__ = ["TrainStep", "dropout_off", "pins_batches", "start_device"]

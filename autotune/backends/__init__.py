@@ -12,7 +12,7 @@ import functools
 
 import torch
 
-from autotune.backends.api import Accelerator, Backend, Finding
+from autotune.backends.api import Accelerator, Backend, ClockReading, Finding
 from autotune.backends.cpu import CpuBackend
 from autotune.backends.cuda import CudaBackend
 from autotune.backends.mps import MpsBackend
@@ -96,5 +96,5 @@ def diagnose() -> list[Finding]:
     return findings
 
 
-__all__ = ["Accelerator", "Backend", "Finding", "all_backends", "backend_for", "diagnose", "resolve_device",
-           "usable_devices"]
+__all__ = ["Accelerator", "Backend", "ClockReading", "Finding", "all_backends", "backend_for", "diagnose",
+           "resolve_device", "usable_devices"]

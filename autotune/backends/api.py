@@ -3,12 +3,15 @@ this, never the package, so nothing imports back up."""
 
 from __future__ import annotations
 
+import itertools
 from abc import ABC, abstractmethod
-from typing import ClassVar, Literal
+from collections.abc import Callable
+from typing import Any, ClassVar, Literal
 
 import torch
+from pydantic import Field
 
-from autotune._records import Precision, Record
+from autotune._records import ClockEvent, Precision, Record
 
 
 class Accelerator(Record):
@@ -25,6 +28,33 @@ class Finding(Record):
     level: Literal["ok", "info", "warning", "error"]
     message: str
     fix: str | None = None
+
+
+class ClockReading(Record):
+    """A device's clock now and what holds it down, e.g. ``mhz=1755.0, events=['power_cap']``."""
+
+    mhz: float | None = None
+    events: list[ClockEvent] = Field(default_factory=list)
+
+
+class StepClock:
+    """Markers in a device's queue, timed on the device's own clock as the queue reaches them (CUDA, XPU and MPS
+    events): the time between two steps' ends as a loop that never waits for the device runs them."""
+
+    def __init__(self, new_event: Callable[[], Any], record: Callable[[Any], None]) -> None:
+        self._new_event = new_event
+        self._record = record
+        self._events: list[Any] = []
+
+    def mark(self) -> None:
+        """Put a marker at the end of the device's queue (after the work launched so far)."""
+        event = self._new_event()
+        self._record(event)
+        self._events.append(event)
+
+    def intervals_s(self) -> list[float]:
+        """Seconds between consecutive markers; read once the device is synchronised."""
+        return [first.elapsed_time(second) / 1000 for first, second in itertools.pairwise(self._events)]
 
 
 class Backend(ABC):
@@ -70,24 +100,40 @@ class Backend(ABC):
     def synchronize(self, device: str) -> None:  # noqa: B027 - a default: the CPU has nothing to wait for
         """Wait for queued work; a no-op on the CPU."""
 
-    def clock_mhz(self, device: str) -> float | None:
-        """The device's clock now, e.g. 1755.0 (a throttled GPU reads lower); None where it does not say."""
+    def apply_loop_settings(self) -> None:  # noqa: B027 - a default: most backends have none
+        """Set what a fast training loop on this backend runs with, process-wide (NVIDIA CUDA: cuDNN's
+        benchmark mode): before every timed step of its candidates, and in ``Config.apply_precision``."""
+
+    def step_clock(self, device: str) -> StepClock | None:
+        """A fresh :class:`StepClock` on ``device``; None where the device keeps no clock of its own (the CPU) or
+        this torch build cannot time its events."""
+        return None
+
+    def clock_check(self, device: str) -> str | None:
+        """None where :meth:`clock_reading` can say what holds ``device``'s clocks down; otherwise why not."""
+        return f"{self.title} reports no clock events"
+
+    def clock_reading(self, device: str) -> ClockReading | None:
+        """The device's clock now and the throttle reasons in force (where :meth:`clock_check` is None)."""
         return None
 
     def release_cached_memory(self, device: str) -> None:  # noqa: B027 - a default: the CPU has no cache
         """Return the caching allocator's free blocks to the device, so the next candidate starts clean."""
 
     def reset_peak_memory(self, device: str) -> None:  # noqa: B027 - a default: not every backend tracks one
-        """Start a new peak-memory window where the backend tracks one."""
+        """Start a new peak-memory window where the backend tracks one, at what is live now, with the cached
+        blocks given back first: the models and optimizer states of other candidates still held stay out of
+        the next one's peak, and it reuses none of their blocks."""
 
     def peak_memory_bytes(self, device: str) -> int | None:
-        """The most memory the work since ``reset_peak_memory`` held at once (CPU: what the resident size
-        rose by; CUDA / XPU: allocated; MPS: driver-allocated); None where the backend cannot tell."""
+        """The most memory the work since ``reset_peak_memory`` added at once to what was live then (CPU: the
+        resident size; CUDA / XPU: allocated; MPS: driver-allocated); None where the backend cannot tell."""
         return None
 
     def peak_reserved_bytes(self, device: str) -> int | None:
-        """The most memory the caching allocator held from the device since the reset (allocated plus cached
-        blocks: what the device really gave); None for backends without such an allocator."""
+        """The most memory the caching allocator took from the device since the reset, over what it held then
+        (allocated plus cached blocks: what the device really gave); None for backends without such an
+        allocator."""
         return None
 
     def free_memory_bytes(self, device: str) -> int | None:
@@ -110,4 +156,4 @@ class Backend(ABC):
         return isinstance(exc, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)
 
 
-__all__ = ["Accelerator", "Backend", "Finding"]
+__all__ = ["Accelerator", "Backend", "ClockReading", "Finding", "StepClock"]

@@ -15,11 +15,12 @@ import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from autotune._records import Precision
-from autotune.backends.api import Accelerator, Backend, Finding
+from autotune._records import ClockEvent, Precision
+from autotune.backends.api import Accelerator, Backend, ClockReading, Finding, StepClock
 
 _PROC_DRIVER = "/proc/driver/nvidia"
 #: where the amdgpu kernel driver describes each GPU (Linux), readable without initialising HIP
@@ -29,6 +30,21 @@ _AMDGPU_VERSION = "/sys/module/amdgpu/version"
 #: AMD architectures with native bf16 matrix instructions: MI200 (gfx90a), MI300 (gfx94x), MI350 (gfx950),
 #: RDNA3 (gfx11xx) and RDNA4 (gfx12xx). Older ones (gfx906, gfx908, gfx10xx) emulate or lack it.
 ROCM_NATIVE_BF16 = ("gfx90a", "gfx94", "gfx95", "gfx11", "gfx12")
+
+
+#: NVML's clock-event (throttle) reason bits that slow a busy GPU down: the software power cap, hardware
+#: slowdown (and its power brake), software and hardware thermal slowdown. Idle, the application's clock
+#: setting, sync boost and display clocks say nothing about a candidate's speed.
+NVML_CLOCK_EVENTS: dict[int, ClockEvent] = {
+    0x04: "power_cap", 0x08: "hw_slowdown", 0x20: "thermal", 0x40: "thermal", 0x80: "hw_slowdown",
+}
+#: where to get the NVML bindings
+NVML_HINT = "nvidia-ml-py is not installed (pip install 'torch-autotune-device[nvidia]')"
+
+
+def clock_events(reasons: int) -> list[ClockEvent]:
+    """The throttle reasons in an NVML clock-event bitmask, e.g. ``0x21 -> ['thermal']`` (0x1 is idle)."""
+    return sorted({event for bit, event in NVML_CLOCK_EVENTS.items() if reasons & bit})
 
 
 def gfx_arch(target_version: int) -> str:
@@ -170,6 +186,33 @@ def visible(gpus: list[NvidiaGpu], cuda_visible_devices: str | None) -> list[Nvi
     return chosen
 
 
+def _nvml_handle(device: str) -> Any:
+    """NVML's handle of a CUDA device, found by its UUID (NVML numbers GPUs its own way), or why there is none."""
+    if torch.version.hip is not None:
+        return "not an NVIDIA GPU: ROCm reports no NVML clock events"
+    try:
+        import pynvml
+    except ImportError:
+        return NVML_HINT
+    try:
+        pynvml.nvmlInit()
+        uuid = str(torch.cuda.get_device_properties(torch.device(device)).uuid)
+        return pynvml.nvmlDeviceGetHandleByUUID((uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}").encode())
+    except pynvml.NVMLError as exc:
+        return f"NVML cannot read {device}: {exc}"
+
+
+def _nvml_reasons(pynvml: Any, handle: Any) -> int:
+    """The clock-event bitmask: NVML 12.535 renamed the throttle reasons "clock events"; older drivers and
+    bindings have only the old name, later ones may drop it."""
+    if hasattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons"):
+        try:
+            return int(pynvml.nvmlDeviceGetCurrentClocksEventReasons(handle))
+        except pynvml.NVMLError_FunctionNotFound:
+            pass
+    return int(pynvml.nvmlDeviceGetCurrentClocksThrottleReasons(handle))
+
+
 def nvidia_hardware_present() -> bool:
     return os.path.exists(_PROC_DRIVER) or bool(sys.platform != "linux" and shutil.which("nvidia-smi"))
 
@@ -183,6 +226,12 @@ class CudaBackend(Backend):
     lightning_accelerator = "cuda"
     visible_device_variables = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "HIP_VISIBLE_DEVICES",
                                 "ROCR_VISIBLE_DEVICES")
+
+    def __init__(self) -> None:
+        #: each device's NVML handle, or why there is none; found once
+        self._nvml: dict[str, Any] = {}
+        #: (allocated, reserved) bytes live on each device when its peak window started
+        self._live: dict[str, tuple[int, int]] = {}
 
     def host_accelerators(self) -> list[Accelerator]:
         if torch.version.cuda is None and torch.version.hip is None:
@@ -266,24 +315,54 @@ class CudaBackend(Backend):
     def synchronize(self, device: str) -> None:
         torch.cuda.synchronize(torch.device(device))
 
-    def clock_mhz(self, device: str) -> float | None:
-        """The SM clock through NVML (amdsmi on ROCm), where the optional ``pynvml`` / ``amdsmi`` is installed."""
-        try:
-            return float(torch.cuda.clock_rate(torch.device(device)))
-        except Exception:  # no NVML library, no permission, a driver without the query: no reading
+    def apply_loop_settings(self) -> None:
+        """cuDNN's benchmark mode, as fast CNN training runs: each convolution shape times cuDNN's algorithms on
+        its first call (a set-up cost) and keeps the fastest, which can change which layout or precision wins.
+        Not on ROCm, where it makes MIOpen search exhaustively (pytorch/pytorch#145294): the app's own setting."""
+        if torch.version.hip is None:
+            torch.backends.cudnn.benchmark = True
+
+    def step_clock(self, device: str) -> StepClock | None:
+        stream = torch.cuda.current_stream(torch.device(device))
+        return StepClock(lambda: torch.cuda.Event(enable_timing=True), lambda event: event.record(stream))
+
+    def clock_check(self, device: str) -> str | None:
+        handle = self._nvml_handle(device)
+        return handle if isinstance(handle, str) else None
+
+    def clock_reading(self, device: str) -> ClockReading | None:
+        """The SM clock and the throttle reasons in force, from NVML (the optional ``nvidia-ml-py``)."""
+        handle = self._nvml_handle(device)
+        if isinstance(handle, str):
             return None
+        import pynvml
+
+        try:
+            return ClockReading(mhz=float(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM)),
+                                events=clock_events(_nvml_reasons(pynvml, handle)))
+        except pynvml.NVMLError:  # a driver without the query, a GPU fallen off the bus: no reading this time
+            return None
+
+    def _nvml_handle(self, device: str) -> Any:
+        """``device``'s NVML handle, or why there is none (ROCm, no ``nvidia-ml-py``, NVML's own error)."""
+        if device not in self._nvml:
+            self._nvml[device] = _nvml_handle(device)
+        return self._nvml[device]
 
     def release_cached_memory(self, device: str) -> None:
         torch.cuda.empty_cache()
 
     def reset_peak_memory(self, device: str) -> None:
-        torch.cuda.reset_peak_memory_stats(torch.device(device))
+        where = torch.device(device)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(where)
+        self._live[device] = (int(torch.cuda.memory_allocated(where)), int(torch.cuda.memory_reserved(where)))
 
     def peak_memory_bytes(self, device: str) -> int | None:
-        return int(torch.cuda.max_memory_allocated(torch.device(device)))
+        return int(torch.cuda.max_memory_allocated(torch.device(device))) - self._live.get(device, (0, 0))[0]
 
     def peak_reserved_bytes(self, device: str) -> int | None:
-        return int(torch.cuda.max_memory_reserved(torch.device(device)))
+        return int(torch.cuda.max_memory_reserved(torch.device(device))) - self._live.get(device, (0, 0))[1]
 
     def free_memory_bytes(self, device: str) -> int | None:
         """Free on the device plus the allocator's cached, unused blocks (this process can reuse those)."""

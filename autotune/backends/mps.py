@@ -9,7 +9,7 @@ import sys
 import torch
 
 from autotune._records import Precision
-from autotune.backends.api import Accelerator, Backend, Finding
+from autotune.backends.api import Accelerator, Backend, Finding, StepClock
 from autotune.backends.cpu import cpu_brand
 
 FALLBACK_VAR = "PYTORCH_ENABLE_MPS_FALLBACK"
@@ -25,8 +25,10 @@ class MpsBackend(Backend):
     lightning_accelerator = "mps"
 
     def __init__(self) -> None:
-        #: the largest driver allocation seen since ``reset_peak_memory``; None before the first reset
+        #: the largest driver allocation seen since ``reset_peak_memory``, and the one at the reset; None before
+        #: the first reset
         self._peak_bytes: int | None = None
+        self._live_bytes: int | None = None
 
     def host_accelerators(self) -> list[Accelerator]:
         if sys.platform != "darwin" or not torch.backends.mps.is_built():
@@ -71,18 +73,23 @@ class MpsBackend(Backend):
         now = int(torch.mps.driver_allocated_memory())
         self._peak_bytes = now if self._peak_bytes is None else max(self._peak_bytes, now)
 
+    def step_clock(self, device: str) -> StepClock | None:
+        return StepClock(lambda: torch.mps.event.Event(enable_timing=True), lambda event: event.record())
+
     def release_cached_memory(self, device: str) -> None:
         torch.mps.empty_cache()
 
     def reset_peak_memory(self, device: str) -> None:
+        torch.mps.empty_cache()
         self._peak_bytes = None
         self._track_peak()
+        self._live_bytes = self._peak_bytes
 
     def peak_memory_bytes(self, device: str) -> int | None:
-        """The largest driver allocation over the steps since the last reset
+        """The largest driver allocation over the steps since the last reset, over the one at the reset
         (``driver_allocated_memory`` is the current one)."""
         self._track_peak()
-        return self._peak_bytes
+        return None if self._peak_bytes is None else self._peak_bytes - (self._live_bytes or 0)
 
     def free_memory_bytes(self, device: str) -> int | None:
         """Metal's recommended working set less what the driver holds now: unified memory is shared with the

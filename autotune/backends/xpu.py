@@ -14,7 +14,7 @@ import sys
 import torch
 
 from autotune._records import Precision
-from autotune.backends.api import Accelerator, Backend
+from autotune.backends.api import Accelerator, Backend, StepClock
 
 
 def _compiled() -> bool:
@@ -70,6 +70,12 @@ class XpuBackend(Backend):
     lightning_accelerator = None
     visible_device_variables = ("ZE_AFFINITY_MASK",)
 
+    def __init__(self) -> None:
+        #: whether this torch build times XPU events (2.6 and later); None until first asked
+        self._timed_events: bool | None = None
+        #: (allocated, reserved) bytes live on each device when its peak window started
+        self._live: dict[str, tuple[int, int]] = {}
+
     def host_accelerators(self) -> list[Accelerator]:
         if not _compiled() or sys.platform != "linux":
             return []  # elsewhere the model cannot be read without starting the runtime; the env vars still count
@@ -103,17 +109,35 @@ class XpuBackend(Backend):
     def synchronize(self, device: str) -> None:
         torch.xpu.synchronize(torch.device(device))
 
+    def step_clock(self, device: str) -> StepClock | None:
+        stream = torch.xpu.current_stream(torch.device(device))
+        clock = StepClock(lambda: torch.xpu.Event(enable_timing=True), lambda event: event.record(stream))
+        if self._timed_events is None:
+            try:  # builds before torch 2.6 raise on elapsed_time
+                clock.mark()
+                clock.mark()
+                self.synchronize(device)
+                clock.intervals_s()
+                self._timed_events = True
+            except (RuntimeError, NotImplementedError):
+                self._timed_events = False
+            clock = StepClock(lambda: torch.xpu.Event(enable_timing=True), lambda event: event.record(stream))
+        return clock if self._timed_events else None
+
     def release_cached_memory(self, device: str) -> None:
         torch.xpu.empty_cache()
 
     def reset_peak_memory(self, device: str) -> None:
-        torch.xpu.reset_peak_memory_stats(torch.device(device))
+        where = torch.device(device)
+        torch.xpu.empty_cache()
+        torch.xpu.reset_peak_memory_stats(where)
+        self._live[device] = (int(torch.xpu.memory_allocated(where)), int(torch.xpu.memory_reserved(where)))
 
     def peak_memory_bytes(self, device: str) -> int | None:
-        return int(torch.xpu.max_memory_allocated(torch.device(device)))
+        return int(torch.xpu.max_memory_allocated(torch.device(device))) - self._live.get(device, (0, 0))[0]
 
     def peak_reserved_bytes(self, device: str) -> int | None:
-        return int(torch.xpu.max_memory_reserved(torch.device(device)))
+        return int(torch.xpu.max_memory_reserved(torch.device(device))) - self._live.get(device, (0, 0))[1]
 
     def free_memory_bytes(self, device: str) -> int | None:
         """Free on the device plus the allocator's cached, unused blocks; None on torch builds without

@@ -1,8 +1,10 @@
 """Truth profiles: hardware that is not here, driving the real search and decision code on a fake clock.
 
 A :class:`Truth` says how fast each candidate *really* is (its step-time distribution, set-up time, failure,
-numerics), and how the machine misbehaves while it is measured (per-step noise, heavy-tailed outliers, a
-slowdown between stages, a steady ramp, a background burst). :func:`simulate` runs the real ``Session``
+numerics), how an accelerator runs it (kernels started as they are launched, batch copies that wait or not,
+synchronisations, cold starts, clocks and throttle reasons), and how the machine misbehaves while it is
+measured (per-step noise, heavy-tailed outliers, a slowdown between stages, a steady ramp, a background
+burst). :func:`simulate` runs the real ``Session``
 (stages, sequential timing, final comparison) against it with a seeded random stream and a fake clock, and
 returns the ``FamilyResult`` a worker would have returned; the real ``decide`` then picks from it. Nothing
 here hands ready-made timings to ``decide``: the code must find the right answer under the noise.
@@ -13,6 +15,7 @@ Used by ``tests/test_simulated.py`` (a seeded subset) and ``benchmarks/decision_
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import random
 from collections.abc import Callable, Mapping, Sequence
@@ -21,9 +24,11 @@ from dataclasses import dataclass, field
 from autotune._lab.prepare import CandidateFailed, Prepared
 from autotune._lab.protocol import CalibrationSettings, Checkpoint, Done
 from autotune._lab.session import Session
-from autotune._records import Candidate, CandidateResult, Failure, FamilyResult, Numerics
+from autotune._lab.step import pins_batches
+from autotune._records import Candidate, CandidateResult, ClockEvent, Failure, FamilyResult, Numerics
 from autotune._rules import margin, preference
 from autotune._variants import Facts
+from autotune.backends import ClockReading, backend_for
 
 #: the control workload's true time: pure Python on the CPU
 CONTROL_MS = 1.0
@@ -44,6 +49,72 @@ class CandidateTruth:
     #: on an accelerator, the host's time to launch one step's kernels: a loop's launches overlap the device's
     #: work, so a step there takes the longer of the two (``step_ms`` is the device's)
     launch_ms: float = 0.0
+    #: on a pipelined accelerator (``Truth.pipelined``), the host's time per step before its first kernel
+    #: (Python, the batch's copy call): the device idles through it in a step synchronised alone, where a loop
+    #: hides it behind the step before
+    lead_ms: float = 0.0
+    #: this candidate's own log-normal sigma per step, instead of the machine's ``noise``
+    noise: float | None = None
+    #: its accelerator's clock under its load where a power cap holds it below ``Truth.clock_mhz`` (its step time
+    #: is already that clock's: the cap holds it in a training loop too), and whether NVML then reports the
+    #: power cap as a throttle reason
+    clock_mhz: float | None = None
+    power_cap_reason: bool = False
+
+
+@dataclass(frozen=True)
+class Loop:
+    """How one candidate's steps run on a pipelined accelerator, in seconds (:func:`run_steps`)."""
+
+    compute_s: float
+    launch_s: float
+    lead_s: float
+    copy_s: float
+    sync_s: float
+    optimizer_share: float
+    #: the batch's copy waits for the device's queued work (not ``non_blocking``)
+    copies_wait: bool
+    #: GradScaler reads its inf check on the host mid-step (fp16 with an optimizer that is not fused)
+    scaler_sync: bool
+
+
+def run_steps(loop: Loop, host: float, device: float, steps: int, device_s: Callable[[float], float],
+              ends: list[float] | None = None) -> tuple[float, float]:
+    """``steps`` steps from (host, device): when the host is done launching them and when the device is done
+    (``ends``: when the device finished each step).
+
+    Each step: its batch copy (queued, or waited for), the host's lead, then forward and backward, GradScaler's
+    check where it reads one, and the optimizer step. In a phase the host launches kernels for ``launch`` seconds
+    while the device runs them as they come, ``work`` seconds in all: it ends once both are done.
+    ``device_s(start)``: the step's device seconds when the device starts it at ``start``."""
+    share = loop.optimizer_share
+    for _ in range(steps):
+        if loop.copies_wait:
+            host = device = max(host, device) + loop.sync_s + loop.copy_s
+        else:
+            device = max(device, host) + loop.copy_s
+        host += loop.lead_s
+        work = device_s(max(device, host))
+        host, device = _phase(host, device, (1 - share) * loop.launch_s, (1 - share) * work)
+        if loop.scaler_sync:
+            host = max(host, device) + loop.sync_s
+        host, device = _phase(host, device, share * loop.launch_s, share * work)
+        if ends is not None:
+            ends.append(device)
+    return host, device
+
+
+def _phase(host: float, device: float, launch: float, work: float) -> tuple[float, float]:
+    return host + launch, max(max(device, host) + work, host + launch)
+
+
+def loop_step_s(loop: Loop) -> float:
+    """One step's time in a long training loop, without noise: what the candidate's steps cost the user."""
+    host = device = 0.0
+    host, device = run_steps(loop, host, device, 20, lambda start: loop.compute_s)
+    settled = device
+    host, device = run_steps(loop, host, device, 20, lambda start: loop.compute_s)
+    return (device - settled) / 20
 
 
 @dataclass(frozen=True)
@@ -87,6 +158,35 @@ class Truth:
     #: a plain candidate's own variant factors, over ``variant_factors``: a gain that depends on the device and
     #: precision, e.g. ``{Candidate(device="cuda:0", precision="fp16-mixed"): {"channels_last": 0.79}}``
     candidate_variant_factors: Mapping[Candidate, Mapping[str, float]] = field(default_factory=dict)
+    #: accelerators run kernel by kernel, as real ones do (:func:`run_steps`): a step's kernels start as they are
+    #: launched, so a step synchronised alone takes about the longer of its launch and device time plus its
+    #: lead and a synchronisation, not their sum; a batch copy that is not ``non_blocking`` waits for the
+    #: device's queued work; fp16 with an unfused optimizer waits mid-step for GradScaler's inf check
+    pipelined: bool = False
+    #: ... what a synchronisation costs the host (the device's signal reaching it)
+    sync_ms: float = 0.0
+    #: ... the batch's copy to the device, on the device's queue
+    copy_ms: float = 0.0
+    #: ... the share of a step's launches and device time that its optimizer step takes
+    optimizer_share: float = 0.2
+    #: ... an accelerator's first step after another candidate's steps, or after idling for ``idle_after_s`` (the
+    #: CPU's turn, the control), is ``idle_penalty_ms`` slower: its clocks ramp up again, its caches refill
+    idle_penalty_ms: float = 0.0
+    idle_after_s: float = 0.02
+    #: an accelerator's clock reading averages its clock over this many seconds (NVML's sample period: its
+    #: own work, another candidate's, idle time), where 0 reads it as it is; idle, it runs at ``idle_clock_mhz``
+    clock_window_s: float = 0.0
+    idle_clock_mhz: float | None = None
+    #: a busy machine hurts a step of many threads more than one of few (it waits for its slowest thread): a
+    #: CPU candidate feels the load (``load_noise``) to the power (threads / default_threads) ** threads_load;
+    #: 0: every candidate alike
+    threads_load: float = 0.0
+
+    def load_power(self, candidate: Candidate) -> float:
+        """How strongly ``candidate``'s steps feel the machine's load: 1 at torch's thread count."""
+        if candidate.device != "cpu":
+            return 1.0
+        return math.pow((candidate.num_threads or self.default_threads) / self.default_threads, self.threads_load)
 
     def factors(self, base: Candidate) -> Mapping[str, float]:
         """The step-time factor of each variant setting on the plain candidate ``base``."""
@@ -107,8 +207,21 @@ class Truth:
 
     def step_ms(self, candidate: Candidate) -> float:
         """The candidate's true median step time in a training loop: on an accelerator the longer of its launch
-        and its device time, which overlap."""
-        return max(self.compute_ms(candidate), self.launch_ms(candidate))
+        and its device time, which overlap; on a pipelined one, a loop's step that copies its batches as a fast
+        loop does (``non_blocking`` where the backend's copies allow it)."""
+        loop = self.loop(candidate, copies_wait=not backend_for(candidate.device).async_copies)
+        if loop is None:
+            return max(self.compute_ms(candidate), self.launch_ms(candidate))
+        return 1000 * loop_step_s(loop)
+
+    def loop(self, candidate: Candidate, *, copies_wait: bool) -> Loop | None:
+        """How ``candidate``'s steps run on a pipelined accelerator; None on the CPU or an unpipelined truth."""
+        if not self.pipelined or candidate.device == "cpu":
+            return None
+        return Loop(compute_s=self.compute_ms(candidate) / 1000, launch_s=self.launch_ms(candidate) / 1000,
+                    lead_s=self.candidates[candidate.base].lead_ms / 1000, copy_s=self.copy_ms / 1000,
+                    sync_s=self.sync_ms / 1000, optimizer_share=self.optimizer_share, copies_wait=copies_wait,
+                    scaler_sync=candidate.precision == "fp16-mixed" and candidate.optimizer != "fused")
 
     def throttled(self, now: float, device: str) -> bool:
         return device != "cpu" and self.clock_drop is not None and self.clock_drop[0] <= now < self.clock_drop[1]
@@ -136,6 +249,11 @@ class _Weather:
         self._load = [0.0]  # shared with the control's weather: the machine's slow load, in log units
         #: the step that ran last (a position effect hits the one after another candidate's)
         self.last_step: object = None
+        #: when each pipelined accelerator last finished work, and whose (its next step pays for a change)
+        self.busy_until: dict[str, tuple[float, object]] = {}
+        #: each accelerator's steps (start, end, clock MHz) within the last clock window, and whose step ran last
+        self.busy: dict[str, list[tuple[float, float, float]]] = {}
+        self.last_on: dict[str, CandidateTruth | None] = {}
 
     def load(self) -> float:
         """The machine-wide load factor, one AR(1) step further."""
@@ -146,10 +264,13 @@ class _Weather:
         self._load[0] = rho * self._load[0] + math.sqrt(1 - rho * rho) * self.rng.gauss(0.0, truth.load_noise)
         return math.exp(self._load[0])
 
-    def factor(self, device: str) -> float:
-        """The machine's factor on one step of ``device`` now (the candidate's own terms are the step's)."""
+    def factor(self, device: str, *, sigma: float | None = None, load_power: float = 1.0) -> float:
+        """The machine's factor on one step of ``device`` now (the candidate's own terms are the step's): its
+        noise of ``sigma`` (default the machine's), its load to the power ``load_power``."""
         truth, now = self.truth, self.clock.now
-        value = (1 + truth.ramp_per_s * now) * math.exp(self.rng.gauss(0.0, truth.noise)) * self.load()
+        noise = truth.noise if sigma is None else sigma
+        value = (1 + truth.ramp_per_s * now) * math.exp(self.rng.gauss(0.0, noise))
+        value *= math.pow(self.load(), load_power)
         if truth.burst is not None and truth.burst[0] <= now < truth.burst[1]:
             value *= truth.burst_factor
         if self.stage_1_over and device != "cpu":
@@ -163,29 +284,79 @@ class _Weather:
 
 class _FakeStep:
     def __init__(self, step_s: float, device: str, weather: _Weather, own: CandidateTruth | None = None,
-                 launch_s: float = 0.0) -> None:
+                 launch_s: float = 0.0, loop: Loop | None = None, load_power: float = 1.0) -> None:
         self.step_s = step_s
         self.device = device
         self.weather = weather
         self.own = own
         self.launch_s = launch_s
+        self.loop = loop
+        self.load_power = load_power
         self.asynchronous = device != "cpu"
         self.steps = 0
 
     def run(self, steps: int = 1) -> None:
         """``steps`` steps, then a synchronisation. On an accelerator the host launches step i at i launch
-        times, and the device runs it once launched and once the step before it is done: a queue."""
+        times, and the device runs it once launched and once the step before it is done: a queue. On a
+        pipelined one, kernel by kernel (:func:`run_steps`)."""
+        self._run(steps, None)
+
+    def span(self, steps: int) -> list[float]:
+        """``steps + 1`` steps, then a synchronisation: the seconds between consecutive steps' ends on the
+        device, as its events time them."""
+        ends: list[float] = []
+        self._run(steps + 1, ends)
+        return [later - first for first, later in itertools.pairwise(ends)]
+
+    def _run(self, steps: int, ends: list[float] | None) -> None:
         clock = self.weather.clock
+        if self.loop is not None:
+            host, device = run_steps(self.loop, clock.now, clock.now, steps, self._pipelined_s, ends)
+            clock.now = max(host, device) + self.loop.sync_s
+            return
         launched = done = clock.now
         for _ in range(steps):
             launched += self.launch_s
             clock.now = max(done, launched)  # the weather of the moment the device starts it
+            start = clock.now
             done = clock.now + self._device_s()
+            self._busy(start, done)
+            if ends is not None:
+                ends.append(done)
         clock.now = done
+
+    def _busy(self, start: float, end: float) -> None:
+        """Log a step on an accelerator for its windowed clock readings (``Truth.clock_window_s``)."""
+        weather, truth = self.weather, self.weather.truth
+        if self.device == "cpu":
+            return
+        weather.last_on[self.device] = self.own
+        if truth.clock_window_s:
+            mhz = self.own.clock_mhz if self.own is not None and self.own.clock_mhz is not None else truth.clock_mhz
+            if truth.throttled(start, self.device):
+                mhz /= truth.clock_drop_factor
+            log = weather.busy.setdefault(self.device, [])
+            log.append((start, end, mhz))
+            while log and log[0][1] < end - truth.clock_window_s:
+                log.pop(0)
+
+    def _pipelined_s(self, start: float) -> float:
+        """A pipelined step's device seconds, started at ``start``: slower after another candidate's steps or
+        after the device idled."""
+        weather, truth = self.weather, self.weather.truth
+        weather.clock.now = start  # the weather of the moment the device starts it
+        value = self._device_s()
+        until, whose = weather.busy_until.get(self.device, (start, self))
+        if whose is not self or start - until >= truth.idle_after_s:
+            value += truth.idle_penalty_ms / 1000
+        weather.busy_until[self.device] = (start + value, self)
+        self._busy(start, start + value)
+        return value
 
     def _device_s(self) -> float:
         weather, truth = self.weather, self.weather.truth
-        value = self.step_s * weather.factor(self.device)
+        value = self.step_s * weather.factor(self.device, sigma=self.own.noise if self.own is not None else None,
+                                             load_power=self.load_power)
         if self.own is not None:
             if self.own.outlier_rate and weather.rng.random() < self.own.outlier_rate:  # no draw when no tail
                 value *= self.own.outlier_factor
@@ -215,11 +386,38 @@ class TruthLab:
         """Nothing to free on a fake clock."""
 
     def clock_mhz(self, device: str) -> float | None:
-        """An accelerator's clock: nominal, or lower by the drop's factor once it throttles."""
+        """An accelerator's clock: nominal, or lower by the drop's factor once it throttles; averaged over the
+        last ``clock_window_s`` (its steps at their clocks, idle time at the idle clock) where that is set."""
         if device == "cpu":
             return None
-        throttled = self.truth.throttled(self.weather.clock.now, device)
-        return self.truth.clock_mhz / (self.truth.clock_drop_factor if throttled else 1.0)
+        truth, now = self.truth, self.weather.clock.now
+        if not truth.clock_window_s:
+            return truth.clock_mhz / (truth.clock_drop_factor if truth.throttled(now, device) else 1.0)
+        since = now - truth.clock_window_s
+        idle_mhz = truth.clock_mhz if truth.idle_clock_mhz is None else truth.idle_clock_mhz
+        busy = [(max(start, since), min(end, now), mhz) for start, end, mhz in self.weather.busy.get(device, [])]
+        busy = [(start, end, mhz) for start, end, mhz in busy if end > start]
+        busy_s = sum(end - start for start, end, _ in busy)
+        weighted = sum((end - start) * mhz for start, end, mhz in busy)
+        return (weighted + (truth.clock_window_s - busy_s) * idle_mhz) / truth.clock_window_s
+
+    def clock_check(self, device: str) -> str | None:
+        """A simulated accelerator reports its throttle reasons; the CPU none."""
+        return "the CPU reports no clock events" if device == "cpu" else None
+
+    def clock_reading(self, device: str) -> ClockReading | None:
+        """The clock (:meth:`clock_mhz`) and the reasons in force: thermal while it throttles, the power cap
+        while a candidate that reports one ran last."""
+        mhz = self.clock_mhz(device)
+        if mhz is None:
+            return None
+        events: list[ClockEvent] = []
+        if self.truth.throttled(self.weather.clock.now, device):
+            events.append("thermal")
+        last = self.weather.last_on.get(device)
+        if last is not None and last.power_cap_reason:
+            events.append("power_cap")
+        return ClockReading(mhz=mhz, events=events)
 
     def set_up(self, candidate: Candidate) -> Prepared:
         truth = self.truth.candidates[candidate.base]
@@ -229,8 +427,11 @@ class TruthLab:
         clock.now += truth.setup_s
         if truth.failure is not None:
             raise CandidateFailed(CandidateResult(candidate=candidate, failure=truth.failure, setup_s=truth.setup_s))
+        # The steps copy their batches as the real step does on that device.
+        loop = self.truth.loop(candidate, copies_wait=not pins_batches(backend_for(candidate.device)))
         step = _FakeStep(self.truth.compute_ms(candidate) / 1000, candidate.device, self.weather, truth,
-                         launch_s=self.truth.launch_ms(candidate) / 1000)
+                         launch_s=self.truth.launch_ms(candidate) / 1000, loop=loop,
+                         load_power=self.truth.load_power(candidate))
         recent_s = []
         self.weather.in_setup = True
         verify_steps = (self.settings.verify_steps if candidate == candidate.base
@@ -283,8 +484,8 @@ class _ControlWeather(_Weather):
         super().__init__(weather.truth, weather.clock, weather.rng)
         self._load = weather._load
 
-    def factor(self, device: str) -> float:
-        """The machine's factor on one step of ``device`` now (the candidate's own terms are the step's)."""
+    def factor(self, device: str, *, sigma: float | None = None, load_power: float = 1.0) -> float:
+        """The machine's factor on one step of the control now."""
         truth, now = self.truth, self.clock.now
         value = (1 + truth.ramp_per_s * now) * math.exp(self.rng.gauss(0.0, 0.01)) * self.load()
         if truth.burst is not None and truth.burst[0] <= now < truth.burst[1]:
@@ -356,5 +557,6 @@ def truth_from_record(measured: FamilyResult, **weather: object) -> Truth:
 
 
 __all__ = [
-    "CandidateTruth", "FakeClock", "Truth", "TruthLab", "simulate", "true_pick", "true_score", "truth_from_record",
+    "CandidateTruth", "FakeClock", "Loop", "Truth", "TruthLab", "loop_step_s", "run_steps", "simulate", "true_pick",
+    "true_score", "truth_from_record",
 ]

@@ -1,0 +1,434 @@
+"""DataLoader settings measured with the training step, for one dataset: ``cfg.dataloader_kwargs(dataset,
+batch_size=64)``.
+
+For about ``BUDGET_S`` seconds it runs the loop as the user runs it: the config's own training step (its family's
+model at the loader's batch size, on its device, in its precision and variants, uncompiled) fed by a DataLoader over
+the user's dataset, one setting after another. Without workers first, then the most workers (the usable cores),
+then the counts between, fewest first; on the CPU each worker count with the config's training threads and with
+fewer, leaving the workers their cores: workers and training threads share the cores, so they are measured
+together, never added up. A loop within ``KEEP_UP`` of its step keeps up: the cheapest setting that keeps up wins
+(costlier ones are not measured), else the fastest. Workers persist across epochs; memory is pinned where
+copies from it are asynchronous (CUDA, XPU); workers are spawned where fork is unsafe (macOS; a process that trains
+on an accelerator).
+
+A dataset that cannot be pickled for worker processes gets none, with the reason; a setting whose worker dies or
+stays silent for ``TIMEOUT_S`` is ruled out and reported; a dataset that raises surfaces as a
+:class:`DatasetError` (its exception the cause) and nothing is cached. Answers are kept per machine configuration,
+family, candidate and question (``autotune._cache.loader_answers``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import inspect
+import logging
+import math
+import multiprocessing
+import os
+import pickle
+import sys
+import time
+import warnings
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+
+from autotune import _fp32
+from autotune._cache.loader_answers import Answers
+from autotune._errors import ConfigurationError, DatasetError
+from autotune._families import get_family
+from autotune._lab.step import TrainStep
+from autotune._records import Candidate, LoaderReport, LoaderTrial
+from autotune._wording import loader_reason
+from autotune.backends import Backend, backend_for
+
+log = logging.getLogger("autotune")
+
+#: the measurement's length in seconds: no setting starts after it, but for no workers and the most workers
+BUDGET_S = 5.0
+#: each setting's loop is timed over this share of the budget and at least ``MIN_BATCHES`` batches, or over one
+#: batch where that takes ``SLOW_SETTINGS`` shares
+SETTING_SHARE = 0.1
+MIN_BATCHES = 3
+SLOW_SETTINGS = 3
+#: a loop at most this much slower per step than its step keeps up: without workers, its own steps (nothing else
+#: shares the cores, and the comparison is within one timed loop); with workers, the step alone (they may slow it)
+KEEP_UP = 0.10
+#: a worker silent this long is ruled out (DataLoader's ``timeout``)
+TIMEOUT_S = 30.0
+#: a deeper prefetch tried for a winner that does not keep up: it absorbs uneven batches, not slow ones
+DEEP_PREFETCH = 4
+#: bumped when what a stored answer means changes
+MEASUREMENT_VERSION = 1
+
+#: the DataLoader keywords ``fixed`` may not hold: the dataset and the batch size are arguments of their own
+_NOT_FIXED = ("dataset", "batch_size")
+
+
+def report(candidate: Candidate, model_kind: str, digest: str, dataset: Any, *, batch_size: int, key: str | None,
+           fixed: Mapping[str, Any], init_scale: float | None = None, budget_s: float = BUDGET_S,
+           force: bool = False) -> LoaderReport:
+    """The DataLoader settings that measured fastest for ``candidate`` training ``model_kind`` on ``dataset``, from
+    the answers of this machine configuration (``digest``) when this question was measured before."""
+    _validate(batch_size, key, fixed, budget_s)
+    signature, length = dataset_signature(dataset)
+    family = get_family(model_kind)
+    question = "|".join([family.name, family.ref, family.version or "", candidate.label,
+                         signature, f"batch {batch_size}", key or "", _described(fixed),
+                         f"v{MEASUREMENT_VERSION}"])
+    answers = Answers(digest)
+    if not force and (known := answers.get(question)) is not None:
+        return known
+    measured = _measure(candidate, model_kind, dataset, signature, length, batch_size=batch_size, fixed=fixed,
+                        init_scale=init_scale, budget_s=budget_s)
+    log.info("%s: %s (measured in %.1f s)", model_kind, measured.reason, measured.wall_s)
+    answers.put(question, measured)
+    return measured
+
+
+def keeps_up(trial: LoaderTrial, step_ms: float) -> bool:
+    """Whether the loop with ``trial``'s setting is within ``KEEP_UP`` of its step (``step_ms``: the step alone)."""
+    if trial.loop_ms is None or trial.data_wait_share is None:
+        return False
+    step = trial.loop_ms * (1 - trial.data_wait_share) if trial.num_workers == 0 else step_ms
+    return trial.loop_ms <= step * (1 + KEEP_UP)
+
+
+def choose(trials: list[LoaderTrial], step_ms: float) -> LoaderTrial | None:
+    """The cheapest setting that keeps up (fewest workers, then the shallower prefetch, then the faster); when none
+    does, the fastest; None when every one was ruled out."""
+    timed = [t for t in trials if t.loop_ms is not None]
+    keeping = [t for t in timed if keeps_up(t, step_ms)]
+    if keeping:
+        return min(keeping, key=lambda t: (t.num_workers, t.prefetch_factor or 0, t.loop_ms or 0.0))
+    return min(timed, key=lambda t: t.loop_ms or 0.0, default=None)
+
+
+def dataset_signature(dataset: Any) -> tuple[str, int]:
+    """What identifies a dataset across runs, e.g. ``"my_app.data.Photos of 50,000 samples, each (Tensor[float32,
+    3x64x64], int)"``, and its length. Raises :class:`DatasetError` for one that is empty, has no length, is
+    iterable-style, or raises on its first sample."""
+    name = _named(dataset)
+    if isinstance(dataset, IterableDataset):
+        raise DatasetError(name, "it is an IterableDataset: each worker would iterate all of it unless it splits "
+                           "itself by torch.utils.data.get_worker_info(), so its loading is not measured")
+    try:
+        length = len(dataset)
+    except TypeError as exc:
+        raise DatasetError(name, f"it has no len() ({exc}); a map-style dataset needs __len__ and __getitem__") \
+            from exc
+    if length == 0:
+        raise DatasetError(name, "it is empty (len 0)")
+    try:
+        first = dataset[0]
+    except Exception as exc:  # the dataset's own code: its exception, whatever it is, is the answer's cause
+        raise DatasetError(name, f"dataset[0] raised {type(exc).__name__}: {exc}") from exc
+    return f"{name} of {length:,} samples, each {_structure(first)}"[:400], length
+
+
+# -- measuring ------------------------------------------------------------------------------------------------
+
+
+class _Unpicklable(Exception):
+    """The dataset could not be sent to a worker process."""
+
+
+def _measure(candidate: Candidate, model_kind: str, dataset: Any, signature: str, length: int, *, batch_size: int,
+             fixed: Mapping[str, Any], init_scale: float | None, budget_s: float) -> LoaderReport:
+    started = time.perf_counter()
+    at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    backend = backend_for(candidate.device)
+    on_cpu = backend.device_type == "cpu"
+    threads = (candidate.num_threads or torch.get_num_threads()) if on_cpu else None
+    context, method = _start_method(backend, fixed)
+    pin = bool(fixed.get("pin_memory", backend.async_copies))
+    drop_last = bool(fixed.get("drop_last", False))
+    batches = length // batch_size if drop_last else math.ceil(length / batch_size)
+    if batches == 0:
+        raise DatasetError(_named(dataset), f"drop_last=True leaves no batch of {batch_size} from {length} samples")
+    needs_workers = fixed.get("num_workers", 0) > 0 or any(
+        fixed.get(name) not in (None, False) for name in ("multiprocessing_context", "persistent_workers",
+                                                          "prefetch_factor"))
+    counts = _worker_counts(_usable_cores(), batches, fixed.get("num_workers"), zero=not needs_workers)
+    setting_s = budget_s * SETTING_SHARE
+    family = get_family(model_kind)
+    uncompiled = candidate.model_copy(update={"compiled": False})  # compiling takes longer than the budget
+    trials: list[LoaderTrial] = []
+    unpicklable: str | None = None
+    with _isolated(backend, candidate.device), warnings.catch_warnings():
+        # DataLoader's own warnings about the settings tried (worker counts, pickling): the report says what they would
+        warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\.utils\.data")
+        step = TrainStep(family, uncompiled, backend, seed=0, fp32_host=_fp32.current(), init_scale=init_scale,
+                         batch_size=batch_size if family.accepts_batch_size() else None)
+        with step.selected():
+            if threads is not None:
+                torch.set_num_threads(threads)
+            step_ms = _step_alone(step, setting_s)
+            deadline = started + budget_s
+            always = counts[:2] if counts[0] == 0 else counts[:1]  # no workers, and the most
+            remaining = list(counts)
+            while remaining:
+                workers = remaining.pop(0)
+                if time.perf_counter() > deadline and workers not in always:
+                    break
+                try:
+                    trials += _trials(dataset, step, workers, _thread_counts(threads, workers), batch_size=batch_size,
+                                      pin=pin, context=context, fixed=fixed, setting_s=setting_s,
+                                      prefetch=2 if workers else None, deadline=deadline)
+                except _Unpicklable as exc:
+                    unpicklable = f"{type(exc.__cause__).__name__}: {exc.__cause__}"[:300]
+                    if needs_workers:
+                        raise DatasetError(_named(dataset), f"it cannot be pickled for worker processes started by "
+                                           f"{method}, which the fixed arguments need ({unpicklable})") from exc
+                    remaining = [w for w in remaining if w == 0]
+                    continue
+                if any(keeps_up(t, step_ms) and t.num_workers <= min(remaining, default=t.num_workers)
+                       for t in trials):
+                    break
+            chosen = choose(trials, step_ms)
+            if (chosen is not None and chosen.num_workers and not keeps_up(chosen, step_ms)
+                    and "prefetch_factor" not in fixed and time.perf_counter() < deadline):
+                trials += _trials(dataset, step, chosen.num_workers, [chosen.num_threads], batch_size=batch_size,
+                                  pin=pin, context=context, fixed=fixed, setting_s=setting_s,
+                                  prefetch=DEEP_PREFETCH, deadline=deadline)
+                chosen = choose(trials, step_ms)
+    if chosen is None:
+        raise DatasetError(_named(dataset), "every setting was ruled out: " + "; ".join(
+            f"num_workers={t.num_workers}: {t.failure}" for t in trials))
+    workers = chosen.num_workers
+    return LoaderReport(
+        model_kind=model_kind, candidate=candidate, dataset=signature, batch_size=batch_size,
+        num_workers=workers, pin_memory=pin, persistent_workers=bool(fixed.get("persistent_workers", workers > 0)),
+        prefetch_factor=chosen.prefetch_factor, multiprocessing_context=context if workers else None,
+        num_threads=chosen.num_threads if chosen.num_threads != threads else None,
+        reason=loader_reason(chosen, trials, step_ms=step_ms, kept_up=keeps_up(chosen, step_ms),
+                             unpicklable=unpicklable, method=method),
+        step_ms=step_ms, trials=trials, measured_at=at, wall_s=time.perf_counter() - started, budget_s=budget_s,
+    )
+
+
+def _step_alone(step: TrainStep, setting_s: float) -> float:
+    """ms per training step on the batch in memory, the steps overlapping as a loop's do."""
+    step.run(2)  # warm-up
+    count, started = 0, time.perf_counter()
+    while count < MIN_BATCHES or time.perf_counter() - started < setting_s:
+        step.run(1, synchronize=False)
+        count += 1
+    step.backend.synchronize(step.candidate.device)
+    return (time.perf_counter() - started) * 1000 / count
+
+
+def _trials(dataset: Any, step: TrainStep, workers: int, thread_counts: list[int | None], *, batch_size: int,
+            pin: bool, context: str | None, fixed: Mapping[str, Any], setting_s: float, prefetch: int | None,
+            deadline: float) -> list[LoaderTrial]:
+    """Time the loop with ``workers`` at each training thread count (the first, and the others before the
+    ``deadline``), on one loader: its workers persist between them. Raises :class:`_Unpicklable` when the workers
+    cannot be started with the dataset."""
+    kwargs: dict[str, Any] = {"batch_size": batch_size, "num_workers": workers, "pin_memory": pin}
+    if workers:
+        kwargs.update(persistent_workers=True, prefetch_factor=prefetch, timeout=TIMEOUT_S)
+        if context is not None:
+            kwargs["multiprocessing_context"] = context
+    loader = DataLoader(dataset, **{**kwargs, **fixed})
+    found: list[LoaderTrial] = []
+    for threads in thread_counts:
+        if found and time.perf_counter() > deadline:
+            break
+        trial = _trial(loader, step, workers, threads, setting_s=setting_s)
+        found.append(trial.model_copy(update={"prefetch_factor": prefetch}))
+        if trial.failure is not None:
+            break
+    del loader  # its workers end with it
+    return found
+
+
+def _trial(loader: DataLoader[Any], step: TrainStep, workers: int, threads: int | None, *,
+           setting_s: float) -> LoaderTrial:
+    """The loop over ``loader`` with ``threads`` training threads: ``workers`` batches to warm up (the first waits
+    for the workers' start, the others were loaded meanwhile), then timed."""
+    if threads is not None:
+        torch.set_num_threads(threads)
+    asked = time.perf_counter()
+    batches: Iterator[Any]
+    try:
+        batches = iter(loader)
+    except (TypeError, AttributeError, pickle.PicklingError) as exc:  # what DataLoader's worker start raises
+        if workers:
+            raise _Unpicklable() from exc
+        raise
+    start_s: float | None = None
+    count = timed = 0
+    waited_s = 0.0
+    clock = asked
+    try:
+        while True:
+            before = time.perf_counter()
+            batches, batch = _next(loader, batches, workers, count)
+            got = time.perf_counter()
+            if start_s is None:
+                start_s = got - asked
+            del batch
+            step.run(1, synchronize=False)
+            count += 1
+            if count == workers:
+                step.backend.synchronize(step.candidate.device)
+                clock = time.perf_counter()
+            elif count > workers:
+                waited_s += got - before
+                timed += 1
+                spent_s = time.perf_counter() - clock
+                if spent_s >= setting_s * (1 if timed >= MIN_BATCHES else SLOW_SETTINGS):
+                    break
+    except _RuledOut as exc:
+        return LoaderTrial(num_workers=workers, num_threads=threads, start_s=start_s, batches=count,
+                           failure=str(exc))
+    step.backend.synchronize(step.candidate.device)
+    elapsed_s = time.perf_counter() - clock
+    return LoaderTrial(num_workers=workers, num_threads=threads, loop_ms=elapsed_s * 1000 / timed,
+                       data_wait_share=waited_s / elapsed_s, start_s=start_s, batches=count)
+
+
+class _RuledOut(Exception):
+    """A worker died or went silent: this setting is ruled out."""
+
+
+def _next(loader: DataLoader[Any], batches: Iterator[Any], workers: int, count: int) -> tuple[Iterator[Any], Any]:
+    """The next batch, a new epoch's first after the last (its start is the loop's too)."""
+    try:
+        try:
+            return batches, next(batches)
+        except StopIteration:
+            batches = iter(loader)
+            return batches, next(batches)
+    except RuntimeError as exc:
+        first = str(exc).split("\n", 1)[0]
+        if workers and first.startswith(("DataLoader worker", "DataLoader timed out")):
+            raise _RuledOut(first[:200]) from exc
+        raise _raised(loader, exc, workers, count) from exc
+    except Exception as exc:  # the dataset's own code (or its collate_fn): surfaced with where it happened
+        raise _raised(loader, exc, workers, count) from exc
+
+
+def _raised(loader: DataLoader[Any], exc: BaseException, workers: int, count: int) -> DatasetError:
+    # from a worker, DataLoader raises the same type with the worker's traceback: its last line is the message
+    message = str(exc).strip().split("\n")[-1].removeprefix(f"{type(exc).__name__}: ")[:300]
+    return DatasetError(_named(loader.dataset), f"loading batch {count + 1} at num_workers={workers} raised "
+                        f"{type(exc).__name__}: {message}")
+
+
+# -- the settings ---------------------------------------------------------------------------------------------
+
+
+def _worker_counts(cores: int, batches: int, fixed: int | None, *, zero: bool) -> list[int]:
+    """The worker counts in the order they are measured: none, the most, then the ones between, fewest first."""
+    if fixed is not None:
+        return [fixed]
+    most = max(1, min(cores, batches))
+    between = sorted({2**i for i in range(most.bit_length()) if 2**i < most})
+    return [*([0] if zero else []), most, *between]
+
+
+def _thread_counts(threads: int | None, workers: int) -> list[int | None]:
+    """The training's CPU threads to measure with ``workers``: fewer where the workers would leave the training
+    fewer cores (first: oversubscribed cores stall every parallel region), then the config's; the accelerators'
+    are left as they are."""
+    if threads is None or not workers:
+        return [threads]
+    fewer = max(1, min(threads, _usable_cores() - workers))
+    return [threads] if fewer == threads else [fewer, threads]
+
+
+def _start_method(backend: Backend, fixed: Mapping[str, Any]) -> tuple[str | None, str]:
+    """The ``multiprocessing_context`` to pass (None: the default, or the caller's), and the start method workers
+    will use. ``spawn`` where fork is the default but unsafe: macOS (system libraries are not fork-safe), and a
+    process that trains on an accelerator, whose runtime does not survive fork."""
+    given = fixed.get("multiprocessing_context")
+    if given is not None:
+        return None, given if isinstance(given, str) else given.get_start_method()
+    # the first of get_all_start_methods() is the platform's default; get_start_method() would fix it for good
+    default = multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_all_start_methods()[0]
+    if default == "fork" and (sys.platform == "darwin" or backend.device_type != "cpu"):
+        return "spawn", "spawn"
+    return None, default
+
+
+def _usable_cores() -> int:
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+@contextlib.contextmanager
+def _isolated(backend: Backend, device: str) -> Iterator[None]:
+    """The caller's random streams, fp32 settings and thread count as they were, whatever the measurement did."""
+    threads = torch.get_num_threads()
+    index = torch.device(device).index
+    devices = [index or 0] if backend.device_type == "cuda" else []
+    try:
+        with torch.random.fork_rng(devices=devices), _fp32.preserved():
+            yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+# -- checking and describing ----------------------------------------------------------------------------------
+
+
+def _validate(batch_size: object, key: object, fixed: Mapping[str, Any], budget_s: object) -> None:
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ConfigurationError("batch_size", batch_size, "a positive int")
+    if key is not None and not isinstance(key, str):
+        raise ConfigurationError("key", key, "a str naming this dataset's version, or None")
+    if isinstance(budget_s, bool) or not isinstance(budget_s, (int, float)) or not 0 < budget_s < math.inf:
+        raise ConfigurationError("budget_s", budget_s, "seconds > 0")
+    known = [name for name in inspect.signature(DataLoader).parameters if name not in _NOT_FIXED]
+    for name in fixed:
+        if name not in known:
+            raise ConfigurationError(name, fixed[name], "a DataLoader keyword: " + ", ".join(known))
+    workers = fixed.get("num_workers")
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 0):
+        raise ConfigurationError("num_workers", workers, "an int >= 0")
+
+
+def _named(dataset: Any) -> str:
+    """e.g. ``'my_app.data.Photos'``"""
+    return f"{type(dataset).__module__}.{type(dataset).__qualname__}"
+
+
+def _structure(sample: Any, depth: int = 0) -> str:
+    """One sample's structure, e.g. ``'(Tensor[float32, 3x64x64], int)'``."""
+    shape, dtype = getattr(sample, "shape", None), getattr(sample, "dtype", None)
+    if shape is not None and dtype is not None:
+        dims = "x".join(str(d) for d in shape) or "scalar"
+        return f"{type(sample).__name__}[{str(dtype).removeprefix('torch.')}, {dims}]"
+    if depth >= 3:
+        return type(sample).__name__
+    if isinstance(sample, Mapping):
+        items = sorted(sample.items(), key=lambda kv: str(kv[0]))
+        return "{" + ", ".join(f"{k}: {_structure(v, depth + 1)}" for k, v in items[:8]) + \
+            (", ..." if len(items) > 8 else "") + "}"
+    if isinstance(sample, (tuple, list)):
+        inner = ", ".join(_structure(v, depth + 1) for v in sample[:8]) + (", ..." if len(sample) > 8 else "")
+        return f"({inner})" if isinstance(sample, tuple) else f"[{inner}]"
+    return type(sample).__name__
+
+
+def _described(fixed: Mapping[str, Any]) -> str:
+    """The fixed arguments as they identify a question across runs (a function by its name, not its address)."""
+    def value(v: Any) -> str:
+        if v is None or isinstance(v, (bool, int, float, str)):
+            return repr(v)
+        if callable(v) and hasattr(v, "__qualname__"):
+            return f"{getattr(v, '__module__', '')}.{v.__qualname__}"
+        return type(v).__qualname__
+
+    return ",".join(f"{name}={value(fixed[name])}" for name in sorted(fixed))
+
+
+__all__ = [
+    "BUDGET_S", "DEEP_PREFETCH", "KEEP_UP", "MEASUREMENT_VERSION", "MIN_BATCHES", "SETTING_SHARE", "TIMEOUT_S",
+    "choose", "dataset_signature", "keeps_up", "report",
+]

@@ -1,0 +1,250 @@
+"""``cfg.dataloader_kwargs``: real datasets, real DataLoaders with real worker processes, the config's real training
+step on the CPU. The per-sample cost that makes a loop data-bound is a real transform (a blur of a small image), not
+a sleep; failures are caused (a lambda under spawn, a raise on item 7, a worker that exits or hangs), not faked.
+
+Which setting is fastest on this machine is the benchmark's to show (``benchmarks/loader.py``); the tests assert
+what does not depend on the machine's speed: the shape of the answer, the decision on its own measurements, and
+every bad input's clear answer.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset, get_worker_info
+
+import autotune
+from autotune import Config, ConfigurationError, DatasetError, LoaderTrial
+from autotune._cache import loader_answers
+from autotune._tools.loader import KEEP_UP, choose, keeps_up
+
+#: a small budget: each setting's loop is timed over a tenth of it
+BUDGET_S = 1.0
+
+
+def _config(kind: str) -> Config:
+    """A measured answer made by hand: fp32 on one CPU thread (which precision wins is not the subject)."""
+    return Config(model_kind=kind, device="cpu", precision="fp32", num_threads=1, source="measured",
+                  reason="measured by hand", fingerprint_digest=autotune.fingerprint().digest, step_ms=1.0)
+
+
+class Blurred(Dataset[tuple[torch.Tensor, int]]):
+    """Seeded 3x32x32 images, each blurred by ``passes`` 5x5 box filters when loaded: a real per-sample CPU cost,
+    about a millisecond per pass on one core."""
+
+    def __init__(self, length: int = 256, passes: int = 6) -> None:
+        self.length = length
+        self.passes = passes
+        self.kernel = torch.ones(3, 1, 5, 5) / 25
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        image = torch.rand(1, 3, 32, 32, generator=torch.Generator().manual_seed(index))
+        for _ in range(self.passes):
+            image = F.conv2d(image, self.kernel, padding=2, groups=3)
+        return image[0], index % 4
+
+
+class WithLambda(Blurred):
+    """A blur, then a transform held as a lambda: fine under fork, unpicklable for a spawned worker."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.transform: Callable[[torch.Tensor], torch.Tensor] = lambda x: x * 2
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        image, label = super().__getitem__(index)
+        return self.transform(image), label
+
+
+class BrokenAt7(Dataset[torch.Tensor]):
+    def __len__(self) -> int:
+        return 32
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        if index == 7:
+            raise ValueError("item 7 is corrupt")
+        return torch.full((8,), float(index))
+
+
+class WorkersExit(Blurred):
+    """Loads in the main process; a worker process exits at its first sample (a library that quits)."""
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        if get_worker_info() is not None:
+            os._exit(7)
+        return super().__getitem__(index)
+
+
+class WorkersHang(Blurred):
+    """A worker goes silent for 2 s at its first sample (a network filesystem that stalls), then goes on."""
+
+    stalled = False
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        if get_worker_info() is not None and not self.stalled:
+            self.stalled = True  # in this worker's copy of the dataset
+            time.sleep(2)
+        return super().__getitem__(index)
+
+
+class Stream(IterableDataset[torch.Tensor]):
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        return iter(torch.randn(8, 4))
+
+
+class NoLength(Dataset[torch.Tensor]):
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return torch.zeros(4)
+
+
+@pytest.fixture
+def spawned() -> Iterator[None]:
+    """Worker processes started by spawn, as on macOS and Windows (or under CUDA): the dataset is pickled."""
+    before = multiprocessing.get_start_method(allow_none=True)
+    multiprocessing.set_start_method("spawn", force=True)
+    yield
+    multiprocessing.set_start_method(before, force=True)
+
+
+def _answers_kept() -> list[str]:
+    return sorted(p.name for p in loader_answers.cache_dir().glob("*.json"))
+
+
+def test_in_memory_tensors_need_no_workers_and_the_answer_is_cached() -> None:
+    images = TensorDataset(torch.randn(256, 3, 64, 64), torch.randint(0, 10, (256,)))
+    config = _config("cnn")
+    rng, threads = torch.get_rng_state(), torch.get_num_threads()
+    report = config.dataloader_report(images, batch_size=16, budget_s=BUDGET_S)
+    assert report.num_workers == 0 and report.trials[0].num_workers == 0
+    assert keeps_up(report.trials[0], report.step_ms or 0.0)
+    assert report.reason.startswith("num_workers=0 with 1 training thread: the loop kept up with the training step "
+                                    "without workers (") and "per training step, the step alone" in report.reason
+    assert report.dataset == ("torch.utils.data.dataset.TensorDataset of 256 samples, each (Tensor[float32, "
+                              "3x64x64], Tensor[int64, scalar])")
+    assert torch.equal(torch.get_rng_state(), rng) and torch.get_num_threads() == threads  # the caller's, untouched
+    # the second time: from the cache, at once
+    assert config.dataloader_kwargs(images, batch_size=16) == {"num_workers": 0, "pin_memory": False,
+                                                                "batch_size": 16}
+    assert config.dataloader_report(images, batch_size=16) == report
+    assert config.dataloader_report(images, batch_size=16, force=True, budget_s=BUDGET_S).wall_s != report.wall_s
+
+
+def test_a_costly_transform_makes_the_loop_without_workers_data_bound(tiny_family: str) -> None:
+    dataset = Blurred()
+    report = _config(tiny_family).dataloader_report(dataset, batch_size=8, budget_s=BUDGET_S)
+    without = report.trials[0]
+    assert without.num_workers == 0 and without.data_wait_share is not None and without.data_wait_share > 0.5
+    assert not keeps_up(without, report.step_ms or 0.0)
+    # so workers were measured with it, and the answer is the decision on what was measured
+    assert report.trials[1].num_workers >= 1
+    chosen = choose(report.trials, report.step_ms or 0.0)
+    assert chosen is not None and (report.num_workers, report.prefetch_factor) == (chosen.num_workers,
+                                                                                    chosen.prefetch_factor)
+    assert "per training step, the step alone" in report.reason
+    assert ("; without workers" in report.reason) == (report.num_workers > 0)
+    kwargs = _config(tiny_family).dataloader_kwargs(dataset, batch_size=8)
+    if kwargs["num_workers"]:
+        assert kwargs["persistent_workers"] is True and kwargs["prefetch_factor"] in (2, 4)
+    labels = torch.cat([labels for _, labels in DataLoader(dataset, **kwargs)])
+    assert labels.tolist() == [i % 4 for i in range(len(dataset))]  # every sample once, in order
+
+
+def test_the_fixed_arguments_are_measured_with_and_returned_as_given(tiny_family: str) -> None:
+    dataset = Blurred(length=64, passes=1)
+    kwargs = _config(tiny_family).dataloader_kwargs(dataset, batch_size=8, num_workers=0, shuffle=True,
+                                                    drop_last=True)
+    assert kwargs == {"num_workers": 0, "pin_memory": False, "batch_size": 8, "shuffle": True, "drop_last": True}
+    report = _config(tiny_family).dataloader_report(dataset, batch_size=8, num_workers=0, shuffle=True,
+                                                    drop_last=True)
+    assert {t.num_workers for t in report.trials} == {0}
+    # a new version of the data, named by the caller's key, is another question
+    assert _config(tiny_family).dataloader_report(dataset, batch_size=8, key="v2", num_workers=0, shuffle=True,
+                                                  drop_last=True).wall_s != report.wall_s
+
+
+def test_a_dataset_spawned_workers_cannot_receive_gets_none_and_the_reason(tiny_family: str, spawned: None) -> None:
+    report = _config(tiny_family).dataloader_report(WithLambda(), batch_size=8, budget_s=BUDGET_S)
+    # the loop without workers is data-bound, so the workers were tried, and could not be started with it
+    assert report.num_workers == 0 and [t.num_workers for t in report.trials] == [0]
+    assert not keeps_up(report.trials[0], report.step_ms or 0.0)
+    assert "the dataset cannot be pickled for worker processes started by spawn" in report.reason
+    assert "<lambda>" in report.reason and "define what it holds at module level" in report.reason
+    with pytest.raises(DatasetError, match="cannot be pickled for worker processes started by spawn, which the fixed "
+                       "arguments need"):
+        _config(tiny_family).dataloader_report(WithLambda(), batch_size=8, num_workers=2, budget_s=BUDGET_S)
+
+
+def test_a_dataset_that_raises_surfaces_with_context_and_nothing_is_cached(tiny_family: str) -> None:
+    with pytest.raises(DatasetError) as raised:
+        _config(tiny_family).dataloader_report(BrokenAt7(), batch_size=4, budget_s=BUDGET_S)
+    assert str(raised.value) == ("cannot measure loading test_loader.BrokenAt7: loading batch 2 at num_workers=0 "
+                                 "raised ValueError: item 7 is corrupt; nothing was cached")
+    assert isinstance(raised.value.__cause__, ValueError)
+    assert _answers_kept() == []
+
+
+@pytest.mark.parametrize(("dataset", "why"), [
+    (TensorDataset(torch.zeros(0, 4)), r"it is empty \(len 0\)"),
+    (NoLength(), "it has no len()"),
+    (Stream(), "it is an IterableDataset"),
+], ids=["empty", "no-len", "iterable"])
+def test_a_dataset_that_cannot_be_measured_is_a_clear_error(tiny_family: str, dataset: Any, why: str) -> None:
+    with pytest.raises(DatasetError, match=why):
+        _config(tiny_family).dataloader_kwargs(dataset, batch_size=4)
+    assert _answers_kept() == []
+
+
+def test_a_setting_whose_workers_exit_is_ruled_out(tiny_family: str) -> None:
+    report = _config(tiny_family).dataloader_report(WorkersExit(), batch_size=8, budget_s=BUDGET_S)
+    assert report.num_workers == 0
+    ruled_out = [t for t in report.trials if t.failure is not None]
+    assert ruled_out and all(t.num_workers > 0 and "exited unexpectedly" in (t.failure or "") for t in ruled_out)
+    assert "; ruled out: num_workers=" in report.reason
+
+
+def test_a_setting_whose_workers_hang_is_ruled_out_after_the_timeout(tiny_family: str) -> None:
+    with pytest.raises(DatasetError, match="every setting was ruled out: num_workers=1: DataLoader timed out after 1 "
+                       "seconds"):
+        _config(tiny_family).dataloader_report(WorkersHang(), batch_size=8, num_workers=1, timeout=1,
+                                               budget_s=BUDGET_S)
+    assert _answers_kept() == []
+
+
+@pytest.mark.parametrize(("arguments", "named"), [
+    ({"batch_size": 0}, "batch_size=0"),
+    ({"batch_size": 8, "num_worker": 2}, "num_worker=2 is invalid: expected a DataLoader keyword"),
+    ({"batch_size": 8, "num_workers": -1}, "num_workers=-1"),
+    ({"batch_size": 8, "key": 3}, "key=3"),
+], ids=["batch-size", "unknown-keyword", "negative-workers", "key"])
+def test_bad_arguments_are_named(tiny_family: str, arguments: dict[str, Any], named: str) -> None:
+    with pytest.raises(ConfigurationError, match=named):
+        _config(tiny_family).dataloader_kwargs(Blurred(length=8), **arguments)
+
+
+def _trial(workers: int, loop_ms: float | None, share: float = 0.0, prefetch: int | None = None) -> LoaderTrial:
+    return LoaderTrial(num_workers=workers, prefetch_factor=prefetch, loop_ms=loop_ms, data_wait_share=share,
+                       failure=None if loop_ms is not None else "DataLoader worker (pid(s) 1) exited unexpectedly")
+
+
+def test_the_cheapest_setting_that_keeps_up_wins_else_the_fastest() -> None:
+    step_ms = 10.0
+    # without workers the loop's own steps are the reference: 9% of it waiting for data keeps up, 10% does not
+    assert keeps_up(_trial(0, 20.0, share=0.09), step_ms) and not keeps_up(_trial(0, 20.0, share=0.1), step_ms)
+    # with workers the step alone is: they may slow the training's own step
+    assert keeps_up(_trial(2, step_ms * (1 + KEEP_UP)), step_ms) and not keeps_up(_trial(2, 11.5), step_ms)
+    assert choose([_trial(0, 30.0, 0.6), _trial(4, 10.2), _trial(2, 10.9), _trial(1, 12.0)], step_ms) == \
+        _trial(2, 10.9)
+    assert choose([_trial(0, 30.0, 0.6), _trial(2, 14.0, prefetch=4), _trial(2, 13.0), _trial(1, None)], step_ms) == \
+        _trial(2, 13.0)
+    assert choose([_trial(2, 12.0, prefetch=4), _trial(2, 10.5)], step_ms) == _trial(2, 10.5)
+    assert choose([_trial(1, None), _trial(2, None)], step_ms) is None
