@@ -17,11 +17,11 @@ from samples import failed, family, timed
 
 import autotune
 from autotune._args import EPILOG
-from autotune._cache import demotions
+from autotune._cache import demotions, loops
 from autotune._cache import lookup as _cached
 from autotune._cli import EVIDENCE_LEGEND, MEASURED_LEGEND, main
 from autotune._guard import model_signature
-from autotune._records import Candidate, CandidateResult, Demotion, Drop, FamilyResult, Interval
+from autotune._records import Candidate, CandidateResult, Demotion, Drop, FamilyResult, Interval, LoopSummary
 
 KIND = "tiny"
 
@@ -80,6 +80,10 @@ def measured(tiny_family: str) -> None:
         detail="3 non-finite losses within 100 steps (steps 5,120, 5,121, 5,122; the last finite one 0.3127)",
         evidence=[0.3127, math.nan, math.nan, math.nan], at="2026-12-03T10:04:00+00:00", autotune_version="0",
         model=model_signature(build_tiny().model), family_model=True))
+    loops.record(autotune.fingerprint().digest, LoopSummary(  # a training run's loop, as guard.data saw it
+        model_kind=KIND, candidate=Candidate(device="cpu", precision="bf16-mixed", memory_format="channels_last"),
+        steps=1_200, batches=1_200, data_wait_share=0.62, data_ms=75.1, step_ms=46.3, measured_step_ms=46.0,
+        started_at="2026-12-03T09:00:00.000000+00:00", at="2026-12-03T10:00:00+00:00", autotune_version="0"))
 
 
 @pytest.mark.usefixtures("measured")
@@ -94,6 +98,9 @@ def test_the_output_fits_the_width_without_splitting_a_word(
     assert too_long == []
     assert _words(narrow) <= _words(wide), sorted(_words(narrow) - _words(wide))  # a split word is a new one
     assert "channels_last" in narrow and "fused-optimizer" in narrow
+    # what the loop end to end adds: the decisions table's caption, --explain's line on the training run
+    said = "per training step" if command[0] == "--family" else "62% waiting for data; per training step"
+    assert said in " ".join(narrow.split())
 
 
 @pytest.mark.usefixtures("measured")
