@@ -14,7 +14,7 @@ from collections.abc import Iterable
 
 from torch import nn
 
-from autotune import _env, _guard
+from autotune import _env
 from autotune._cache import demotions as _demotions
 from autotune._cache import exchange as _exchange
 from autotune._cache import lookup as _lookup
@@ -26,6 +26,7 @@ from autotune._decide import PREFERENCES, decide, finalists, restate, step_ms
 from autotune._errors import CalibrationError, ConfigurationError
 from autotune._families import Family, family_names, get_family
 from autotune._fingerprint import Fingerprint, fingerprint
+from autotune._guard import watch as _guard
 from autotune._records import Candidate, Demotion, Difference, Evidence, FamilyResult, Prefer, SimilarMachine
 from autotune._rules import preference
 from autotune._wording import demoted_reason, reason

@@ -16,7 +16,7 @@ from torch import nn
 
 from autotune import _fp32
 from autotune._errors import FrameworkError
-from autotune._guard import Guard, OnFailure
+from autotune._guard.watch import Guard, OnFailure
 from autotune._precision import AUTOCAST_DTYPES, DEFAULT_INIT_SCALE
 from autotune._records import Candidate, Choice, Evidence, LoaderReport, Precision
 from autotune._variants import apply
@@ -233,8 +233,8 @@ class Config(Choice):
         it is the training and nothing is demoted; where only this precision does, it is demoted on this machine for
         this model, so that ``best_config`` and ``guard.fallback()`` answer the best remaining candidate. Without
         the model, optimizer and ``loss_fn`` the guard cannot replay: it warns and demotes nothing. The rules:
-        ``autotune._guard``; the replay's cost: ``autotune._replay``. ``for batch in guard.data(loader):`` also times
-        the loop's waits for data (``guard.summary()``).
+        ``autotune._guard.watch``; the replay's cost: ``autotune._guard.replay``. ``for batch in guard.data(loader):``
+        also times the loop's waits for data (``guard.summary()``).
         """
         return Guard(self.model_kind, self.candidate, self.fingerprint_digest, on_failure=on_failure, model=model,
                      optimizer=optimizer, loss_fn=loss_fn, step_ms=self.step_ms, speedup=self.speedup_vs_fp32_cpu)

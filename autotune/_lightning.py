@@ -13,7 +13,7 @@ from torch import nn
 
 from autotune._config import Config
 from autotune._errors import FrameworkError
-from autotune._guard import Guard, OnFailure
+from autotune._guard.watch import Guard, OnFailure
 
 #: the packages whose ``Callback`` the callback subclasses, the newer first
 PACKAGES = ("lightning.pytorch", "pytorch_lightning")

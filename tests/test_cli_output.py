@@ -20,7 +20,7 @@ from autotune._args import EPILOG
 from autotune._cache import demotions, loops
 from autotune._cache import lookup as _cached
 from autotune._cli import EVIDENCE_LEGEND, MEASURED_LEGEND, main
-from autotune._guard import model_signature
+from autotune._guard.watch import model_signature
 from autotune._records import Candidate, CandidateResult, Demotion, Drop, FamilyResult, Interval, LoopSummary
 
 KIND = "tiny"

@@ -36,7 +36,7 @@ from autotune import Config, ConfigMisbehaved, _answer
 from autotune._cache import demotions
 from autotune._cache import lookup as _cached
 from autotune._cli import main
-from autotune._guard import NON_FINITE_LOSSES, SKIPPED_STEPS, model_signature
+from autotune._guard.watch import NON_FINITE_LOSSES, SKIPPED_STEPS, model_signature
 from autotune._records import Candidate, Demotion, Drop, Interval
 
 TODAY = dt.datetime.now(dt.timezone.utc).date().isoformat()

@@ -21,7 +21,7 @@ from autotune import Config
 from autotune._cache import lookup as _cached
 from autotune._cache import loops
 from autotune._cli import main
-from autotune._guard import DATA_WAIT_SHARE, DATA_WAIT_WINDOWS
+from autotune._guard.watch import DATA_WAIT_SHARE, DATA_WAIT_WINDOWS
 
 
 class Sleepy(Dataset[tuple[torch.Tensor, torch.Tensor]]):

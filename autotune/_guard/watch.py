@@ -34,8 +34,8 @@ from autotune._cache import demotions as _demotions
 from autotune._cache import loops as _loops
 from autotune._errors import ConfigMisbehaved, ConfigurationError, UnknownFamilyError
 from autotune._families import get_family
+from autotune._guard.replay import LossFn, Tape
 from autotune._records import Candidate, Demotion, LoopSummary, Misbehaviour, Prefer, Replay
-from autotune._replay import LossFn, Tape
 from autotune._version import __version__
 from autotune._wording import data_bound_words, replay_words
 
