@@ -120,8 +120,8 @@ def test_a_dropped_candidate_never_wins_a_tie_and_its_evidence_is_the_reason() -
 
 
 @pytest.mark.parametrize(("low", "high", "words", "speedup"), [
-    (3.6, 4.0, "3.8x faster than fp32", 3.8),
-    (1.08, 4.9, "at least 1.1x faster than fp32", 1.08),
+    (3.6, 4.0, "3.8x faster per step than fp32", 3.8),
+    (1.08, 4.9, "at least 1.1x faster per step than fp32", 1.08),
 ], ids=["known-to-10pct", "a-bound-from-a-wide-interval"])
 def test_the_headline_ratio_is_the_estimate_only_where_its_interval_knows_it(
         low: float, high: float, words: str, speedup: float) -> None:
