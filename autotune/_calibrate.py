@@ -8,25 +8,27 @@ to a background job), ``ensure_measured`` (``best_config``'s miss, and each fami
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from autotune import _env, _stats
+from autotune import _env
 from autotune._cache import lookup as _cached
 from autotune._cache.freshness import family_key, freshness, now_utc, reference_failure, rules_digest
 from autotune._cache.locks import acquire, held_elsewhere, measuring, measuring_lock
 from autotune._cache.store import Store
 from autotune._config import Config
-from autotune._decide import decide
+from autotune._decide import decide, picked
 from autotune._errors import CalibrationCancelled, CalibrationError
 from autotune._families import Family, builtin_family_names, get_family
 from autotune._fingerprint import Fingerprint, fingerprint
 from autotune._lab.measure import MeasureSettings
 from autotune._lab.protocol import CalibrationSettings
 from autotune._records import Candidate, FamilyKey, FamilyResult, Record
+from autotune._wording import noise_words
 from autotune._worker.worker import Worker
 
 log = logging.getLogger("autotune")
@@ -63,9 +65,9 @@ def calibrate(
     """Measure each family (default: the built-ins) on this machine, for an app's first launch.
 
     Families already measured on this machine for the same key (build, ``version=``, search, budget) are reused
-    unless ``force=True``, or unless they were measured while the machine was busy (``noisy``) or under older
-    rules (an upgrade changed the search, its margins or the verification): those are measured again
-    (``best_config`` serves them meanwhile). A candidate that timed out, crashed or ran out of
+    unless ``force=True``, or unless they were measured while the machine was busy (``noisy``: measured again
+    once, then kept) or under older rules (an upgrade changed the search, its margins or the verification): those
+    are measured again (``best_config`` serves them meanwhile). A candidate that timed out, crashed or ran out of
     memory more than a day ago is tried again. ``progress`` receives a :class:`CalibrationProgress` as each
     candidate starts, for a progress bar. A failure of the fp32 CPU reference raises CalibrationError (after
     the other families) and is not stored. To calibrate without blocking, see :func:`autotune.start_calibration`.
@@ -157,7 +159,9 @@ def ensure_measured(
     another process measures: this one may then need no worker at all. ``index`` of ``total`` families place
     its progress in a calibration's. None when waiting for another process timed out.
 
-    Raises CalibrationError, and stores nothing, when the fp32 CPU reference fails: the next call measures again.
+    A noisy result measured again (unforced) records the pick it replaced: it is kept, noisy or not
+    (``freshness``). Raises CalibrationError, and stores nothing, when the fp32 CPU reference fails: the next call
+    measures again.
     """
     if not measuring_elsewhere(store, fp.digest, family.name):
         worker.start()
@@ -171,12 +175,18 @@ def ensure_measured(
     try:
         stored = store.load(fp.digest)
         existing = stored.families.get(family.name) if stored is not None else None
+        noisy_before = None
         # A result written while we waited is the one we asked for, forced or not.
         if existing is not None:
             verdict = freshness(existing, key, now_utc())
             if verdict.answers and (existing.measured_at >= asked_at or (verdict.final and not force)):
                 return existing
+            if verdict.state == "noisy" and not force:
+                with contextlib.suppress(CalibrationError):  # nothing usable to name: measured again as new
+                    noisy_before = picked(existing)
         result = measure(family, key, progress=progress, index=index, total=total, worker=worker)
+        if noisy_before is not None:
+            result = result.model_copy(update={"after_noisy": noisy_before})
         reference = reference_failure(result)
         if reference is not None and reference.failure is not None:
             log.warning("%s: the fp32 CPU reference failed (%s: %s); nothing is stored, the next call measures "
@@ -224,11 +234,8 @@ def measure(
     result = measured.model_copy(update={"key": key, "rules": rules_digest()})
     log.info("calibrated %s in %.1f s", family.name, result.wall_s)
     if result.noisy:
-        drift = _stats.drift(result.control_ms)
-        log.warning("%s was measured while the machine was busy (%s); run `python -m autotune --recalibrate` on "
-                    "a quiet machine for a firmer answer", family.name,
-                    f"control workload drifted {100 * drift:.0f}%" if drift > settings.measure.noise_limit else
-                    "the final comparison could not resolve a gap beyond the margin")
+        log.warning("%s was measured %s; run `python -m autotune --recalibrate` on a quiet machine for a firmer "
+                    "answer", family.name, noise_words(result.noisy_because, result.loads, result.control_shift))
     return result
 
 

@@ -92,7 +92,8 @@ def decide(
         prefer=prefer, expected_steps=expected_steps, forced=forced_device, no_gpu=no_gpu,
         default_scale_skipped=numerics.default_scale_skipped if numerics is not None else None,
         verified_steps=len(numerics.losses) if numerics is not None else None,
-        noisy=measured.noisy, origin=measured.origin,
+        noisy=measured.noisy, noisy_because=measured.noisy_because, loads=measured.loads,
+        control_shift=measured.control_shift, after_noisy=measured.after_noisy, origin=measured.origin,
         unresolved=open_pairs(pick, pool, expected_steps, alpha=alpha),
     )
     baseline = next((r for r in measured.candidates if r.usable and r.candidate == FP32_CPU), None)

@@ -193,6 +193,38 @@ class FamilyKey(Record):
     measurement_version: int = Field(description="bumped when the meaning of a measurement changes")
 
 
+#: why a result is noisy: other processes took CPU time while it was timed, the hypervisor took some (steal), the
+#: control workload's level moved well past its own noise, the final comparison left a pair the pick rests on open,
+#: or a device reported a throttle reason while a candidate's final rounds ran slower
+NoiseCause = Literal["other_processes", "steal", "control_shift", "open_gap", "throttled"]
+
+
+class ProcessLoad(Record):
+    """A process that took CPU time while candidates were timed, e.g. ``ProcessLoad(name="python3", pid=4242,
+    cores=0.91)``."""
+
+    name: str
+    pid: int
+    cores: float = Field(description="its CPU time over the window's length: 1.0 is a whole core all along")
+    host: bool = Field(default=False, description="the worker's host: the app or command that calibrates")
+
+
+class MachineLoad(Record):
+    """What the operating system saw during one timing window of a family (a stage, or one device's share of it),
+    e.g. ``MachineLoad(stage=3, window_s=1.2, other_cores=0.95, steal=0.0, host_cores=0.01,
+    processes=[ProcessLoad(name="python3", pid=4242, cores=0.91)])``."""
+
+    stage: int = 0
+    window_s: float
+    other_cores: float | None = Field(default=None, description=(
+        "CPU time every process but the worker took, in cores; None where the operating system does not tell"))
+    steal: float | None = Field(default=None, description=(
+        "share of the machine's CPU time its hypervisor took for other machines (steal time)"))
+    host_cores: float | None = Field(default=None, description="of ``other_cores``, what the worker's host took")
+    processes: list[ProcessLoad] = Field(default_factory=list, description=(
+        "the other processes that took the most, most first"))
+
+
 class FamilyResult(Record):
     """One calibration of one model kind on one machine."""
 
@@ -209,6 +241,18 @@ class FamilyResult(Record):
     candidates: list[CandidateResult]
     control_ms: list[float] = Field(default_factory=list, description="control workload, one per controlled round")
     noisy: bool = False
+    noisy_because: list[NoiseCause] = Field(default_factory=list, description=(
+        "why it is noisy; empty for a noisy result of an autotune that did not record why"))
+    loads: list[MachineLoad] = Field(default_factory=list, description=(
+        "what the operating system saw during each timing window, in order"))
+    control_shift: float | None = Field(default=None, description=(
+        "how far the control workload's level moved between the first and the second half of its rounds, "
+        "e.g. 0.04; None for a result of an autotune that did not record it"))
+    host_wait_s: float = Field(default=0.0, description=(
+        "how long timing waited for the worker's host to finish its own start-up"))
+    after_noisy: Candidate | None = Field(default=None, description=(
+        "measured again because the result before it was noisy: that result's pick. It is kept, noisy or not: a "
+        "family is measured again automatically at most once for its noise"))
     backend_notes: dict[str, str] = Field(
         default_factory=dict, description="why a backend offered no candidate, e.g. {'cuda': 'not built'}"
     )
@@ -286,6 +330,13 @@ class Evidence(Record):
         "fp16: verification steps GradScaler's default init_scale skipped, of ``verified_steps``"))
     verified_steps: int | None = None
     noisy: bool = Field(default=False, description="measured while the machine was busy")
+    noisy_because: list[NoiseCause] = Field(default_factory=list, description="why it is noisy")
+    loads: list[MachineLoad] = Field(default_factory=list, description=(
+        "what the operating system saw during each timing window"))
+    control_shift: float | None = Field(default=None, description=(
+        "how far the control workload's level moved during the measurement, e.g. 0.04"))
+    after_noisy: Candidate | None = Field(default=None, description=(
+        "measured again because the result before it was noisy (that result's pick): kept, noisy or not"))
     older_rules: str | None = Field(default=None, description=(
         "the autotune version that measured it, when its rules differ from this one's"))
     origin: str | None = Field(default=None, description="measured on another machine with this fingerprint: where "
@@ -554,15 +605,18 @@ __all__ = [
     "LoaderReport",
     "LoaderTrial",
     "LoopSummary",
+    "MachineLoad",
     "MaxBatchReport",
     "MemoryLine",
     "MemoryProbe",
     "Misbehaviour",
+    "NoiseCause",
     "Numerics",
     "OperatorTime",
     "Precision",
     "Prefer",
     "ProbeOutcome",
+    "ProcessLoad",
     "Replay",
     "Rival",
     "Role",

@@ -22,9 +22,9 @@ SAME_MATH_INDIFFERENCE = 0.03
 #: public UPPER_CASE constant these modules define, with the calibration settings' defaults. A module of the
 #: worker's package is either here or named as no rule by the test that walks the package.
 RULE_MODULES = (
-    "autotune._rules", "autotune._stats", "autotune._lab.clocks", "autotune._lab.looks", "autotune._lab.measure",
-    "autotune._lab.plan", "autotune._lab.prepare", "autotune._lab.probe", "autotune._lab.roster",
-    "autotune._lab.session", "autotune._lab.step", "autotune._lab.verify",
+    "autotune._rules", "autotune._stats", "autotune._lab.clocks", "autotune._lab.load", "autotune._lab.looks",
+    "autotune._lab.measure", "autotune._lab.plan", "autotune._lab.prepare", "autotune._lab.probe",
+    "autotune._lab.roster", "autotune._lab.session", "autotune._lab.step", "autotune._lab.verify",
 )
 
 _SIMPLICITY: dict[Precision, int] = {"fp32": 0, "tf32": 1, "bf16-mixed": 2, "fp16-mixed": 3}

@@ -14,6 +14,7 @@ interleaved: drift that slows a round slows every candidate in it.
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import statistics
 from collections.abc import Hashable, Mapping, Sequence
@@ -152,15 +153,19 @@ def paired_scores(series: Mapping[K, Sequence[float]]) -> dict[K, float]:
             for k, one in series.items()}
 
 
-def drift(samples: Sequence[float]) -> float:
-    """How unsteady a series that should be constant was: the larger of its IQR over median and the
-    level shift between its first and second half (a job that started mid-calibration)."""
-    if len(samples) < 4:
-        return relative_range(samples)
+def level_shift(samples: Sequence[float]) -> tuple[float, float]:
+    """How far the level of a series that should be constant moved, and how noisy the series is on its own, both
+    over its median: the gap between the medians of its first and second half, and the robust standard deviation
+    of one sample from its round-to-round differences (1.4826 x their median absolute deviation / sqrt 2), which
+    neither one level shift nor a steady ramp moves. (0, 0) for fewer than 3 samples."""
+    if len(samples) < 3:
+        return 0.0, 0.0
     half = len(samples) // 2
     center = statistics.median(samples)
     shift = abs(statistics.median(samples[:half]) - statistics.median(samples[half:])) / center
-    return max(spread(samples), shift)
+    steps = [b - a for a, b in itertools.pairwise(samples)]
+    typical = statistics.median(steps)
+    return shift, 1.4826 * statistics.median(abs(d - typical) for d in steps) / math.sqrt(2) / center
 
 
 def relative_range(samples: Sequence[float]) -> float:
@@ -171,6 +176,6 @@ def relative_range(samples: Sequence[float]) -> float:
 
 
 __all__ = [
-    "ALPHA", "ALPHA_PER_LOOK", "LOOKS", "TRIM_FROM", "TRIM_MADS", "drift", "median", "paired_scores",
+    "ALPHA", "ALPHA_PER_LOOK", "LOOKS", "TRIM_FROM", "TRIM_MADS", "level_shift", "median", "paired_scores",
     "ratio_interval", "relative_range", "spread", "t_quantile", "t_sf", "trimmed",
 ]

@@ -19,6 +19,8 @@ from autotune._records import (
     FamilyResult,
     LoaderTrial,
     LoopSummary,
+    MachineLoad,
+    NoiseCause,
     Precision,
     Replay,
     Rival,
@@ -43,6 +45,66 @@ def time_words(ms: float) -> str:
 def mib_words(value: float | None) -> str:
     """Bytes in MiB for a sentence, e.g. ``'12.5 MiB'``, or ``'an unknown amount'``."""
     return "an unknown amount" if value is None else f"{value / 2**20:.1f} MiB"
+
+
+def cores_words(cores: float) -> str:
+    """CPU time in cores, e.g. ``'0.9 of a core'``, ``'1 core'``, ``'2.5 cores'``."""
+    rounded = round(cores, 1)
+    if rounded < 1:
+        return f"{rounded:g} of a core"
+    return "1 core" if rounded == 1 else f"{rounded:g} cores"
+
+
+# -- what made a measurement noisy --------------------------------------------------------------------------------
+
+#: causes that mean the machine was busy; the others are the measurement's own
+_BUSY: frozenset[NoiseCause] = frozenset({"other_processes", "steal", "control_shift"})
+
+
+def noise_words(causes: Sequence[NoiseCause], loads: Sequence[MachineLoad], control_shift: float | None, *,
+                brief: bool = False) -> str:
+    """What made a measurement noisy, to follow "measured", e.g. "while another process (python3, pid 4242) used
+    0.9 of a core" (``brief``: "while python3 used 0.9 of a core"), "while the hypervisor took 12% of the CPU time
+    and the control workload's speed moved by 30%", "with a close call the final comparison left open"; "on a busy
+    machine" for a result that did not record why."""
+    busy = [_busy_words(cause, loads, control_shift, brief=brief) for cause in causes if cause in _BUSY]
+    own = ["with a close call the final comparison left open" if cause == "open_gap" else
+           "while a device throttled" for cause in causes if cause not in _BUSY]
+    parts = ([f"while {_listed(busy)}"] if busy else []) + own
+    return ", ".join(parts) if parts else "on a busy machine"
+
+
+def _listed(items: Sequence[str]) -> str:
+    """``'a, b and c'``"""
+    return ", ".join(items[:-1]) + " and " + items[-1] if len(items) > 1 else "".join(items)
+
+
+def _busy_words(cause: NoiseCause, loads: Sequence[MachineLoad], control_shift: float | None, *,
+                brief: bool) -> str:
+    """One busy cause, e.g. "another process (python3, pid 4242) used 0.9 of a core", "other processes used 1.4
+    cores (most: python3, pid 4242, 0.6 of a core)", "the hypervisor took 12% of the CPU time"."""
+    if cause == "other_processes":
+        window = max(loads, key=lambda load: load.other_cores or 0.0, default=None)
+        if window is None:  # a record that names the cause without its windows
+            return "other processes took CPU time"
+        top = window.processes[0] if window.processes else None
+        if top is None or 2 * top.cores < (window.other_cores or 0.0):
+            most = f" (most: {top.name}, pid {top.pid}, {cores_words(top.cores)})" if top and not brief else ""
+            return f"other processes used {cores_words(window.other_cores or 0.0)}{most}"
+        if brief:
+            return f"{top.name} used {cores_words(top.cores)}"
+        who = "the process calibrating" if top.host else "another process"
+        return f"{who} ({top.name}, pid {top.pid}) used {cores_words(top.cores)}"
+    if cause == "steal":
+        return f"the hypervisor took {max((load.steal or 0.0 for load in loads), default=0.0):.0%} of the CPU time"
+    return f"the control workload's speed moved by {control_shift or 0.0:.0%}"
+
+
+def _short_noise_words(causes: Sequence[NoiseCause]) -> str:
+    """e.g. "on a busy machine", "in a close call"."""
+    if not causes or set(causes) & _BUSY:
+        return "on a busy machine"
+    return "in a close call" if causes[0] == "open_gap" else "while a device throttled"
 
 
 # -- the evidence, a line each -----------------------------------------------------------------------------------
@@ -98,7 +160,12 @@ def qualifiers(evidence: Evidence, *, init_scale: float | None) -> list[str]:
         lines.append(f"GradScaler starts at init_scale {init_scale:g}: the default 65536 skipped "
                      f"{evidence.default_scale_skipped} of {evidence.verified_steps} verification steps")
     if evidence.noisy:
-        lines.append("measured while the machine was busy: the next calibration measures it again")
+        measured = "measured " + noise_words(evidence.noisy_because, evidence.loads, evidence.control_shift)
+        if evidence.after_noisy is None:
+            lines.append(f"{measured}: the next calibration measures it again")
+        else:
+            lines.append(f"{measured}, after a noisy measurement that picked {evidence.after_noisy.label}: kept; "
+                         "`python -m autotune --recalibrate` on a quiet machine measures it afresh")
     if evidence.unresolved:
         lines.append("still open when timing stopped (the pick may be further from the best than the margin "
                      "allows): " + ", ".join(c.label for c in evidence.unresolved))
@@ -319,17 +386,23 @@ def reason(pick: Candidate, evidence: Evidence, *, measured_at: str | None) -> s
     lead = [*([f"forced by AUTOTUNE_DEVICE={evidence.forced}"] if evidence.forced is not None else []),
             *([f"GPU requested, but {evidence.no_gpu.partition(' (')[0]}"] if evidence.no_gpu is not None else [])]
     claims = [c for c in (_device_claim(pick, evidence), _precision_claim(pick, evidence)) if c]
-    flags = [word for flag, word in ((evidence.noisy, "on a busy machine"),
-                                     (evidence.older_rules is not None, "under older rules")) if flag]
+    rules = ["under older rules"] if evidence.older_rules is not None else []
+    causes = evidence.noisy_because
+    flags = [*([_short_noise_words(causes)] if evidence.noisy else []), *rules]
+    noise = ([noise_words(causes[:1], evidence.loads, evidence.control_shift, brief=True)]
+             if evidence.noisy and causes else [])
     when = f"measured {measured_at[:10]}" if measured_at else "measured"
+    said = f"{when} {', '.join([*noise, *rules])}" if noise else when
     if flags:
         when += " " + ", ".join(flags)
-    again = "; the next calibration measures it again" if flags else ""
+    measured_again = evidence.older_rules is not None or (evidence.noisy and evidence.after_noisy is None)
+    again = "; the next calibration measures it again" if measured_again else ""
     origin = f", {evidence.origin}" if evidence.origin else ""
     short_origin = f", {evidence.origin.split()[0]}" if evidence.origin else ""
     marks = [word for word in ("forced" if evidence.forced else "", "no usable GPU" if evidence.no_gpu else "",
                                *flags, short_origin[2:]) if word]
     return _fitting(answer, [
+        *([_said([*lead, ", ".join(claims)], f"({said}{again}){origin}")] if noise else []),
         _said([*lead, ", ".join(claims)], f"({when}{again}){origin}"),
         _said([*lead, ", ".join(claims)], f"({when}){origin}"),
         _said([*lead, *claims[:1]], f"({when}){origin}"),
@@ -388,6 +461,7 @@ __all__ = [
     "HEADLINE_ERROR",
     "REASON_CHARS",
     "answer_words",
+    "cores_words",
     "data_bound_words",
     "demotion_words",
     "headline",
@@ -395,6 +469,7 @@ __all__ = [
     "loop_words",
     "mib_words",
     "no_gpu_words",
+    "noise_words",
     "qualifiers",
     "ratio_words",
     "reason",

@@ -5,7 +5,8 @@ oracle times the whole search space (precision x layout x optimizer x threads) i
 for 200 steps each in interleaved blocks of at least 10 ms (``_common.oracle``), then the picks and every
 candidate within 5% of the fastest together until their ratios to it are known to +-0.3% (at most a minute).
 regret = oracle time of the pick / oracle time of the best - 1. Also prints how often the 5 picks agreed and
-which calibrations were flagged noisy (served, measured again by the next ``calibrate()``).
+which calibrations were flagged noisy (served, measured again by the next ``calibrate()``) and why (``why``: the
+causes each recorded, e.g. ``["other_processes"]``).
 
     python benchmarks/decision_quality.py [FAMILY ...]
 """
@@ -30,13 +31,14 @@ def main() -> None:
     os.environ["AUTOTUNE_CACHE_DIR"] = tempfile.mkdtemp(prefix="autotune-bench-")
     worst = 0.0
     for kind in families_from_argv():
-        picks, tried, noisy = [], [], []
+        picks, tried, noisy, why = [], [], [], []
         for _ in range(CALIBRATIONS):
             measured = measure_family(kind)
             pick = picked(measured)
             picks.append(pick.label)
             tried.append(pick)
             noisy.append(measured.noisy)
+            why.append(measured.noisy_because)
         errors: dict[str, float] = {}
         truth = oracle(kind, extra=tried, resolve=RESOLVE, errors=errors)
         best = min(truth.values())
@@ -47,7 +49,7 @@ def main() -> None:
             "benchmark": "decision_quality", "family": kind,
             "oracle_ms": {k: round(v, 3) for k, v in truth.items()},
             "oracle_best": min(truth, key=truth.__getitem__),
-            "picks": picks, "same_pick": f"{count}/{CALIBRATIONS}", "noisy": noisy,
+            "picks": picks, "same_pick": f"{count}/{CALIBRATIONS}", "noisy": noisy, "why": why,
             "oracle_se_pct": {k: round(100 * v, 2) if math.isfinite(v) else None for k, v in errors.items()},
             "max_regret_pct": round(100 * max(regrets), 2),
             "mean_regret_pct": round(100 * sum(regrets) / len(regrets), 2),

@@ -94,6 +94,7 @@ def test_a_pick_that_fails_its_set_up_is_reported_without_timing_the_others(isol
     import time
 
     from autotune._lab.child import Control
+    from autotune._lab.measure import Unwatched
     from autotune._lab.protocol import Begin, CalibrationSettings, Checked, CheckJob, Failed
     from autotune._lab.retime import check
 
@@ -102,7 +103,7 @@ def test_a_pick_that_fails_its_set_up_is_reported_without_timing_the_others(isol
                    pick=gone, settings=CalibrationSettings(verify=False), fp32=autotune._fp32.current(), threads=1,
                    sys_path=[])
     events: list[object] = []
-    check(job, events.append, clock=time.perf_counter, control=Control(), settle=time.sleep)
+    check(job, events.append, clock=time.perf_counter, control=Control(), settle=time.sleep, watch=Unwatched())
     failed = [e.result.candidate for e in events if isinstance(e, Failed)]
     assert failed == [gone]
     assert not any(isinstance(e, Begin) and e.phase == "timing" for e in events)

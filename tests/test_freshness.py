@@ -294,3 +294,16 @@ def test_a_result_under_these_rules_is_kept_and_one_stored_before_results_record
     autotune.calibrate([tiny_family, "other"])
     assert _measured_at(tiny_family) != older.measured_at
     assert _measured_at("other") == kept.measured_at
+
+
+def test_a_noisy_result_is_measured_again_once_until_the_rules_or_the_key_change(tiny_family: str) -> None:
+    from autotune._cache.freshness import now_utc
+    from autotune._records import FP32_CPU
+
+    key, now = family_key(get_family(tiny_family)), now_utc()
+    noisy = family(tiny_family, timed("cpu", "fp32", 10.0), noisy=True)
+    assert freshness(noisy, key, now).state == "noisy"
+    again = noisy.model_copy(update={"after_noisy": FP32_CPU})  # the re-measurement, busy too: kept
+    assert freshness(again, key, now).final
+    assert freshness(again.model_copy(update={"rules": "0" * 16}), key, now).state == "older_rules"
+    assert freshness(again, key.model_copy(update={"budget_s": 9.0}), now).state == "other_key"

@@ -15,14 +15,17 @@ from autotune._lab.measure import (
     Interleaved,
     MeasureSettings,
     Series,
+    Watch,
+    control_shifted,
     interleave,
+    noise,
     per_step_s,
     timed,
     warm_up,
 )
 from autotune._lab.retime import answered, faster_by_margin
 from autotune._lab.retime import comparisons as canary_pairs
-from autotune._records import Candidate
+from autotune._records import Candidate, MachineLoad
 
 
 class FakeClock:
@@ -78,14 +81,15 @@ BY_DEVICE: Comparisons[str] = Comparisons(group=lambda key: key.split()[0], marg
 def _run(step_times: dict[str, Iterator[float]], control: Iterator[float] | None = None,
          settings: MeasureSettings = SETTINGS, comparisons: Comparisons[str] = ONE_DEVICE,
          estimate_s: dict[str, float] | None = None,
-         answered: Callable[[Mapping[str, Series[str]]], bool] | None = None,
+         answered: Callable[[Mapping[str, Series[str]]], bool] | None = None, watch: Watch | None = None,
          ) -> tuple[Interleaved[str], dict[str, FakeStep]]:
     clock = FakeClock()
     steps = {name: FakeStep(clock, times) for name, times in step_times.items()}
     control_step = FakeStep(clock, control or itertools.repeat(0.001))
     estimates = {k: 0.01 for k in steps} | (estimate_s or {})
     result = interleave(steps, estimate_s=estimates, control=control_step, clock=clock,
-                        settings=settings, comparisons=comparisons, settle=lambda s: None, answered=answered)
+                        settings=settings, comparisons=comparisons, settle=lambda s: None, answered=answered,
+                        watch=watch)
     return result, steps
 
 
@@ -194,6 +198,53 @@ def test_a_drifting_control_doubles_the_budget_and_flags_the_result() -> None:
                     settings=settings)
     assert noisy.noisy and not steady.noisy
     assert steady.elapsed_s < 2.0 <= noisy.elapsed_s
+
+
+class Reported:
+    """The operating system's view (its boundary): every window reports ``load``."""
+
+    def __init__(self, load: MachineLoad) -> None:
+        self.load = load
+
+    def open(self) -> Reported:
+        return self
+
+    def so_far(self) -> MachineLoad:
+        return self.load
+
+    def close(self) -> MachineLoad:
+        return self.load
+
+    def wait_for_host(self) -> float:
+        return 0.0
+
+
+@pytest.mark.parametrize(("other_cores", "steal", "causes"), [
+    (0.9, 0.0, ["other_processes"]),
+    (0.3, 0.0, []),
+    (0.1, 0.12, ["steal"]),
+], ids=["another-process", "a-little-cpu-time-elsewhere", "the-hypervisor"])
+def test_what_the_operating_system_saw_flags_the_result_and_doubles_the_budget(
+        other_cores: float, steal: float, causes: list[str]) -> None:
+    # A steady control: only the operating system's evidence can say the machine was busy.
+    settings = MeasureSettings(budget_s=1.0, round_min_s=0.0)
+    seen = MachineLoad(window_s=1.0, other_cores=other_cores, steal=steal)
+    result, _ = _run({"fp32": jittered(0.1, 0.05), "bf16": jittered(0.1, 0.05, phase=3)}, settings=settings,
+                     watch=Reported(seen))
+    assert result.load == seen
+    assert noise(result.control_ms, [seen], settings) == causes
+    assert result.noisy == bool(causes)
+    assert (result.elapsed_s >= 2.0) == bool(causes)
+
+
+def test_a_control_is_judged_against_its_own_noise_not_a_fixed_spread() -> None:
+    rng = random.Random(0)
+    jittery = [1.0 + rng.gauss(0.0, 0.08) for _ in range(40)]  # 8% a round, around one level
+    assert _stats.spread(jittery) > 0.10  # past the fixed 10% the spread used to be judged by
+    assert not control_shifted(jittery, MeasureSettings())
+    assert control_shifted(jittery[:20] + [1.8 * x for x in jittery[20:]], MeasureSettings())  # another level
+    assert control_shifted([1.0 + 0.01 * i for i in range(40)], MeasureSettings())  # a steady ramp, 40% in all
+    assert not control_shifted([1.0 + 0.001 * i for i in range(40)], MeasureSettings())  # ... 4%: too little
 
 
 def test_a_steady_control_is_not_noisy() -> None:

@@ -8,8 +8,8 @@ from conftest import one_sentence_problem
 from samples import family, timed
 
 from autotune._decide import decide, restate
-from autotune._records import CandidateResult, Difference, SimilarMachine
-from autotune._wording import answer_words
+from autotune._records import CandidateResult, Difference, MachineLoad, NoiseCause, ProcessLoad, SimilarMachine
+from autotune._wording import answer_words, noise_words
 
 DIGEST = "0123456789abcdef"
 LONG_WHY = "another process is still calibrating after AUTOTUNE_LOCK_TIMEOUT_S=86400 s of waiting"
@@ -74,3 +74,43 @@ def test_a_reason_that_fits_keeps_every_qualifier() -> None:
 def test_the_suites_reasons_are_recorded(reasons: list[str]) -> None:
     config = decide(family("cnn", timed("cpu", "fp32", 20.0), timed("cpu", "bf16-mixed", 10.0)), digest=DIGEST)
     assert reasons == [config.reason]
+
+
+def test_the_reason_and_the_evidence_say_what_was_busy() -> None:
+    from autotune._wording import qualifiers
+
+    load = MachineLoad(stage=4, window_s=3.0, other_cores=0.95, steal=0.0,
+                       processes=[ProcessLoad(name="python3", pid=4242, cores=0.91)])
+    measured = family("cnn", timed("cpu", "fp32", 20.0), timed("cpu", "bf16-mixed", 10.0)).model_copy(
+        update={"noisy": True, "noisy_because": ["other_processes"], "loads": [load]})
+    config = decide(measured, digest=DIGEST)
+    assert config.reason == ("bf16 mixed precision on the CPU: 2.0x faster per step than fp32 (measured 2026-11-30 "
+                             "while python3 used 0.9 of a core; the next calibration measures it again)")
+    assert config.evidence is not None
+    assert qualifiers(config.evidence, init_scale=None) == [
+        "measured while another process (python3, pid 4242) used 0.9 of a core: the next calibration measures it "
+        "again"]
+    kept = decide(measured.model_copy(update={"after_noisy": config.candidate}), digest=DIGEST)
+    assert kept.reason == ("bf16 mixed precision on the CPU: 2.0x faster per step than fp32 (measured 2026-11-30 "
+                           "while python3 used 0.9 of a core)")
+
+
+_SPREAD = MachineLoad(stage=1, window_s=2.0, other_cores=1.4, steal=0.12, processes=[
+    ProcessLoad(name="python3", pid=4242, cores=0.6), ProcessLoad(name="mypy", pid=77, cores=0.5)])
+_HOST = MachineLoad(stage=1, window_s=2.0, other_cores=0.8, processes=[
+    ProcessLoad(name="python", pid=1000, cores=0.75, host=True)])
+
+
+@pytest.mark.parametrize(("causes", "loads", "words"), [
+    (["other_processes"], [_SPREAD],
+     "while other processes used 1.4 cores (most: python3, pid 4242, 0.6 of a core)"),
+    (["other_processes"], [_HOST], "while the process calibrating (python, pid 1000) used 0.8 of a core"),
+    (["steal", "control_shift"], [_SPREAD],
+     "while the hypervisor took 12% of the CPU time and the control workload's speed moved by 30%"),
+    (["other_processes"], [], "while other processes took CPU time"),
+    (["open_gap", "throttled"], [], "with a close call the final comparison left open, while a device throttled"),
+    ([], [], "on a busy machine"),
+], ids=["several-processes", "the-host-itself", "hypervisor-and-control", "no-windows-recorded",
+        "the-measurements-own", "an-older-record"])
+def test_the_words_say_what_took_the_machine(causes: list[NoiseCause], loads: list[MachineLoad], words: str) -> None:
+    assert noise_words(causes, loads, 0.3) == words

@@ -441,6 +441,22 @@ def test_a_resumed_worker_builds_what_the_variants_are_timed_against_first() -> 
     assert any(isinstance(e, Done) for e in again)
 
 
+def test_a_control_beside_a_spinning_thread_pool_does_not_flag_a_quiet_machine(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # A CPU whose all-thread candidates leave their OpenMP pool spinning 7 ms, slowing a control measured meanwhile
+    # by 60%; one thread is the fastest setting, so the later stages time one-thread variants the pool does not run.
+    truth = Truth(name="spin", candidates={_c("cpu", "fp32"): CandidateTruth(5.0),
+                                           _c("cpu", "bf16-mixed"): CandidateTruth(8.0)},
+                  variant_factors={"1 thread": 0.7, "4 threads": 0.8}, pool_spin_s=0.007, pool_spin_penalty=0.6)
+    settled = [simulate(truth, seed)[0] for seed in SEEDS]
+    assert not any(r.noisy for r in settled), [r.noisy_because for r in settled]
+    from autotune.testing import simulate as simulation
+
+    monkeypatch.setattr(simulation, "SETTLE_MAX_S", 0.0)  # the control taken at once: it follows the candidates
+    unsettled = [simulate(truth, seed)[0] for seed in SEEDS]
+    assert sum("control_shift" in r.noisy_because for r in unsettled) >= len(SEEDS) // 4
+
+
 def loop_gpu(gpu: dict[str, CandidateTruth], **weather: object) -> Truth:
     """A GPU that runs kernel by kernel (``Truth.pipelined``), the CPU 10x slower than its fp32."""
     cpu_ms = 10 * gpu["fp32"].step_ms

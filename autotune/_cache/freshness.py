@@ -6,6 +6,10 @@
 - Measurements made under other rules (:func:`rules_digest`: an upgrade changed the search, its looks or
   margins, the verification) are still measurements of this machine: they serve ``best_config``, whose
   reason says so, and the next calibration measures them again, as it does a noisy one.
+- A noisy result (measured while the machine was busy) is measured again by the next calibration, once: the
+  re-measurement records the pick it replaced (``after_noisy``) and is kept, noisy or not, until the fingerprint,
+  the rules or the family's key change. An app that calibrates at every launch on a busy machine pays for one
+  more calibration, not for one at every launch.
 - Failures that can be transient (``timeout``, ``crashed``, ``oom``: another app held the GPU, the machine
   was swapping) are retried by the first calibration after a cool-off of a day. ``unsupported``, ``numerics``,
   ``error`` and ``too_slow`` stay until the fingerprint or the key changes, or the user recalibrates.
@@ -170,7 +174,7 @@ class Freshness:
     ``other_key``: measured for another build, ``version=``, search or budget: it no longer answers.
     ``retry``: a transient failure's cool-off is over: it answers where measuring is not allowed.
     ``older_rules``, ``noisy``: it answers (its reason says so) until the next calibration measures it again.
-    ``fresh``: it answers, and a calibration keeps it.
+    ``fresh``: it answers, and a calibration keeps it (a noisy re-measurement of a noisy result too).
     """
 
     state: State
@@ -207,7 +211,7 @@ def freshness(measured: FamilyResult, key: FamilyKey, now: dt.datetime) -> Fresh
     changed_rules = rules_change(measured)
     if changed_rules is not None:
         return Freshness("older_rules", changed_rules)
-    if measured.noisy:
+    if measured.noisy and measured.after_noisy is None:
         return Freshness("noisy", "it was measured on a busy machine")
     return Freshness("fresh")
 

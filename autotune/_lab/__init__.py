@@ -3,10 +3,11 @@
 ``plan`` (what to measure) -> ``prepare`` (build, verify against the fp32 CPU reference with ``verify``,
 ``probe`` a slow precision, warm up; ``step`` is one training step; ``roster`` holds what is prepared) ->
 ``session`` (pruning stages, then the final paired comparison; rounds timed by ``measure``, each look judged by
-``looks``), all driven by ``child`` over the typed messages of ``protocol``; ``entry`` runs ``child`` once the
-worker is tied to its host's life. Beside the pipeline: ``retime`` (re-timing a cached pick for the canary),
-``memory`` (peak memory at one batch size), ``trace`` (a step under the profiler). The host side of the worker
-process is :mod:`autotune._worker`; truth profiles that drive the same session on a fake clock are
+``looks``, a busy machine told by ``load``: what the operating system says, the pause before each control), all
+driven by ``child`` over the typed messages of ``protocol``; ``entry`` runs ``child`` once the worker is tied to
+its host's life. Beside the pipeline: ``retime`` (re-timing a cached pick for the canary), ``memory`` (peak
+memory at one batch size), ``trace`` (a step under the profiler). The host side of the worker process is
+:mod:`autotune._worker`; truth profiles that drive the same session on a fake clock are
 :mod:`autotune.testing.simulate`.
 
 It imports backends, families and the records, never the API, the cache or the decision: it prunes, and

@@ -17,6 +17,7 @@ from collections.abc import Callable
 import torch
 
 from autotune import _fp32
+from autotune._lab import load
 from autotune._lab.memory import pin_allocator, probe_memory
 from autotune._lab.plan import plan
 from autotune._lab.prepare import TorchLab, warm_process
@@ -62,9 +63,10 @@ class Control:
         return contextlib.nullcontext()
 
 
-def calibrate(job: Job, emit: Callable[[Planned | Begin | Failed | Checkpoint | Done], None], *,
+def calibrate(job: Job, emit: Callable[[Planned | Begin | Failed | Checkpoint | Done], None], *, watch: load.Watch,
               discard_on_device_error: bool = True) -> bool:
-    """Measure the job's family here (in the worker, or in the host when isolation is ``inprocess``).
+    """Measure the job's family here (in the worker, or in the host when isolation is ``inprocess``), with
+    ``watch`` the operating system's view of its timing.
 
     Returns False when a device error stopped it before the end (the worker must not go on).
     """
@@ -76,7 +78,8 @@ def calibrate(job: Job, emit: Callable[[Planned | Begin | Failed | Checkpoint | 
         emit(event)
 
     session = Session(TorchLab(job.family, job.settings), job.settings, tracking, clock=time.perf_counter,
-                      control=Control(), settle=time.sleep, discard_on_device_error=discard_on_device_error)
+                      control=Control(), settle=load.settle, discard_on_device_error=discard_on_device_error,
+                      watch=watch)
     candidates, notes = plan()
     session.run(candidates, staged=True, backend_notes=notes, failed=job.failed, resume=job.resume)
     return bool(finished)
@@ -96,6 +99,7 @@ def main() -> int:
 
     warm_process()
     emit(Ready(pid=os.getpid()))
+    watch = load.Watch(host=os.getppid())  # one per worker: it waits for its host's start-up once
     for line in sys.stdin:
         job = REQUEST.validate_json(line)
         sys.path[:0] = [p for p in job.sys_path if p not in sys.path]
@@ -109,8 +113,8 @@ def main() -> int:
             emit(Begin(candidate=job.candidate, phase="setup", fraction=0.0))  # a crash now is this probe's
             emit(probe_memory(job))
         elif isinstance(job, CheckJob):
-            check(job, emit, clock=time.perf_counter, control=Control(), settle=time.sleep)
-        elif not calibrate(job, emit):
+            check(job, emit, clock=time.perf_counter, control=Control(), settle=load.settle, watch=watch)
+        elif not calibrate(job, emit, watch=watch):
             return EXIT_DEVICE_ERROR
     return 0
 

@@ -5,10 +5,12 @@ alike; at each of ``_stats.LOOKS`` the paired intervals drop, outpace and settle
 stops when nothing is open or at the first look past the budget, but the final comparison times the open pairs that
 can still change its pick on while they are worth their rounds (an estimate beyond what the pick may give away, or
 rounds still needed cheap enough to fit the cap), up to ``overrun`` x the budget or the last look: a pair still open
-then is named in the evidence, and one still worth its rounds flags the result. A control workload flags a noisy
-machine and doubles the budget. On an asynchronous device every candidate is timed as a loop runs it, each step on
-the device's own clock inside a span after an untimed first step (``per_step_s``), so no pair mixes two estimators.
-The clock and the steps are injected (``Clock``, ``Steppable``).
+then is named in the evidence, and one still worth its rounds flags the result. A busy machine (:func:`noise`: what
+the operating system says other processes took, or a control workload whose level moved well past its own noise)
+doubles the budget and flags the result. On an asynchronous device every candidate is timed as a loop runs it, each
+step on the device's own clock inside a span after an untimed first step (``per_step_s``), so no pair mixes two
+estimators. The clock, the steps and the operating system's view are injected (``Clock``, ``Steppable``,
+``Watch``).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, model_validator
 
 from autotune import _stats
 from autotune._lab.looks import Comparisons, Dropped, K, Series, Standing, Verdict, drop_far_behind, look
+from autotune._records import MachineLoad, NoiseCause
 
 
 class Clock(Protocol):
@@ -51,6 +54,38 @@ class Steppable(Runnable, Protocol):
         start; synchronised once after the last."""
 
 
+class Window(Protocol):
+    def so_far(self) -> MachineLoad | None:
+        """What the operating system saw since the window opened (None: it says nothing)."""
+
+    def close(self) -> MachineLoad | None:
+        """... over the whole window, with the other processes that took the most."""
+
+
+class Watch(Protocol):
+    def open(self) -> Window:
+        """A timing window, from now."""
+
+    def wait_for_host(self) -> float:
+        """Wait until the worker's host is done with its own start-up (once); the seconds waited."""
+
+
+class Unwatched:
+    """No view of the operating system: the control alone can flag a result (a fake clock, a test)."""
+
+    def open(self) -> Unwatched:
+        return self
+
+    def so_far(self) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+    def wait_for_host(self) -> float:
+        return 0.0
+
+
 class MeasureSettings(BaseModel):
     """Knobs of one timing stage; defaults suit a 2-core laptop as well as a workstation GPU."""
 
@@ -63,8 +98,14 @@ class MeasureSettings(BaseModel):
     order_seed: int = 0
     #: each candidate's share of a round lasts at least this long, so timer noise stays negligible
     round_min_s: float = 0.003
-    #: the control may drift this much (see ``_stats.drift``) before the run counts as noisy
-    noise_limit: float = 0.10
+    #: the control's level may move this much between the halves of its rounds (``_stats.level_shift``), and
+    #: ``shift_noises`` times its own round-to-round noise, before the machine counts as busy
+    shift_floor: float = 0.10
+    shift_noises: float = 4.0
+    #: ... as it does once other processes took this much CPU time during a timing window (in cores), or the
+    #: hypervisor this share of the machine's
+    busy_other_cores: float = 0.5
+    busy_steal: float = 0.05
     #: a candidate this many times slower than its group's leader is dropped after a single round
     far_behind: float = 4.0
     #: ... and one this many times slower than another group's fastest is outpaced (no longer timed)
@@ -73,7 +114,8 @@ class MeasureSettings(BaseModel):
     overrun: float = 4.0
     #: ... and the fewest rounds it gives them before that cap applies (a step of seconds: a few rounds)
     decisive_rounds: int = 10
-    #: pause before each control measurement
+    #: pause before each control measurement (``settle``: on the CPU, and on until the candidates' thread pools
+    #: stop spinning)
     settle_s: float = 0.001
     #: past the first look, the control takes at most this share of the time: every round of heavy steps, every
     #: few of sub-millisecond steps, whose rounds it would otherwise almost double
@@ -110,6 +152,29 @@ class Interleaved(Generic[K]):
     open_pairs: list[tuple[K, K]] = field(default_factory=list)
     #: one of them was still worth its rounds at the cap: the next calibration measures again
     unresolved_gap: bool = False
+    #: what the operating system saw during the rounds (None: it says nothing)
+    load: MachineLoad | None = None
+
+
+def noise(control_ms: list[float], loads: list[MachineLoad], settings: MeasureSettings) -> list[NoiseCause]:
+    """Why timings taken beside this control and these windows are not the machine's own: other processes took
+    ``busy_other_cores`` or more in a window, the hypervisor ``busy_steal`` of it, or the control's level moved
+    past ``shift_floor`` and ``shift_noises`` times its own noise. Empty on a quiet machine."""
+    causes: list[NoiseCause] = []
+    if any(load.other_cores is not None and load.other_cores >= settings.busy_other_cores for load in loads):
+        causes.append("other_processes")
+    if any(load.steal is not None and load.steal >= settings.busy_steal for load in loads):
+        causes.append("steal")
+    if control_shifted(control_ms, settings):
+        causes.append("control_shift")
+    return causes
+
+
+def control_shifted(control_ms: list[float], settings: MeasureSettings) -> bool:
+    """The control's level moved past ``shift_floor`` and ``shift_noises`` times its own noise: the machine
+    changed under the measurement (another program, a clock). Its own noise, however large, is not a shift."""
+    shift, own = _stats.level_shift(control_ms)
+    return shift > max(settings.shift_floor, settings.shift_noises * own)
 
 
 def timed(step: Runnable, clock: Clock, steps: int = 1) -> float:
@@ -181,10 +246,12 @@ def interleave(
     settle: Callable[[float], None] = time.sleep,
     answered: Callable[[Mapping[K, Series[K]]], bool] | None = None,
     sampled: Callable[[K], None] | None = None,
+    watch: Watch | None = None,
 ) -> Interleaved[K]:
     """Time ``steps`` in interleaved rounds until every pair is resolved or the budget is spent (or, at a look,
     the caller's own question is ``answered``). Steps on an asynchronous device are timed in spans.
-    ``sampled(key)`` runs right after each sample, while the device is still in the state its steps left."""
+    ``sampled(key)`` runs right after each sample, while the device is still in the state its steps left;
+    ``watch``: the operating system's view of the rounds; ``settle`` pauses before each control measurement."""
     series: dict[K, Series[K]] = {
         key: Series(steps_per_round=steps_per_sample(step, estimate_s[key], settings)) for key, step in steps.items()
     }
@@ -193,6 +260,7 @@ def interleave(
     for _ in range(3):
         control.run()  # the interpreter specialises a loop's bytecode on its first runs: not drift
     control_ms: list[float] = []
+    window = (watch or Unwatched()).open()
     started = control_end = clock()
     #: what the asynchronous spans' untimed first steps and drains took: the price of timing steps as a loop
     #: runs them, like a warm-up; the budget is for the steps timed, or heavy steps would get half the rounds
@@ -221,7 +289,7 @@ def interleave(
         share = settings.control_share
         if rounds < _stats.LOOKS[0] or clock() - control_end >= control_s * (1 - share) / share:
             # The least disturbed of a few runs (interference only adds time), after a pause that lets the
-            # candidates' OpenMP threads stop spinning: on hyper-threaded cores they would slow the control down.
+            # candidates' OpenMP threads stop spinning: on a hyper-threaded core they would slow the control down.
             control_start = clock()
             settle(settings.settle_s)
             control_ms.append(1000 * min(timed(control, clock) for _ in range(3)))
@@ -235,7 +303,8 @@ def interleave(
         if rounds not in _stats.LOOKS and rounds < settings.max_rounds:
             continue
         timing = list(active)
-        drifting = _stats.drift(control_ms) > settings.noise_limit
+        so_far = window.so_far()
+        drifting = bool(noise(control_ms, [so_far] if so_far is not None else [], settings))
         budget_s = settings.budget_s * (2 if drifting else 1)
         standing = look(series, active, comparisons, rounds)
         if rounds >= settings.max_rounds:
@@ -264,10 +333,11 @@ def interleave(
             active[:] = [k for k in active if any(k in v.pair for v in standing.racing)]
     if on_round is not None:
         on_round(rounds, None)
-    noisy = _stats.drift(control_ms) > settings.noise_limit
+    load = window.close()
+    noisy = bool(noise(control_ms, [load] if load is not None else [], settings))
     return Interleaved(series, control_ms, noisy, rounds, clock() - started - untimed_s,
                        open_pairs=[v.pair for v in standing.open],
-                       unresolved_gap=any(frozenset(v.pair) in capped for v in standing.open))
+                       unresolved_gap=any(frozenset(v.pair) in capped for v in standing.open), load=load)
 
 
 def _worth(series: Mapping[K, Series[K]], standing: Standing[K], rounds: int, elapsed_s: float,
@@ -302,6 +372,6 @@ def _worth(series: Mapping[K, Series[K]], standing: Standing[K], rounds: int, el
 
 __all__ = [
     "Clock", "Comparisons", "Dropped", "Interleaved", "K", "MeasureSettings", "Runnable", "Series", "Steppable",
-    "interleave",
-    "per_step_s", "steps_per_sample", "timed", "warm_up",
+    "Unwatched", "Watch", "Window", "control_shifted", "interleave", "noise", "per_step_s", "steps_per_sample",
+    "timed", "warm_up",
 ]

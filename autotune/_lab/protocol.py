@@ -14,7 +14,7 @@ from autotune._env import Search
 from autotune._families import Family
 from autotune._fp32 import Fp32Settings
 from autotune._lab.measure import MeasureSettings
-from autotune._records import Candidate, CandidateResult, Drop, Failure, TraceReport
+from autotune._records import Candidate, CandidateResult, Drop, Failure, MachineLoad, NoiseCause, TraceReport
 from autotune._variants import Facts
 
 
@@ -68,6 +68,7 @@ class Checkpoint(_Message):
     behind: dict[str, Drop]
     notes: list[str]
     control_ms: list[float]
+    loads: list[MachineLoad] = []
     timing_s: float
 
 
@@ -180,6 +181,12 @@ class Done(_Message):
     results: list[CandidateResult]
     control_ms: list[float]
     noisy: bool
+    noisy_because: list[NoiseCause] = []
+    #: what the operating system saw during each timing window
+    loads: list[MachineLoad] = []
+    control_shift: float | None = None
+    #: how long timing waited for the worker's host to finish its own start-up
+    host_wait_s: float = 0.0
     search_notes: list[str]
 
 

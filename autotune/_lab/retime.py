@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 
 from autotune import _rules, _stats
-from autotune._lab.measure import Clock, Comparisons, K, Runnable, Series, interleave, warm_up
+from autotune._lab.measure import Clock, Comparisons, K, Runnable, Series, Watch, interleave, warm_up
 from autotune._lab.prepare import CandidateFailed, Prepared, TorchLab, classify
 from autotune._lab.protocol import Begin, Checked, CheckJob, Failed, Retimed
 from autotune._records import Candidate, CandidateResult
@@ -52,7 +52,7 @@ def comparisons(pick: Candidate) -> Comparisons[Candidate]:
 
 
 def check(job: CheckJob, emit: Callable[[Begin | Failed | Checked], None], *, clock: Clock, control: Runnable,
-          settle: Callable[[float], None]) -> None:
+          settle: Callable[[float], None], watch: Watch) -> None:
     """Set up each candidate, time them together, emit one :class:`Checked` (failures as :class:`Failed`)."""
     lab = TorchLab(job.family, job.settings, probe=False)
     ready: dict[Candidate, Prepared] = {}
@@ -74,7 +74,7 @@ def check(job: CheckJob, emit: Callable[[Begin | Failed | Checked], None], *, cl
         settings=settings, settle=settle,
         on_round=lambda rounds, key: emit(Begin(candidate=key, phase="timing", fraction=0.5 + 0.5 * min(
             1.0, rounds / settings.max_rounds))) if key is not None else None,
-        comparisons=comparisons(job.pick), answered=answered(job.pick),
+        comparisons=comparisons(job.pick), answered=answered(job.pick), watch=watch,
     )
     emit(Checked(series=[Retimed(candidate=c, round_ms=s.round_ms) for c, s in timed.series.items()],
                  noisy=timed.noisy))

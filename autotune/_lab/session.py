@@ -5,7 +5,8 @@ combinations that helped, fewer CPU threads and the settings of the leader's pre
 still alive unless an interval shows they do not pay (``plan.variants``, ``Session._donors``). Stages only prune;
 every live candidate is then timed again, together, in fresh rounds (stage ``FINAL_STAGE``), and decisions compare
 only those: a slowdown between stages cannot become a verdict. Each pruning stage ends with a :class:`Checkpoint`
-that a worker restarted after a crash goes on from. The lab, the clock and the control workload are injected.
+that a worker restarted after a crash goes on from. The lab, the clock, the control workload and the operating
+system's view (``Watch``) are injected.
 """
 
 from __future__ import annotations
@@ -19,13 +20,16 @@ from autotune._lab.measure import (
     Comparisons,
     MeasureSettings,
     Runnable,
+    Unwatched,
+    Watch,
     interleave,
+    noise,
     warm_up,
 )
 from autotune._lab.plan import BASELINE, variants
 from autotune._lab.protocol import Begin, CalibrationSettings, Checkpoint, Done, Planned
 from autotune._lab.roster import Emit, Lab, Roster, evidence
-from autotune._records import Candidate, CandidateResult, ClockEvent, Drop, Timing
+from autotune._records import Candidate, CandidateResult, ClockEvent, Drop, MachineLoad, NoiseCause, Timing
 
 FINAL_STAGE = 4
 
@@ -38,15 +42,19 @@ class Session:
     """One pass over a family: candidates set up once, timed in stages, then in the final comparison."""
 
     def __init__(self, lab: Lab, settings: CalibrationSettings, emit: Emit, *, clock: Clock, control: Runnable,
-                 settle: Callable[[float], None], discard_on_device_error: bool) -> None:
+                 settle: Callable[[float], None], discard_on_device_error: bool, watch: Watch | None = None) -> None:
         self.lab = lab
         self.settings = settings
         self.emit = emit
         self.clock = clock
         self.control = control
         self.settle = settle
+        self.watch = watch or Unwatched()
         self.roster = Roster(lab, emit, discard_on_device_error=discard_on_device_error)
         self.control_ms: list[float] = []
+        #: what the operating system saw during each timing window, in order
+        self.loads: list[MachineLoad] = []
+        self.host_wait_s = 0.0
         self.notes: list[str] = []
         #: the budget the stages spent, in the unit the budget counts (``Interleaved.elapsed_s``): the final
         #: comparison gets what is left
@@ -101,11 +109,14 @@ class Session:
         self._final(alive)
         if self.roster.poisoned:
             return
+        # The control judged over every stage's rounds together: a shift between stages counts too.
+        causes = noise(self.control_ms, self.loads, self.settings.measure)
+        own: tuple[tuple[bool, NoiseCause], ...] = ((self.unresolved_gap, "open_gap"), (self.throttled, "throttled"))
+        causes += [cause for flag, cause in own if flag]
         self.emit(Done(
             results=self.roster.with_baseline_ratios(), control_ms=self.control_ms, search_notes=self.notes,
-            # Judged over every stage's rounds together, the same series the warning quotes.
-            noisy=(_stats.drift(self.control_ms) > self.settings.measure.noise_limit or self.unresolved_gap
-                   or self.throttled),
+            noisy=bool(causes), noisy_because=causes, loads=self.loads, host_wait_s=self.host_wait_s,
+            control_shift=round(_stats.level_shift(self.control_ms)[0], 4) if len(self.control_ms) >= 3 else None,
         ))
 
     def _refine(self, alive: list[Candidate], new: list[Candidate], stage: int, span: float) -> list[Candidate]:
@@ -142,7 +153,8 @@ class Session:
         if not self.roster.poisoned:
             self.emit(Checkpoint(stage=stage, alive=alive, facts=[(c, self.roster.facts[c]) for c in alive],
                                  results=list(self.roster.results.values()), behind=self.behind,
-                                 notes=self.notes, control_ms=self.control_ms, timing_s=self.timing_s))
+                                 notes=self.notes, control_ms=self.control_ms, loads=self.loads,
+                                 timing_s=self.timing_s))
 
     def _resume(self, checkpoint: Checkpoint, fraction: float) -> list[Candidate]:
         """Take over an earlier worker's search after ``checkpoint.stage``; returns the candidates alive.
@@ -156,6 +168,7 @@ class Session:
         self.behind.update(checkpoint.behind)
         self.notes += [*checkpoint.notes, f"resumed after stage {checkpoint.stage} in a restarted worker"]
         self.control_ms += checkpoint.control_ms
+        self.loads += checkpoint.loads
         self.timing_s = checkpoint.timing_s
         ready = self.roster.rebuild([BASELINE], fraction) if BASELINE not in self.excluded else []
         self.roster.release({c for c in ready if c not in checkpoint.alive})
@@ -206,6 +219,7 @@ class Session:
                 if reading is not None and reading.mhz is not None:
                     clocks[key].append(reading.mhz)
 
+        self.host_wait_s += self.watch.wait_for_host()  # the host's start-up is not the machine the user has
         warm = {c: warm_up(self.roster.ready[c].step, self.clock, self.roster.ready[c].recent_s, settings,
                            steady_s=self._steady_s(c)) for c in candidates}
         estimates = {c: _stats.median(times[-3:]) for c, times in warm.items()}
@@ -216,8 +230,11 @@ class Session:
             clock=self.clock, settings=settings, on_round=on_round, settle=self.settle, sampled=sampled,
             comparisons=Comparisons(group=_device, margin=_rules.margin, tie_winner=_rules.tie_winner,
                                     across_groups=final, indifference=_rules.indifference),
+            watch=self.watch,
         )
         self.control_ms += timed.control_ms
+        if timed.load is not None:
+            self.loads.append(timed.load.model_copy(update={"stage": stage}))
         self.timing_s += timed.elapsed_s
         if timed.unresolved_gap:  # not final: the next calibrate() measures it again
             self.unresolved_gap = True

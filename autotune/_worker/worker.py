@@ -25,6 +25,7 @@ import torch
 from autotune import _fp32
 from autotune._errors import CalibrationCancelled, CalibrationError, TraceError
 from autotune._families import Family
+from autotune._lab import load
 from autotune._lab.child import Control, calibrate
 from autotune._lab.memory import probe_memory
 from autotune._lab.plan import BASELINE
@@ -185,6 +186,10 @@ class Worker:
             candidates=[measured.get(c) or failed[c] for c in (planned or []) if c in measured or c in failed],
             control_ms=done.control_ms if done is not None else [],
             noisy=done.noisy if done is not None else False,
+            noisy_because=done.noisy_because if done is not None else [],
+            loads=done.loads if done is not None else [],
+            control_shift=done.control_shift if done is not None else None,
+            host_wait_s=done.host_wait_s if done is not None else 0.0,
             backend_notes=backend_notes,
             search_notes=done.search_notes if done is not None else [],
         )
@@ -214,7 +219,7 @@ class Worker:
         if self.isolation == "inprocess":
             with _fp32.preserved():
                 check(job, lambda event: record(event, attempt, None), clock=time.perf_counter, control=Control(),
-                      settle=time.sleep)
+                      settle=load.settle, watch=load.Watch(host=None))
         elif self._send(job, attempt, None, until=(Checked,)) is None:
             return None, [], self.start_failure
         checked = next((e for e in attempt.events if isinstance(e, Checked)), None)
@@ -275,7 +280,8 @@ class Worker:
                 self._warm = True
                 waited = time.perf_counter() - warm_started
             with _fp32.preserved():  # candidates switch the host's own settings: put them back
-                calibrate(job, lambda event: record(event, attempt, progress), discard_on_device_error=False)
+                calibrate(job, lambda event: record(event, attempt, progress), watch=load.Watch(host=None),
+                          discard_on_device_error=False)
             return waited
         process = self._send(job, attempt, progress, until=(Done,))
         if process is None:

@@ -21,6 +21,7 @@ import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from autotune._lab.load import SETTLE_MAX_S
 from autotune._lab.prepare import CandidateFailed, Prepared
 from autotune._lab.protocol import CalibrationSettings, Checkpoint, Done
 from autotune._lab.session import Session
@@ -158,6 +159,10 @@ class Truth:
     #: a plain candidate's own variant factors, over ``variant_factors``: a gain that depends on the device and
     #: precision, e.g. ``{Candidate(device="cuda:0", precision="fp16-mixed"): {"channels_last": 0.79}}``
     candidate_variant_factors: Mapping[Candidate, Mapping[str, float]] = field(default_factory=dict)
+    #: after a step of a CPU candidate on more than one thread, its thread pool spin-waits this long (OpenMP),
+    #: and a control measured meanwhile runs ``pool_spin_penalty`` slower (a spinning hyper-threaded sibling)
+    pool_spin_s: float = 0.0
+    pool_spin_penalty: float = 0.0
     #: accelerators run kernel by kernel, as real ones do (:func:`run_steps`): a step's kernels start as they are
     #: launched, so a step synchronised alone takes about the longer of its launch and device time plus its
     #: lead and a synchronisation, not their sum; a batch copy that is not ``non_blocking`` waits for the
@@ -247,6 +252,8 @@ class _Weather:
         self.timed_steps = 0
         self.in_setup = False
         self._load = [0.0]  # shared with the control's weather: the machine's slow load, in log units
+        #: until when the CPU candidates' thread pool spins (shared with the control's weather)
+        self.pool_until = [0.0]
         #: the step that ran last (a position effect hits the one after another candidate's)
         self.last_step: object = None
         #: when each pipelined accelerator last finished work, and whose (its next step pays for a change)
@@ -284,7 +291,8 @@ class _Weather:
 
 class _FakeStep:
     def __init__(self, step_s: float, device: str, weather: _Weather, own: CandidateTruth | None = None,
-                 launch_s: float = 0.0, loop: Loop | None = None, load_power: float = 1.0) -> None:
+                 launch_s: float = 0.0, loop: Loop | None = None, load_power: float = 1.0,
+                 pooled: bool = False) -> None:
         self.step_s = step_s
         self.device = device
         self.weather = weather
@@ -294,6 +302,8 @@ class _FakeStep:
         self.load_power = load_power
         self.asynchronous = device != "cpu"
         self.steps = 0
+        #: its steps run on a thread pool that spin-waits after them (a CPU candidate on more than one thread)
+        self.pooled = pooled
 
     def run(self, steps: int = 1) -> None:
         """``steps`` steps, then a synchronisation. On an accelerator the host launches step i at i launch
@@ -324,6 +334,8 @@ class _FakeStep:
             if ends is not None:
                 ends.append(done)
         clock.now = done
+        if self.pooled:
+            self.weather.pool_until[0] = done + self.weather.truth.pool_spin_s
 
     def _busy(self, start: float, end: float) -> None:
         """Log a step on an accelerator for its windowed clock readings (``Truth.clock_window_s``)."""
@@ -431,7 +443,8 @@ class TruthLab:
         loop = self.truth.loop(candidate, copies_wait=not pins_batches(backend_for(candidate.device)))
         step = _FakeStep(self.truth.compute_ms(candidate) / 1000, candidate.device, self.weather, truth,
                          launch_s=self.truth.launch_ms(candidate) / 1000, loop=loop,
-                         load_power=self.truth.load_power(candidate))
+                         load_power=self.truth.load_power(candidate),
+                         pooled=candidate.device == "cpu" and candidate.num_threads != 1)
         recent_s = []
         self.weather.in_setup = True
         verify_steps = (self.settings.verify_steps if candidate == candidate.base
@@ -465,14 +478,15 @@ def simulate(truth: Truth, seed: int, settings: CalibrationSettings | None = Non
     events = [] if events is None else events
     session = Session(lab, settings, events.append, clock=clock,
                       control=_FakeStep(CONTROL_MS / 1000, "cpu", _ControlWeather(weather)),
-                      settle=_advance(clock), discard_on_device_error=False)
+                      settle=_settle(weather), discard_on_device_error=False)
     planned = sorted(truth.candidates, key=lambda c: c != Candidate(device="cpu", precision="fp32"))
     session.run(planned, staged=True, backend_notes={}, failed=failed, resume=resume)
     done = next(e for e in events if isinstance(e, Done))
     result = FamilyResult(
         model_kind=truth.name, measured_at="simulated", autotune_version="simulated", wall_s=clock.now,
         budget_s=settings.measure.budget_s, candidates=done.results,
-        control_ms=done.control_ms, noisy=done.noisy, search_notes=done.search_notes,
+        control_ms=done.control_ms, noisy=done.noisy, noisy_because=done.noisy_because,
+        control_shift=done.control_shift, search_notes=done.search_notes,
     )
     return result, clock.now
 
@@ -483,19 +497,28 @@ class _ControlWeather(_Weather):
     def __init__(self, weather: _Weather) -> None:
         super().__init__(weather.truth, weather.clock, weather.rng)
         self._load = weather._load
+        self.pool_until = weather.pool_until
 
     def factor(self, device: str, *, sigma: float | None = None, load_power: float = 1.0) -> float:
-        """The machine's factor on one step of the control now."""
+        """The machine's factor on one step of the control now, and a spinning thread pool's."""
         truth, now = self.truth, self.clock.now
         value = (1 + truth.ramp_per_s * now) * math.exp(self.rng.gauss(0.0, 0.01)) * self.load()
         if truth.burst is not None and truth.burst[0] <= now < truth.burst[1]:
             value *= truth.burst_factor
+        if now < self.pool_until[0]:
+            value *= 1 + truth.pool_spin_penalty
         return value
 
 
-def _advance(clock: FakeClock) -> Callable[[float], None]:
+def _settle(weather: _Weather) -> Callable[[float], None]:
+    """The worker's pause before a control (``load.settle``) on the fake clock: ``seconds``, then on while the
+    thread pool spins (at most ``SETTLE_MAX_S``)."""
+    clock = weather.clock
+
     def settle(seconds: float) -> None:
+        started = clock.now
         clock.now += seconds
+        clock.now = max(clock.now, min(weather.pool_until[0], started + SETTLE_MAX_S))
     return settle
 
 
