@@ -14,7 +14,9 @@ import datetime as dt
 import logging
 from collections.abc import Iterable
 
-from autotune import _env, _guard
+from torch import nn
+
+from autotune import _env
 from autotune._cache import demotions as _demotions
 from autotune._cache import exchange as _exchange
 from autotune._cache import lookup as _lookup
@@ -26,6 +28,7 @@ from autotune._decide import PREFERENCES, decide, finalists, restate, step_ms
 from autotune._errors import CalibrationError, ConfigurationError
 from autotune._families import Family, family_names, get_family
 from autotune._fingerprint import Fingerprint, fingerprint
+from autotune._guard import watch as _guard
 from autotune._ranks.agree import device_counts, own_device, view
 from autotune._ranks.group import JobGroup, joined
 from autotune._ranks.job import Machine, agreed
@@ -42,6 +45,7 @@ _decisions: dict[tuple[object, ...], tuple[Config, dt.datetime | None]] = {}
 
 
 def _validate(prefer: str, expected_steps: int | None) -> None:
+    _env.check_all()
     if prefer not in PREFERENCES:
         raise ConfigurationError("prefer", prefer, " | ".join(PREFERENCES))
     if expected_steps is not None and (isinstance(expected_steps, bool) or not isinstance(expected_steps, int)
@@ -50,8 +54,8 @@ def _validate(prefer: str, expected_steps: int | None) -> None:
 
 
 def best_config(
-    model_kind: str, *, prefer: Prefer = "auto", expected_steps: int | None = None, calibrate_on_miss: bool = True,
-    wait: bool = True, distributed: bool | None = None,
+    model_kind: str, *, model: nn.Module | None = None, prefer: Prefer = "auto", expected_steps: int | None = None,
+    calibrate_on_miss: bool = True, wait: bool = True, distributed: bool | None = None,
 ) -> Config:
     """The fastest correct device and precision for ``model_kind`` on this machine.
 
@@ -62,7 +66,9 @@ def best_config(
     Config whose reason says why ("calibration running", "not measured yet") and what it is based on (a
     record of the same hardware with other software, else fp32 on the CPU); ``calibrate_on_miss=False`` is the
     older spelling. ``prefer`` is the user's choice ("auto", "gpu" or "cpu"), not a backend;
-    ``expected_steps`` makes set-up cost count for short jobs.
+    ``expected_steps`` makes set-up cost count for short jobs. What training runs demoted here holds for what they
+    trained: the answer leaves out the demotions of ``model`` (an ``nn.Module``), by default of the model the
+    family builds.
 
     In a job of many processes (torchrun, ``accelerate launch``, Lightning under torchrun: the launcher's
     ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE`` and ``LOCAL_WORLD_SIZE``, or torch.distributed's default group of
@@ -73,46 +79,50 @@ def best_config(
     process alone; ``distributed=True`` raises :class:`RanksError` outside a job.
     """
     _validate(prefer, expected_steps)
+    if model is not None and not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module (whose demotions apply), got {type(model).__name__}")
     return answer(get_family(model_kind), prefer=prefer, expected_steps=expected_steps,
                   may_measure=wait and calibrate_on_miss,
                   unmeasured="calibration not allowed by calibrate_on_miss=False" if wait else None,
-                  distributed=distributed)
+                  model=_guard.model_signature(model) if model is not None else None, distributed=distributed)
 
 
 def answer(family: Family, *, prefer: Prefer = "auto", expected_steps: int | None = None, may_measure: bool = True,
-           unmeasured: str | None = None, distributed: bool | None = None) -> Config:
+           unmeasured: str | None = None, model: str | None = None, distributed: bool | None = None) -> Config:
     """``best_config`` of a resolved family, with validated arguments. ``may_measure``: a miss goes through the
-    miss path; else it falls back, saying why (``unmeasured``; by default what wait=False sees)."""
+    miss path; else it falls back, saying why (``unmeasured``; by default what wait=False sees). ``model``: the
+    signature of the model whose demotions apply (None: the family's own)."""
     job = joined(required=True) if distributed else None if distributed is False else joined()
     if job is not None:
         def machine(job: JobGroup) -> Machine:
             return _machine(job, family, prefer=prefer, expected_steps=expected_steps, may_measure=may_measure,
-                            unmeasured=unmeasured)
+                            unmeasured=unmeasured, model=model)
 
-        return agreed(job, family.name, (prefer, expected_steps, may_measure, _env.DEVICE.get()), machine)
+        return agreed(job, family.name, (prefer, expected_steps, may_measure, model, _env.DEVICE.get()), machine)
     fp = fingerprint()
     store = _lookup.store()
     forced = _env.DEVICE.get()
     memo = (str(store.root), fp.digest, family.name, family_key(family), prefer, expected_steps, forced, may_measure,
-            _exchange.layer_stamp(), _demotions.stamp(fp.digest, store.root), store.stamp(fp.digest))
+            model, _exchange.layer_stamp(), _demotions.stamp(fp.digest, store.root), store.stamp(fp.digest))
     cached = _decisions.get(memo)
     if cached is not None and (cached[1] is None or now_utc() < cached[1]):
         return cached[0]
     measured = _measured(family, fp, store, prefer=prefer, expected_steps=expected_steps, may_measure=may_measure,
-                         unmeasured=unmeasured)
+                         unmeasured=unmeasured, model=model)
     if isinstance(measured, Config):
         return measured
     memo = (*memo[:-1], store.stamp(fp.digest))  # what it read now, which a measurement just wrote
-    config = decided(measured, prefer=prefer, expected_steps=expected_steps, forced_device=forced, digest=fp.digest)
+    config = decided(measured, prefer=prefer, expected_steps=expected_steps, forced_device=forced, digest=fp.digest,
+                     model=model)
     # A transient failure's retry is due later: the memo answers until then, so a long-running app retries too.
     _decisions[memo] = (config, fresh_until(measured) if may_measure else None)
     return config
 
 
 def _measured(family: Family, fp: Fingerprint, store: Store, *, prefer: Prefer, expected_steps: int | None,
-              may_measure: bool, unmeasured: str | None) -> FamilyResult | Config:
+              may_measure: bool, unmeasured: str | None, model: str | None) -> FamilyResult | Config:
     """The measurements of ``family`` that answer on ``fp``'s machine configuration, measured first on a miss where
-    ``may_measure``; else the Config that falls back (:func:`fallback`)."""
+    ``may_measure``; else the Config that falls back (:func:`fallback`; without ``model``'s demotions)."""
     key = family_key(family)
     measured = _lookup.known(fp, store, family.name)
     verdict = freshness(measured, key, now_utc()) if measured is not None else None
@@ -121,7 +131,7 @@ def _measured(family: Family, fp: Fingerprint, store: Store, *, prefer: Prefer, 
     if measured is None or (verdict is not None and verdict.measure_first and (may_measure or not verdict.answers)):
         if not may_measure:
             why = unmeasured or _why_unmeasured(family.name, fp, store)
-            return fallback(family.name, fp, store, why, prefer=prefer, expected_steps=expected_steps)
+            return fallback(family.name, fp, store, why, prefer=prefer, expected_steps=expected_steps, model=model)
         from autotune._calibrate import ensure_measured, new_worker  # the calibration machinery: on a miss only
 
         with new_worker() as worker:
@@ -129,12 +139,12 @@ def _measured(family: Family, fp: Fingerprint, store: Store, *, prefer: Prefer, 
         if measured is None:
             return fallback(family.name, fp, store, "another process is still calibrating after "
                             f"AUTOTUNE_LOCK_TIMEOUT_S={_env.LOCK_TIMEOUT_S.get():g} s of waiting",
-                            prefer=prefer, expected_steps=expected_steps)
+                            prefer=prefer, expected_steps=expected_steps, model=model)
     return measured
 
 
 def _machine(job: JobGroup, family: Family, *, prefer: Prefer, expected_steps: int | None, may_measure: bool,
-             unmeasured: str | None) -> Machine:
+             unmeasured: str | None, model: str | None) -> Machine:
     """What this machine's first rank answers for each rank of its machine in ``job``: measured for as many
     processes as share it, each rank on its own view (its own device of each kind; ``AUTOTUNE_DEVICE`` names the
     kind)."""
@@ -142,7 +152,7 @@ def _machine(job: JobGroup, family: Family, *, prefer: Prefer, expected_steps: i
     store = _lookup.store()
     counts = device_counts(fp.accelerators)
     measured = _measured(family, fp, store, prefer=prefer, expected_steps=expected_steps, may_measure=may_measure,
-                         unmeasured=unmeasured)
+                         unmeasured=unmeasured, model=model)
     forced = _env.DEVICE.get()
     own = {}
     for member in job.machine:
@@ -153,17 +163,18 @@ def _machine(job: JobGroup, family: Family, *, prefer: Prefer, expected_steps: i
             own[member.local_rank] = decided(
                 view(measured, member.local_rank, counts), prefer=prefer, expected_steps=expected_steps,
                 forced_device=own_device(forced, member.local_rank, counts) if forced is not None else None,
-                digest=fp.digest)
+                digest=fp.digest, model=model)
     return Machine(own=own, measured=measured if isinstance(measured, FamilyResult) else None, counts=counts,
                    share=threads_per_process(fp.usable_cores, job.ranks.local_world_size))
 
 
 def decided(measured: FamilyResult, *, prefer: Prefer, expected_steps: int | None, forced_device: str | None,
-            digest: str) -> Config:
-    """The decision on ``measured`` without what training runs demoted on this machine; then the reason is the
-    latest demotion, e.g. "bf16-mixed was demoted after NaN losses at step 5,120 of training on 2026-12-03; using
-    fp32". One measured under older rules says so (it still answers until the next calibration replaces it)."""
-    demoted = _demotions.of(digest, measured.model_kind)
+            digest: str, model: str | None = None) -> Config:
+    """The decision on ``measured`` without what training runs demoted on this machine for ``model`` (a signature;
+    None: the model the family builds); then the reason is the latest demotion, e.g. "bf16-mixed was demoted after
+    NaN losses at step 5,120 of training on 2026-12-03; using fp32", and the evidence lists them. One measured under
+    older rules says so (it still answers until the next calibration replaces it)."""
+    demoted = demotions_of(digest, measured.model_kind, model)
     config = decide(without(measured, demoted), prefer=prefer, expected_steps=expected_steps,
                     forced_device=forced_device, digest=digest)
     if rules_change(measured) is not None:
@@ -172,7 +183,21 @@ def decided(measured: FamilyResult, *, prefer: Prefer, expected_steps: int | Non
         return config
     reason = demoted_reason(demoted[-1], config)
     log.info("%s: %s", measured.model_kind, reason)
-    return config.model_copy(update={"reason": reason})
+    evidence = (config.evidence or Evidence()).model_copy(update={"demotions": demoted})
+    return config.model_copy(update={"reason": reason, "evidence": evidence})
+
+
+def demotions_of(digest: str, kind: str, model: str | None = None) -> list[Demotion]:
+    """The demotions of ``kind`` on this machine configuration that hold for ``model`` (a signature), oldest first.
+    None, the model the family builds: those recorded for it, and those an older autotune recorded without a
+    model; for a family not registered in this process, those recorded as its own model."""
+    found = _demotions.of(digest, kind)
+    if not found:
+        return []
+    own = _guard.family_model(kind) if any(d.model is not None for d in found) else None
+    if model is not None and model != own:
+        return [d for d in found if d.model == model]
+    return [d for d in found if d.model is None or (d.model == own if own is not None else d.family_model)]
 
 
 def without(measured: FamilyResult, demoted: list[Demotion]) -> FamilyResult:
@@ -194,22 +219,26 @@ def without(measured: FamilyResult, demoted: list[Demotion]) -> FamilyResult:
 
 
 def _why_unmeasured(kind: str, fp: Fingerprint, store: Store) -> str:
-    """"calibration running ..." when this process's job or another process holds the family's lock."""
+    """"calibration running ..." when this process's job or another process holds the family's lock; the cache
+    directory when it cannot be used (its warning says why and what to do)."""
     from autotune._background import running  # a job of this process can only exist once that module loaded
 
     if running(kind):
         return "calibration running in this process"
-    if held_elsewhere(store.calibration_lock(fp.digest, kind)):
+    if store.problem() is not None:
+        return "the cache directory cannot be used, wait=False never measures"
+    if held_elsewhere(store.calibration_lock(fp.digest, kind, unlocked="wait=False answers without knowing whether "
+                                             "another process is calibrating it")):
         return "calibration running in another process"
     return "wait=False never measures"
 
 
 def fallback(kind: str, fp: Fingerprint, store: Store, why: str, *, prefer: Prefer = "auto",
-             expected_steps: int | None = None) -> Config:
+             expected_steps: int | None = None, model: str | None = None) -> Config:
     """The best answer without a measurement of this machine configuration: the pick measured on the same
     hardware with other software (the reason names the differences), else fp32 on the CPU."""
     forced = _env.DEVICE.get()
-    memo = ("fallback", str(store.root), fp.digest, kind, prefer, expected_steps, forced, why,
+    memo = ("fallback", str(store.root), fp.digest, kind, prefer, expected_steps, forced, why, model,
             _exchange.layer_stamp(), store.stamps(), _demotions.stamp(fp.digest, store.root))
     cached = _decisions.get(memo)
     if cached is not None:
@@ -219,7 +248,7 @@ def fallback(kind: str, fp: Fingerprint, store: Store, why: str, *, prefer: Pref
     if similar is not None and forced is None:
         try:
             # What training demoted here is not served from another machine's measurement either.
-            config = decide(without(similar.result, _demotions.of(fp.digest, kind)), prefer=prefer,
+            config = decide(without(similar.result, demotions_of(fp.digest, kind, model)), prefer=prefer,
                             expected_steps=expected_steps, digest=fp.digest)
         except CalibrationError:
             config = None
@@ -303,6 +332,7 @@ __all__ = [
     "cached_families",
     "decided",
     "demotions",
+    "demotions_of",
     "fallback",
     "forget",
     "forget_demotion",

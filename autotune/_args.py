@@ -25,9 +25,19 @@ examples:
   python -m autotune --forget-demotion cnn   undo what a training run's guard demoted for cnn on this machine
   python -m autotune --clear               delete the stored measurements (and demotions)
 
+the table: also: the settings that won besides device and precision (memory format, optimizer kernels, CPU
+threads); step: the median training step; vs fp32 CPU: how many times faster than fp32 on the CPU, per training
+step (the loop's data loading not in it); peak MiB: the most memory its measured steps held; source: measured,
+forced (AUTOTUNE_DEVICE) or heuristic (nothing measured here; the line under the table says why). --explain
+prints what its own columns mean. Output is as wide as the terminal, or COLUMNS when piped (default 120).
+
 environment: AUTOTUNE_CACHE_DIR, AUTOTUNE_DEVICE, AUTOTUNE_ISOLATION, AUTOTUNE_CANDIDATE_TIMEOUT_S,
 AUTOTUNE_LOCK_TIMEOUT_S, AUTOTUNE_BUDGET_S, AUTOTUNE_SEARCH, AUTOTUNE_DEFAULTS (see README.md)
 """
+
+
+#: ``best_config``'s ``prefer`` words (``autotune._decide.PREFERENCES``: this module imports nothing of autotune)
+PREFERENCES = ("auto", "gpu", "cpu", "cuda", "mps", "xpu")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -49,7 +59,8 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", metavar="DIR", help="where --trace writes its trace (default: the current directory)")
     parser.add_argument("--candidate", metavar="LABEL",
                         help="with --trace: a measured candidate instead of the pick, e.g. 'cpu fp32'")
-    parser.add_argument("--prefer", choices=["auto", "gpu", "cpu"], default="auto", help="the user's device choice")
+    parser.add_argument("--prefer", choices=PREFERENCES, default="auto",
+                        help="the user's device choice: gpu is any accelerator, cuda / mps / xpu that backend's")
     parser.add_argument("--steps", type=int, metavar="N", help="expected training steps (short jobs count set-up)")
     parser.add_argument("--export", metavar="FILE", help="write the stored results (with their fingerprints) to FILE")
     parser.add_argument("--import", dest="import_file", metavar="FILE",
@@ -78,4 +89,4 @@ def may_measure(argv: Sequence[str] | None = None) -> bool:
     return not (args.clear or args.doctor or args.export or args.import_file or args.forget_demotion)
 
 
-__all__ = ["EPILOG", "may_measure", "parser"]
+__all__ = ["EPILOG", "PREFERENCES", "may_measure", "parser"]

@@ -136,6 +136,8 @@ def start_calibration(
     ``best_config(kind, wait=False)`` answers without blocking. Raises :class:`~autotune.ConfigurationError`
     for an invalid setting.
     """
+    if isinstance(kinds, str):
+        raise TypeError(f"start_calibration takes a list of model kinds: start_calibration([{kinds!r}])")
     names = list(dict.fromkeys(kinds)) if kinds is not None else builtin_family_names()
     families = [get_family(name) for name in names]  # an unknown name fails here, in the app's thread
     key = (str(default_root()), fingerprint().digest, frozenset(names), _env.measured_for())

@@ -73,6 +73,8 @@ def calibrate(
     candidate starts, for a progress bar. A failure of the fp32 CPU reference raises CalibrationError (after
     the other families) and is not stored. To calibrate without blocking, see :func:`autotune.start_calibration`.
     """
+    if isinstance(model_kinds, str):
+        raise TypeError(f"calibrate takes a list of model kinds: calibrate([{model_kinds!r}])")
     kinds = list(model_kinds) if model_kinds is not None else builtin_family_names()
     families = [get_family(kind) for kind in kinds]  # unknown names fail before anything is measured
     return run_calibration(families, force=force, progress=progress)

@@ -14,32 +14,42 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from autotune._answer import best_config, cached_configs, cached_families, demotions, similar_record
 from autotune._answer import forget_demotion as forget
 from autotune._args import parser
 from autotune._cache.freshness import retry_at
-from autotune._cache.lookup import clear_cache, export_results, import_results
+from autotune._cache.lookup import cache_problem, clear_cache, export_results, import_results
 from autotune._cache.loops import of as loops_of
-from autotune._calibrate import CalibrationProgress, calibrate
 from autotune._config import Config
 from autotune._decide import picked
+from autotune._env import check_all as check_settings
 from autotune._errors import AutotuneError, CalibrationError, UnknownFamilyError
 from autotune._families import builtin_family_names, family_names, register_family
 from autotune._fingerprint import fingerprint
-from autotune._records import CandidateResult, FamilyResult, Prefer
-from autotune._tools.canary import check_cached
-from autotune._tools.max_batch import max_batch_report
-from autotune._tools.trace import trace as trace_kind
-from autotune._wording import demotion_words, loop_words, mib_words, qualifiers, ratio_words, retry_words, time_words
+from autotune._records import FP32_CPU, Candidate, CandidateResult, FamilyResult, Prefer, Rival
+from autotune._wording import (
+    demotion_words,
+    loop_words,
+    mib_words,
+    qualifiers,
+    ratio_words,
+    retry_words,
+    time_words,
+    times_over,
+)
 from autotune.backends import diagnose
 
 if TYPE_CHECKING:
     from rich.console import Console
     from rich.table import Table
+
+    from autotune._calibrate import CalibrationProgress
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -55,6 +65,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     logging.getLogger("filelock").setLevel(logging.WARNING)
     try:
+        check_settings()  # a wrong AUTOTUNE_* value is answered before anything is measured
+        if not args.doctor and (problem := cache_problem()) is not None:
+            print(f"autotune: error: cannot use the cache directory: {problem}; nothing would be stored",
+                  file=sys.stderr)
+            return 1
         if args.clear:
             removed = clear_cache()
             print(f"removed {len(removed)} file(s)", file=sys.stderr)
@@ -136,25 +151,24 @@ def _decisions(args: argparse.Namespace) -> int:
                 unusable.append(kind)
     fp = fingerprint()
     if args.json:
-        print(json.dumps({"fingerprint": fp.model_dump(mode="json"),
-                          "configs": {k: c.model_dump(mode="json") for k, c in configs.items()}}, indent=1))
+        print(strict_json({"fingerprint": fp, "configs": configs}))
         return 0
-    from rich.table import Table
 
     out = console()
     out.print(f"[bold]Machine[/bold] {fp.summary()}  [dim](fingerprint {fp.digest})[/dim]")
-    table = Table(caption="vs fp32 CPU: per training step, the loop's data loading not in it")
-    for column in ("kind", "device", "precision", "also", "step", "vs fp32 CPU", "peak MiB", "source"):
-        table.add_column(column, overflow="fold")
-    for kind, config in configs.items():
-        speed = ratio_words(config.speedup_vs_fp32_cpu) if config.speedup_vs_fp32_cpu else "-"
-        step = time_words(config.step_ms) if config.step_ms else "-"
-        marker = " [yellow](noisy)[/yellow]" if config.noisy else ""
-        table.add_row(kind, config.device, config.precision + marker, ", ".join(config.variants) or "-", step,
-                      speed, mib(config.peak_memory_mb), config.source)
-    out.print(table)
-    for kind, config in configs.items():  # one line each, however narrow the console: the evidence is --explain's
-        out.print(f"[bold]{kind}[/bold]: {config.reason}", highlight=False, soft_wrap=True)
+    rows = list(configs.items())
+    out.print(fitted(out, [
+        Col("kind", [kind for kind, _ in rows]),
+        Col("device", [c.device for _, c in rows]),
+        Col("precision", [c.precision + (" [yellow](noisy)[/yellow]" if c.noisy else "") for _, c in rows]),
+        Col("also", [", ".join(c.variants) or "-" for _, c in rows]),
+        Col("step", [time_words(c.step_ms) if c.step_ms else "-" for _, c in rows], wraps=False),
+        Col("vs fp32 CPU", [ratio_words(c.speedup_vs_fp32_cpu) if c.speedup_vs_fp32_cpu else "-" for _, c in rows]),
+        Col("peak MiB", [mib(c.peak_memory_mb) for _, c in rows]),
+        Col("source", [c.source for _, c in rows]),
+    ], caption="vs fp32 CPU: per training step, the loop's data loading not in it"))
+    for kind, config in configs.items():  # the evidence is --explain's
+        out.print(f"[bold]{kind}[/bold]: {config.reason}", highlight=False)
     for kind in unusable:
         out.print(f"[bold]{kind}[/bold]: measured here, but no candidate could train it "
                   f"(python -m autotune --explain {kind})", highlight=False)
@@ -164,9 +178,11 @@ def _decisions(args: argparse.Namespace) -> int:
 def _check(args: argparse.Namespace) -> int:
 
     kinds = [_register(value) for value in args.family] if args.family else None
+    from autotune._tools.canary import check_cached  # what measures loads only where a command measures
+
     results = check_cached(kinds)
     if args.json:
-        print(json.dumps([r.model_dump(mode="json") for r in results], indent=1))
+        print(strict_json(results))
     for r in results:
         line = f"{r.model_kind}: {r.verdict}: {r.detail}"
         if r.verdict == "recalibrated":
@@ -193,7 +209,7 @@ def _doctor(args: argparse.Namespace) -> int:
 
     findings = diagnose()
     if args.json:
-        print(json.dumps([f.model_dump() for f in findings], indent=1))
+        print(strict_json(findings))
     else:
         for finding in findings:
             print(f"[{finding.level}] {finding.message}")
@@ -204,13 +220,57 @@ def _doctor(args: argparse.Namespace) -> int:
 
 
 def console() -> Console:
-    """A rich console on stdout; pipes and logs get 120 columns, not an 80-column squeeze."""
+    """A rich console on stdout, as wide as the terminal or ``COLUMNS``; pipes and logs without ``COLUMNS`` get
+    120 columns, not an 80-column squeeze."""
     from rich.console import Console
 
-    return Console(width=None if sys.stdout.isatty() else 120)
+    return Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS", "").isdigit() else 120)
+
+
+@dataclass(frozen=True)
+class Col:
+    """One column of a :func:`fitted` table: its header, its cells (rich markup) and whether they wrap at spaces."""
+
+    header: str
+    cells: list[str]
+    wraps: bool = True
+
+
+def fitted(out: Console, columns: Sequence[Col], *, title: str | None = None, caption: str | None = None) -> Table:
+    """A table as wide as its cells or the console, whichever is narrower, that never splits a word: a column
+    whose cells are all ``-`` is left out, each column is at least as wide as its longest word (its longest cell
+    where it does not wrap), and the room left goes to the columns whose cells wrap, as far as they need it."""
+    from rich import box
+    from rich.table import Table
+    from rich.text import Text
+
+    def plain(markup: str) -> str:
+        return Text.from_markup(markup).plain
+
+    shown = [c for c in columns if not c.cells or any(plain(cell) not in ("-", "") for cell in c.cells)]
+    texts = [[plain(cell) for cell in c.cells] + [c.header] for c in shown]
+    longest = [max(len(t) for t in found) for found in texts]
+    least = [max(len(word) for t in found for word in t.split()) if c.wraps else widest
+             for c, found, widest in zip(shown, texts, longest, strict=True)]
+    room = out.width - 2 * (len(shown) - 1)  # a space of padding and one of the rule between two columns
+    widths = list(least)
+    while sum(widths) < room and any(w < most for w, most in zip(widths, longest, strict=True)):
+        short = min((i for i, (w, most) in enumerate(zip(widths, longest, strict=True)) if w < most),
+                    key=lambda i: widths[i] / longest[i])
+        widths[short] += 1  # the column furthest from its widest cell first
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0), title=title,
+                  caption=caption)
+    for column, width in zip(shown, widths, strict=True):
+        table.add_column(column.header, width=width, no_wrap=not column.wraps, overflow="fold")
+    for row in zip(*(c.cells for c in shown), strict=True):
+        table.add_row(*row)
+    return table
+
 
 
 def calibrate_with_progress(kinds: list[str], *, force: bool) -> None:
+    from autotune._calibrate import calibrate  # the calibration machinery: only where the table misses
+
     if not sys.stderr.isatty():
         calibrate(kinds, force=force, progress=plain_progress())
         return
@@ -250,31 +310,28 @@ def explain(kind: str, *, recalibrate: bool, as_json: bool, prefer: Prefer = "au
     if as_json:
         print(measured.model_dump_json(indent=1))
         return 0
-    from rich.table import Table
 
     out = console()
     out.print(f"[bold]{kind}[/bold] measured {measured.measured_at} in {measured.wall_s:.1f} s"
               + ("  [yellow]noisy[/yellow]" if measured.noisy else ""))
-    table = Table(title="measured")
-    for column in ("candidate", "timed in", "step", "rounds", "time vs fp32 CPU", "set-up", "peak MiB", "loss err",
-                   "update cos"):
-        table.add_column(column, overflow="fold")
-    for r in measured.candidates:
-        t, n = r.timing, r.numerics
-        table.add_row(
-            r.candidate.label,
-            timed_in(r),
-            time_words(t.median_ms) if t else (f"{time_words(r.first_step_ms)} (1st)" if r.first_step_ms else "-"),
-            f"{t.n} x {t.steps_per_round}" if t else "-",
-            f"{ratio_words(t.vs_baseline.estimate)} ({t.vs_baseline.low:.2f}-{t.vs_baseline.high:.2f})"
-            if t and t.vs_baseline else "-",
-            time_words(1000 * r.setup_s) if r.setup_s is not None else "-",
-            mib(r.peak_bytes / 2**20 if r.peak_bytes is not None else None,
-                 r.peak_reserved_bytes / 2**20 if r.peak_reserved_bytes is not None else None),
-            f"{n.loss_error:.1e}" if n else "-",
-            f"{n.update_cosine:.3f}" if n else "-",
-        )
-    out.print(table)
+    config = cached_configs([kind], prefer=prefer, expected_steps=steps)[kind]
+    rows = measured.candidates
+    out.print(fitted(out, [
+        Col("candidate", [r.candidate.label for r in rows]),
+        Col("timed in", [timed_in(r) for r in rows]),
+        Col("step", [time_words(r.timing.median_ms) if r.timing else
+                     f"({time_words(r.first_step_ms)})" if r.first_step_ms else "-" for r in rows], wraps=False),
+        Col("rounds", [f"{r.timing.n} x {r.timing.steps_per_round}" if r.timing else "-" for r in rows],
+            wraps=False),
+        Col("vs fp32 CPU", [vs_fp32_cpu(r, measured, config) for r in rows]),
+        Col("set-up", [time_words(1000 * r.setup_s) if r.setup_s is not None else "-" for r in rows], wraps=False),
+        Col("peak MiB", [mib(r.peak_bytes / 2**20 if r.peak_bytes is not None else None,
+                             r.peak_reserved_bytes / 2**20 if r.peak_reserved_bytes is not None else None)
+                         for r in rows]),
+        Col("numerics", [f"{r.numerics.loss_error:.1e} {r.numerics.update_cosine:.3f}" if r.numerics else "-"
+                         for r in rows]),
+    ], title="measured"))
+    out.print(f"[dim]{MEASURED_LEGEND}[/dim]", highlight=False)
     for r in measured.candidates:
         if r.failure is not None:
             out.print(f"{r.candidate.label} {r.failure.kind}: {r.failure.detail}; {retry_words(retry_at(measured, r))}",
@@ -286,46 +343,65 @@ def explain(kind: str, *, recalibrate: bool, as_json: bool, prefer: Prefer = "au
     for demotion in demotions(kind):
         out.print(f"[yellow]{demotion_words(demotion)}[/yellow]; python -m autotune --forget-demotion {kind} "
                   "undoes it", highlight=False)
-    config = cached_configs([kind], prefer=prefer, expected_steps=steps)[kind]
     for seen in loops_of(fingerprint().digest, kind):  # the loop end to end, beside the step measured above
-        out.print(loop_words(seen), highlight=False, soft_wrap=True)
-    out.print(f"decision: {config.reason}", highlight=False, soft_wrap=True)
+        out.print(loop_words(seen), highlight=False)
+    out.print(f"decision: {config.reason}", highlight=False)
     if config.evidence is not None:
-        out.print(evidence_table(config))
+        out.print(evidence_table(config, out))
+        out.print(f"[dim]{EVIDENCE_LEGEND}[/dim]", highlight=False)
         for line in qualifiers(config.evidence, init_scale=config.init_scale):
             out.print(f"[dim]{line}[/dim]", highlight=False)
     return 0
 
 
-def evidence_table(config: Config) -> Table:
+def evidence_table(config: Config, out: Console) -> Table:
     """Every other candidate against the pick: its verdict, time ratio (to the pick, or to the candidate it
     stopped against), interval and paired rounds, or its failure."""
-    from rich.table import Table
-
-
     pick = config.candidate
-    table = Table(title=f"against the pick, {pick.label}")
-    for column in ("candidate", "verdict", "time ratio", "interval", "rounds"):
-        table.add_column(column, no_wrap=True)  # one line per rival: what a reader scans for
-    table.add_column("against / why", overflow="fold")
-    for rival in config.evidence.rivals if config.evidence is not None else []:
-        ratio = rival.ratio
-        bounded = ratio is not None and ratio.high != float("inf") and not rival.far_behind
+    rivals = config.evidence.rivals if config.evidence is not None else []
+
+    def why(rival: Rival) -> str:
         against = "the pick" if rival.against == pick else rival.against.label if rival.against else ""
-        why = f"{rival.failure.kind} (above)" if rival.failure else \
-            f"{against}, far behind after one round" if rival.far_behind else \
-            f"{against}, not faster by more than {rival.margin:.0%}" if rival.verdict == "tie" and rival.margin else \
-            f"{against}, not confidently faster" if rival.verdict == "tie" else against
-        table.add_row(rival.candidate.label, rival.verdict,
-                      ratio_words(ratio.estimate) if ratio else "-",
-                      f"{ratio.low:.2f}-{ratio.high:.2f}" if ratio and bounded else
-                      "unpaired" if ratio and not rival.far_behind else "-",
-                      str(rival.rounds) if rival.rounds is not None else "-", why)
-    return table
+        if rival.failure:
+            return f"{rival.failure.kind} (above)"
+        if rival.far_behind:
+            return f"{against}, far behind after one round"
+        if rival.verdict == "tie":
+            return f"{against}, not faster by more than {rival.margin:.0%}" if rival.margin else \
+                f"{against}, not confidently faster"
+        return against
+
+    def interval(rival: Rival) -> str:
+        ratio = rival.ratio
+        if ratio is None or rival.far_behind:
+            return "-"
+        return f"{ratio.low:.2f}-{ratio.high:.2f}" if ratio.high != float("inf") else "unpaired"
+
+    return fitted(out, [
+        Col("candidate", [r.candidate.label for r in rivals]),
+        Col("verdict", [r.verdict for r in rivals]),
+        Col("time ratio", [ratio_words(r.ratio.estimate) if r.ratio else "-" for r in rivals], wraps=False),
+        Col("interval", [interval(r) for r in rivals], wraps=False),
+        Col("rounds", [str(r.rounds) if r.rounds is not None else "-" for r in rivals], wraps=False),
+        Col("against / why", [why(r) for r in rivals]),
+    ], title=f"against the pick, {pick.label}")
 
 
-
-
+#: what the columns of --explain's tables say, printed under them
+MEASURED_LEGEND = (
+    "timed in: the search stage whose rounds give its step time (final: the paired comparison that decides), or "
+    "failed; step: median step time (in parentheses: its first step only); rounds: R x S, R interleaved rounds of "
+    "S steps each; vs fp32 CPU: its step time over fp32 on the CPU's (an interval: timed in the same rounds; "
+    "~: from medians of other rounds); set-up: device, model and first step; peak MiB: the most memory its steps "
+    "held (of what the allocator reserved); numerics: the largest relative loss error against fp32 on the CPU, "
+    "then the cosine of its parameter update with fp32's")
+EVIDENCE_LEGEND = (
+    "verdict: slower; tie (not faster by its margin: the simpler one wins); faster (the preference or "
+    "AUTOTUNE_DEVICE chose the pick); finishes later (its set-up outweighs its faster steps for --steps); dropped "
+    "or outpaced (a search stage found it, or its device, clearly slower); unpaired (never timed in the same "
+    "rounds); failed; time ratio: its step time over the pick's, or over what it was dropped or outpaced "
+    "against; interval: the 95% interval of that ratio; rounds: the paired rounds behind it; against / why: what "
+    "the ratio is against, and why it lost")
 
 
 def forget_demotion(kind: str) -> int:
@@ -346,40 +422,45 @@ def trace(kind: str, args: argparse.Namespace) -> int:
 
     if args.recalibrate or kind not in cached_families([kind]):
         calibrate_with_progress([kind], force=args.recalibrate)
+    from autotune._tools.trace import trace as trace_kind
+
     report = trace_kind(kind, out_dir=args.out or ".", candidate=args.candidate)
     if args.json:
         print(report.model_dump_json(indent=1))
         return 0
-    from rich.table import Table
 
     out = console()
     on_device = report.device_activity is not None
     out.print(f"[bold]{kind}[/bold] on {report.candidate.label}: {report.steps} steps traced after "
               f"{report.warmup_steps} warm-up steps, {report.step_ms:.3g} ms/step under the profiler",
               highlight=False)
-    table = Table(title=f"top operators by self {'device' if on_device else 'CPU'} time per step")
-    for column in ("operator", "calls", "self CPU ms", *(["self device ms"] if on_device else []), "share"):
-        table.add_column(column, overflow="fold")
-    for op in report.operators:
-        own = op.self_device_ms if op.self_device_ms is not None else op.self_cpu_ms
-        share = f"{100 * own / report.self_total_ms:.0f}%" if report.self_total_ms > 0 else "-"
-        device = [f"{op.self_device_ms:.3g}"] if op.self_device_ms is not None else []
-        table.add_row(op.name, f"{op.calls_per_step:g}", f"{op.self_cpu_ms:.3g}", *device, share)
+    ops = report.operators
+    own = [op.self_device_ms if op.self_device_ms is not None else op.self_cpu_ms for op in ops]
+    shares = [f"{100 * ms / report.self_total_ms:.0f}%" if report.self_total_ms > 0 else "-" for ms in own]
+    table = fitted(out, [
+        Col("operator", [op.name for op in ops]),
+        Col("calls", [f"{op.calls_per_step:g}" for op in ops], wraps=False),
+        Col("self CPU ms", [f"{op.self_cpu_ms:.3g}" for op in ops], wraps=False),
+        *([Col("self device ms", [f"{op.self_device_ms:.3g}" if op.self_device_ms is not None else "-" for op in ops],
+               wraps=False)] if on_device else []),
+        Col("share", shares, wraps=False),
+    ], title=f"top operators by self {'device' if on_device else 'CPU'} time per step")
     out.print(table)
     if not on_device and report.candidate.device != "cpu":
         out.print(f"[dim]torch.profiler records no {report.candidate.device} kernels: CPU side only[/dim]")
-    out.print(f"trace: {report.path}", highlight=False, soft_wrap=True)
+    out.print(f"trace: {report.path}", highlight=False, soft_wrap=True)  # a path is copied whole: never wrapped
     out.print("[dim]open it in https://ui.perfetto.dev or chrome://tracing[/dim]")
     return 0
 
 
 def max_batch(kind: str, args: argparse.Namespace) -> int:
+    from autotune._tools.max_batch import max_batch_report
+
     report = max_batch_report(kind, margin=args.margin, memory_limit_mb=args.memory_limit_mb,
                                        force=args.recalibrate)
     if args.json:
         print(report.model_dump_json(indent=1))
         return 0
-    from rich.table import Table
 
 
     out = console()
@@ -389,29 +470,72 @@ def max_batch(kind: str, args: argparse.Namespace) -> int:
               f"({report.limit_from} {mib_words(report.limit_bytes)} less {report.margin:.0%})", highlight=False)
     if report.line is not None:
         out.print(f"memory ~ {report.line.describe()}", highlight=False)
-    table = Table()
-    for column in ("batch", "peak MiB", "outcome"):
-        table.add_column(column, overflow="fold")
-    for probe in report.probes:
-        peak = f"{probe.peak_bytes / 2**20:.1f}" if probe.peak_bytes is not None else "-"
-        table.add_row(str(probe.batch_size), peak, probe.outcome + (f": {probe.detail}" if probe.detail else ""))
+    probes = report.probes
+    table = fitted(out, [
+        Col("batch", [str(probe.batch_size) for probe in probes], wraps=False),
+        Col("peak MiB", [f"{p.peak_bytes / 2**20:.1f}" if p.peak_bytes is not None else "-" for p in probes],
+            wraps=False),
+        Col("outcome", [probe.outcome + (f": {probe.detail}" if probe.detail else "") for probe in probes]),
+    ])
     out.print(table)
     out.print(f"[dim]measured {report.measured_at} in {report.wall_s:.1f} s; peaks are what training adds to "
               "the process (--recalibrate measures again)[/dim]", highlight=False)
     return 0
 
 
+def strict_json(value: object) -> str:
+    """Records (in lists and dicts) as strict JSON, as the files are written: a NaN or an unbounded interval is the
+    string ``"NaN"`` / ``"Infinity"``, which every JSON parser reads."""
+    from pydantic import BaseModel
+
+    def plain(found: object) -> object:
+        if isinstance(found, BaseModel):
+            return json.loads(found.model_dump_json())
+        if isinstance(found, dict):
+            return {k: plain(v) for k, v in found.items()}
+        if isinstance(found, (list, tuple)):
+            return [plain(v) for v in found]
+        return found
+
+    return json.dumps(plain(value), indent=1, allow_nan=False)
+
+
 def mib(peak_mb: float | None, reserved_mb: float | None = None) -> str:
-    """e.g. ``'61.5'``, ``'812 (1024 reserved)'``, or ``'-'`` where no peak was measured."""
+    """e.g. ``'61.5'``, ``'812 of 1024'`` (of what the allocator reserved), or ``'-'`` where none was measured."""
     if peak_mb is None:
         return "-"
-    return f"{peak_mb:.3g}" + (f" ({reserved_mb:.4g} reserved)" if reserved_mb is not None else "")
+    return f"{peak_mb:.3g}" + (f" of {reserved_mb:.4g}" if reserved_mb is not None else "")
+
+
+def vs_fp32_cpu(result: CandidateResult, measured: FamilyResult, config: Config) -> str:
+    """Its step time over fp32 on the CPU's, e.g. ``'0.55x (0.52-0.58)'`` where they were timed in the same rounds,
+    ``'0.3x'`` from the decision's paired evidence (a chain of ratios to the pick), ``'~0.33x'`` from medians."""
+    timing = result.timing
+    baseline = measured.result(FP32_CPU)
+    if timing is None or baseline is None or baseline.timing is None or result.candidate == FP32_CPU:
+        return "-"
+    if timing.vs_baseline is not None:
+        paired = timing.vs_baseline
+        return f"{ratio_words(paired.estimate)} ({paired.low:.2f}-{paired.high:.2f})"
+    evidence, pick = config.evidence, config.candidate
+
+    def over_pick(candidate: Candidate) -> float | None:
+        if candidate == pick:
+            return 1.0
+        rival = next((r for r in evidence.rivals if r.candidate == candidate), None) if evidence else None
+        return times_over(rival, pick, evidence) if rival is not None and evidence is not None else None
+
+    mine, fp32 = over_pick(result.candidate), over_pick(FP32_CPU)
+    if mine is not None and fp32:
+        return ratio_words(mine / fp32)
+    return f"~{ratio_words(timing.median_ms / baseline.timing.median_ms)}"
 
 
 def timed_in(result: CandidateResult) -> str:
-    """Where its timing comes from: ``'final'`` (the paired comparison), ``'stage 2'``, or its failure's kind."""
+    """Where its timing comes from: ``'final'`` (the paired comparison), ``'stage 2'``, or ``'failed'`` (its kind and
+    detail follow the table)."""
     if result.failure is not None:
-        return result.failure.kind
+        return "failed"
     if result.timing is None:
         return "-"
     return "final" if result.timing.final else f"stage {result.timing.stage}"

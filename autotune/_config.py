@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import importlib
 import inspect
 import logging
+import sys
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Literal, TypeVar, cast
 
@@ -14,7 +16,7 @@ from torch import nn
 
 from autotune import _fp32
 from autotune._errors import ConfigurationError, FrameworkError
-from autotune._guard import Guard, OnFailure
+from autotune._guard.watch import Guard, OnFailure
 from autotune._precision import AUTOCAST_DTYPES, DEFAULT_INIT_SCALE
 from autotune._ranks.group import joined
 from autotune._records import Candidate, Choice, Evidence, LoaderReport, Precision, Ranks
@@ -45,9 +47,9 @@ class Config(Choice):
     model_kind: str
     source: Source
     reason: str
-    evidence: Evidence | None = Field(default=None, description=(
+    evidence: Evidence | None = Field(default=None, repr=False, description=(
         "every other candidate against the pick, and what qualifies the answer; None in a Config made by hand "
-        "or by an older autotune"))
+        "or by an older autotune (left out of repr(): thousands of characters; print cfg.evidence)"))
     step_ms: float | None = None
     setup_s: float | None = None
     speedup_vs_fp32_cpu: float | None = None
@@ -149,14 +151,17 @@ class Config(Choice):
         """Set torch's CPU thread count (process-wide) when fewer threads measured faster; else a no-op."""
         apply.set_process(self)
 
-    def lightning_kwargs(self, *, devices: int | None = None) -> dict[str, Any]:
+    def lightning_kwargs(self, *, devices: int | None = None, init_scale: bool = False) -> dict[str, Any]:
         """Keyword arguments for ``lightning.Trainer``,
         e.g. ``{"accelerator": "cpu", "devices": 1, "precision": "bf16-mixed"}``.
 
-        ``trainer = lightning.Trainer(**cfg.lightning_kwargs(), max_epochs=10)``
+        ``trainer = lightning.Trainer(**cfg.lightning_kwargs(init_scale=True), max_epochs=10)``
 
         Carries over the device (``"cuda:1"`` -> ``accelerator="cuda", devices=[1]``; ``"mps"``; ``"cpu"``, one
-        process) and the precision (``"32-true"``, ``"bf16-mixed"``, ``"16-mixed"``). For many processes:
+        process) and the precision (``"32-true"``, ``"bf16-mixed"``, ``"16-mixed"``). ``init_scale=True``: an fp16
+        Config gets ``plugins=[MixedPrecision("16-mixed", device, scaler=cfg.grad_scaler())]`` in place of
+        ``precision``, so GradScaler starts at the init_scale calibration found safe (the plugin comes from the
+        Lightning package the app imported: ``lightning`` first, else ``pytorch_lightning``). For many processes:
 
         - a Config answered in a job (``ranks``: the script runs under torchrun, which Lightning detects) gives the
           job's ``devices`` (the processes per machine), ``num_nodes`` and ``strategy="ddp"``: Lightning places each
@@ -172,13 +177,11 @@ class Config(Choice):
           LightningModule ``def on_after_batch_transfer(self, batch, i): return cfg.prepare_batch(batch)``;
         - fused optimizer: in ``configure_optimizers``, ``torch.optim.AdamW(self.parameters(), lr=3e-4,
           **cfg.optimizer_kwargs())``;
-        - fp16 init_scale: ``plugins=[MixedPrecision("16-mixed", "cuda", scaler=cfg.grad_scaler())]`` (from
-          ``lightning.pytorch.plugins.precision``) with ``precision=None`` in place of the precision here;
         - compiled: ``trainer.fit(torch.compile(model))``.
 
         Raises :class:`FrameworkError` where Lightning would run something else than was measured: fp16 on the
-        CPU (Lightning warns and trains in bf16 instead), Intel XPU (no built-in Lightning accelerator) and more
-        than one process on MPS (one device, which Lightning's DDP does not take).
+        CPU without ``init_scale=True`` (Lightning warns and trains in bf16 instead), Intel XPU (no built-in
+        Lightning accelerator) and more than one process on MPS (one device, which Lightning's DDP does not take).
         """
         if devices is not None and (isinstance(devices, bool) or not isinstance(devices, int) or devices < 1):
             raise ConfigurationError("devices", devices, "a positive int: the processes on this machine")
@@ -188,22 +191,26 @@ class Config(Choice):
             raise FrameworkError("Lightning", f"device {self.device!r}", (
                 f"Lightning has no built-in accelerator for {backend.title}; train with cfg.prepare() and "
                 "cfg.autocast() in your own loop, or through Accelerate (cfg.accelerate_kwargs())"))
-        if device.type == "cpu" and self.precision == "fp16-mixed":
+        fp16_plugin = init_scale and self.precision == "fp16-mixed"
+        if device.type == "cpu" and self.precision == "fp16-mixed" and not fp16_plugin:
             raise FrameworkError("Lightning", "fp16 mixed precision on the CPU", (
-                "Lightning replaces precision='16-mixed' on the CPU with 'bf16-mixed'; train with cfg.autocast() "
-                "in your own loop, or pass plugins=[MixedPrecision('16-mixed', 'cpu')] with precision=None"))
+                "Lightning replaces precision='16-mixed' on the CPU with 'bf16-mixed'; pass "
+                "**cfg.lightning_kwargs(init_scale=True), which gives its fp16 plugin instead, or train with "
+                "cfg.autocast() in your own loop"))
         per_machine = devices if devices is not None else self.ranks.local_world_size if self.ranks else 1
         nodes = self.ranks.nodes if self.ranks is not None and devices is None else 1
         if per_machine == 1 and nodes == 1:
             placed: int | list[int] = [device.index] if device.index is not None else 1
-            return {"accelerator": backend.lightning_accelerator, "devices": placed,
-                    "precision": LIGHTNING_PRECISIONS[self.precision]}
-        if device.type == "mps":
+            kwargs: dict[str, Any] = {"accelerator": backend.lightning_accelerator, "devices": placed}
+        elif device.type == "mps":
             raise FrameworkError("Lightning", f"{per_machine * nodes} processes on MPS", (
                 "Lightning trains on one MPS device, in one process; ask for devices=1"))
-        return {"accelerator": backend.lightning_accelerator, "devices": per_machine,
-                **({"num_nodes": nodes} if nodes > 1 else {}), "strategy": "ddp",
-                "precision": LIGHTNING_PRECISIONS[self.precision]}
+        else:
+            kwargs = {"accelerator": backend.lightning_accelerator, "devices": per_machine,
+                      **({"num_nodes": nodes} if nodes > 1 else {}), "strategy": "ddp"}
+        if fp16_plugin:
+            return {**kwargs, "plugins": [_lightning_fp16(device.type, self.grad_scaler())]}
+        return {**kwargs, "precision": LIGHTNING_PRECISIONS[self.precision]}
 
     def accelerate_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``accelerate.Accelerator``, e.g. ``{"cpu": True, "mixed_precision": "bf16"}``.
@@ -236,20 +243,28 @@ class Config(Choice):
                 "mixed_precision='no' and wrap forward + loss in cfg.autocast() yourself"))
         return {"cpu": device.type == "cpu", "mixed_precision": ACCELERATE_PRECISIONS[self.precision]}
 
-    def guard(self, *, on_failure: OnFailure = "warn") -> Guard:
-        """A guard for the training loop: ``guard.step(loss, scaler)`` once per step, after ``scaler.update()``.
+    def guard(self, model: nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None, *,
+              loss_fn: Callable[[nn.Module, Any], torch.Tensor] | None = None,
+              on_failure: OnFailure = "warn") -> Guard:
+        """A guard for the training loop: ``guard.step(loss, scaler, batch=batch)`` once per step, after
+        ``scaler.update()``.
+
+        ``guard = cfg.guard(model, optimizer, loss_fn=lambda m, batch: F.cross_entropy(m(batch[0]), batch[1]))``
 
         It watches for non-finite losses, steps GradScaler skips beyond its early back-off, and a loss that
         diverges, at no synchronization per step; on a finding it warns (:class:`ConfigMisbehaved`; raises it with
-        ``on_failure="raise"``) and demotes this candidate's precision on this device for this machine, so that
-        ``best_config`` and ``guard.fallback()`` answer the best remaining one. ``for batch in guard.data(loader):``
-        also times the loop's waits for data (``guard.summary()``). The rules: ``autotune._guard``.
-        In a job (``ranks``), a finding on one rank is the job's: every rank warns at the same step, each machine
-        records one demotion (and keeps its first rank's loop summary), and every rank must call ``step`` (and
-        ``check``) alike.
+        ``on_failure="raise"``). Before it blames the configuration it replays the steps since a state it keeps on
+        the host, in fp32 (``loss_fn(model, batch)`` on the batches ``step`` was given): where fp32 misbehaves too,
+        it is the training and nothing is demoted; where only this precision does, it is demoted on this machine for
+        this model, so that ``best_config`` and ``guard.fallback()`` answer the best remaining candidate. Without
+        the model, optimizer and ``loss_fn`` the guard cannot replay: it warns and demotes nothing. The rules:
+        ``autotune._guard.watch``; the replay's cost: ``autotune._guard.replay``. ``for batch in guard.data(loader):``
+        also times the loop's waits for data (``guard.summary()``). In a job (``ranks``), a finding on one rank is
+        the job's: every rank warns at the same step, each machine records one demotion (and keeps its first rank's
+        loop summary), and every rank must call ``step`` (and ``check``) alike.
         """
-        return Guard(self.model_kind, self.candidate, self.fingerprint_digest, on_failure=on_failure,
-                     step_ms=self.step_ms, speedup=self.speedup_vs_fp32_cpu,
+        return Guard(self.model_kind, self.candidate, self.fingerprint_digest, on_failure=on_failure, model=model,
+                     optimizer=optimizer, loss_fn=loss_fn, step_ms=self.step_ms, speedup=self.speedup_vs_fp32_cpu,
                      job=joined(required=True) if self.ranks is not None else None)
 
     def dataloader_kwargs(self, dataset: Any, *, batch_size: int, key: str | None = None,
@@ -302,6 +317,20 @@ class Config(Choice):
 
 
 log = logging.getLogger("autotune")
+
+
+def _lightning_fp16(device_type: str, scaler: torch.amp.GradScaler) -> Any:
+    """Lightning's fp16 precision plugin with ``scaler``, from the Lightning package the app imported (``lightning``
+    first, else ``pytorch_lightning``); ImportError saying what to install where neither is."""
+    packages = ("lightning.pytorch", "pytorch_lightning")
+    for name in [p for p in packages if p.split(".")[0] in sys.modules] or packages:
+        try:
+            precision = importlib.import_module(f"{name}.plugins.precision")
+        except ImportError:
+            continue
+        return precision.MixedPrecision("16-mixed", device_type, scaler=scaler)
+    raise ImportError("lightning_kwargs(init_scale=True) needs Lightning: pip install lightning (or pytorch-lightning)")
+
 
 def accepts_keyword(optimizer: Callable[..., Any], keyword: str) -> bool:
     """Whether ``optimizer(params, **{keyword: True})`` names the keyword in its signature

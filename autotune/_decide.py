@@ -5,7 +5,8 @@ Rules, in order:
 1. Only candidates that were timed and passed the numerics gate can be picked, and only those timed in the
    final paired comparison (a candidate dropped earlier is clearly slower, with its evidence, and never wins).
 2. The user's preference selects the pool: ``auto`` everything, ``cpu`` the CPU, ``gpu`` any accelerator
-   whatever its backend; with no usable accelerator the CPU answers and the reason and a WARNING say so.
+   whatever its backend, a backend's name (``cuda``, ``mps``, ``xpu``) that backend's; with no usable one the CPU
+   answers and the reason and a WARNING say so.
 3. The fastest wins on step time (ranked on paired estimates: ``ranking``), or on set-up + ``expected_steps``
    x step time for a short job.
 4. It must beat a preferred candidate on its device (fp32 < tf32 < bf16 < fp16, torch's thread count, eager:
@@ -44,7 +45,7 @@ from autotune._wording import headline, no_gpu_words, reason
 
 log = logging.getLogger("autotune")
 
-PREFERENCES: tuple[Prefer, ...] = ("auto", "gpu", "cpu")
+PREFERENCES: tuple[Prefer, ...] = ("auto", "gpu", "cpu", "cuda", "mps", "xpu")
 
 
 def finalists(measured: FamilyResult) -> list[CandidateResult]:
@@ -73,8 +74,8 @@ def decide(
             return _unmeasured_forced(measured, forced_device, digest)
     elif prefer == "cpu":
         pool = [r for r in usable if is_cpu(r)]
-    elif prefer == "gpu":
-        pool = [r for r in usable if not is_cpu(r)]
+    elif prefer != "auto":
+        pool = [r for r in usable if not is_cpu(r) and prefer in ("gpu", r.candidate.device.split(":")[0])]
         if not pool:
             pool = [r for r in usable if is_cpu(r)]
             no_gpu = no_gpu_words(measured)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import os
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -42,6 +43,8 @@ class Knob(Generic[T]):
             return self.default
         try:
             return self.parse(raw)
+        except LookupError as exc:  # a value of the right form that names nothing here: it says what there is
+            raise ConfigurationError(self.name, raw, self.expected, why=str(exc.args[0])) from None
         except (TypeError, ValueError) as exc:
             raise ConfigurationError(self.name, raw, self.expected) from exc
 
@@ -65,20 +68,14 @@ def _search(raw: str) -> Search:
     return raw
 
 
+@functools.cache
 def _device(raw: str) -> str:
-    # The string must be one torch.device accepts, of a backend autotune has; parsing needs no device
-    # initialisation. Imported here: torch-free modules read the other variables.
-    import torch
+    # A device this process can use, in prefer's words too (gpu, a backend); checking needs no device
+    # initialisation, and what is usable does not change while a process runs. Imported here: torch-free modules
+    # read the other variables.
+    from autotune.backends import resolve_device
 
-    from autotune.backends import all_backends
-
-    try:
-        device = torch.device(raw)
-    except RuntimeError as exc:
-        raise ValueError(raw) from exc
-    if device.type not in {backend.device_type for backend in all_backends()}:
-        raise ValueError(raw)
-    return str(device)
+    return resolve_device(raw)
 
 
 CACHE_DIR: Knob[Path | None] = Knob(
@@ -86,8 +83,9 @@ CACHE_DIR: Knob[Path | None] = Knob(
     "where measurements are stored (default: the platform's user cache dir, e.g. ~/.cache/autotune)",
 )
 DEVICE: Knob[str | None] = Knob(
-    "AUTOTUNE_DEVICE", None, _device, "a torch device: cpu, cuda, cuda:1, mps, xpu",
-    "force this device for every model kind; the Config's source says 'forced'",
+    "AUTOTUNE_DEVICE", None, _device, "a device this process can use: cpu, gpu, cuda, cuda:1, mps, xpu",
+    "force this device for every model kind (gpu: the first usable accelerator; cuda: cuda:0); the Config's "
+    "source says 'forced'",
 )
 ISOLATION: Knob[Isolation] = Knob(
     "AUTOTUNE_ISOLATION", "subprocess", _isolation, "subprocess or inprocess",
@@ -138,6 +136,20 @@ def snapshot() -> dict[str, str]:
     return {knob.name: (values if values is not None else os.environ).get(knob.name, "") for knob in KNOBS}
 
 
+#: the settings :func:`check_all` found valid
+_checked: set[tuple[str, ...]] = set()
+
+
+def check_all() -> None:
+    """Read every setting now: an invalid one raises :class:`ConfigurationError` at once, even one only a
+    measurement would read (an answer from the cache reads few of them). Once per set of values."""
+    values = tuple(snapshot().values())
+    if values not in _checked:
+        for knob in KNOBS:
+            knob.get()
+        _checked.add(values)
+
+
 def measured_for() -> tuple[object, ...]:
     """The parsed values of the settings that change what a calibration measures (``8`` and ``8.0`` are one
     budget): device, budget, search, shipped defaults. Raises :class:`ConfigurationError` for an invalid one."""
@@ -154,4 +166,5 @@ def pinned(values: Mapping[str, str]) -> Iterator[None]:
         _PINNED.reset(token)
 
 
-__all__ = ["ISOLATIONS", "KNOBS", "SEARCHES", "Isolation", "Knob", "Search", "measured_for", "pinned", "snapshot"]
+__all__ = ["ISOLATIONS", "KNOBS", "SEARCHES", "Isolation", "Knob", "Search", "check_all", "measured_for", "pinned",
+           "snapshot"]

@@ -19,8 +19,9 @@ class UnknownFamilyError(AutotuneError, KeyError):
         super().__init__(name, self.known)
 
     def __str__(self) -> str:
-        close = difflib.get_close_matches(self.name, self.known, n=1)
-        hint = f"did you mean {close[0]!r}? " if close else ""
+        by_case = {kind.lower(): kind for kind in self.known}
+        close = difflib.get_close_matches(str(self.name).lower(), list(by_case), n=1)
+        hint = f"did you mean {by_case[close[0]]!r}? " if close else ""
         return f"unknown model kind {self.name!r}; {hint}known: {', '.join(self.known)}"
 
 
@@ -65,16 +66,18 @@ class MaxBatchError(AutotuneError, RuntimeError):
 
 
 class ConfigurationError(AutotuneError, ValueError):
-    """An invalid option or ``AUTOTUNE_*`` environment variable."""
+    """An invalid option or ``AUTOTUNE_*`` environment variable; ``why``, where the value has the right form but
+    names nothing usable here (a device this process cannot use), says what there is instead."""
 
-    def __init__(self, variable: str, value: object, expected: str) -> None:
+    def __init__(self, variable: str, value: object, expected: str, *, why: str | None = None) -> None:
         self.variable = variable
         self.value = value
         self.expected = expected
-        super().__init__(variable, value, expected)
+        self.why = why
+        super().__init__(variable, value, expected, why)
 
     def __str__(self) -> str:
-        return f"{self.variable}={self.value!r} is invalid: expected {self.expected}"
+        return f"{self.variable}={self.value!r} is invalid: {self.why or f'expected {self.expected}'}"
 
 
 class FrameworkError(AutotuneError, ValueError):
@@ -156,24 +159,30 @@ class CalibrationPending(AutotuneError, TimeoutError):
 
 class ConfigMisbehaved(AutotuneError, UserWarning):
     """A training run's guard saw its configuration misbehave (``Config.guard()``): a warning, or with
-    ``on_failure="raise"`` an exception. ``demoted`` says whether ``best_config`` now answers another one."""
+    ``on_failure="raise"`` an exception. ``demoted`` says whether ``best_config`` now answers another one for this
+    model; ``why`` what the guard's replay found (None for fp32 on the CPU, the reference)."""
 
-    def __init__(self, model_kind: str, candidate: str, step: int, seen: str, *, demoted: bool) -> None:
+    def __init__(self, model_kind: str, candidate: str, step: int, seen: str, *, demoted: bool,
+                 why: str | None = None) -> None:
         self.model_kind = model_kind
         self.candidate = candidate
         self.step = step
         self.seen = seen
         self.demoted = demoted
-        super().__init__(model_kind, candidate, step, seen, demoted)
+        self.why = why
+        super().__init__(model_kind, candidate, step, seen, demoted, why)
 
     def __str__(self) -> str:
         what = f"{self.model_kind} on {self.candidate} misbehaved at step {self.step:,}: {self.seen}. "
-        if not self.demoted:
+        if self.why is None:
             return what + ("fp32 on the CPU is the reference every candidate is verified against, so nothing is "
                            "demoted: look at the learning rate, the data and the model")
-        return what + (f"It is demoted on this machine: restart from your last checkpoint with guard.fallback() "
-                       f"(what best_config({self.model_kind!r}) now answers); "
-                       f"`python -m autotune --forget-demotion {self.model_kind}` undoes it")
+        if not self.demoted:
+            return what + (f"{self.why[0].upper()}{self.why[1:]}, so nothing is demoted: look at the learning rate "
+                           "(lower it, or warm it up), the data (NaN or extreme values) and the loss")
+        return what + (f"{self.why[0].upper()}{self.why[1:]}: it is demoted on this machine for this model; restart "
+                       "from your last checkpoint with guard.fallback() (what best_config(kind, model=model) now "
+                       f"answers); `python -m autotune --forget-demotion {self.model_kind}` undoes it")
 
 
 class RanksError(AutotuneError, RuntimeError):
@@ -205,14 +214,18 @@ class DatasetError(AutotuneError, ValueError):
 
 
 class ImportFileError(AutotuneError, ValueError):
-    """A results file given to ``--import`` or ``AUTOTUNE_DEFAULTS`` cannot be used; nothing was written."""
+    """A results file given to ``--import`` or ``AUTOTUNE_DEFAULTS`` cannot be used; nothing was written.
+    ``unreadable``: the file could not be read at all (a wrong path), rather than read and refused."""
 
-    def __init__(self, path: str, why: str) -> None:
+    def __init__(self, path: str, why: str, *, unreadable: bool = False) -> None:
         self.path = path
         self.why = why
-        super().__init__(path, why)
+        self.unreadable = unreadable
+        super().__init__(path, why, unreadable)
 
     def __str__(self) -> str:
+        if self.unreadable:
+            return f"cannot use results file {self.path}: {self.why}. Nothing was imported; check the path"
         return (f"cannot use results file {self.path}: {self.why}. Nothing was imported; export it again with "
                 "`python -m autotune --export FILE` on the machine that measured it")
 

@@ -233,7 +233,11 @@ def reset_registry() -> None:
 
 
 def get_family(name: str) -> Family:
-    """The family registered as ``name``; raises UnknownFamilyError with the closest known name."""
+    """The family registered as ``name``; raises UnknownFamilyError with the closest known name, TypeError for a
+    name that is no string."""
+    if not isinstance(name, str):
+        raise TypeError(f"a model kind is a name such as 'cnn', got {type(name).__name__} {name!r}; known: "
+                        f"{', '.join(sorted(_registry))}")
     try:
         return _registry[name]
     except KeyError:

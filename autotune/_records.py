@@ -16,8 +16,10 @@ PRECISIONS: tuple[Precision, ...] = ("fp32", "tf32", "bf16-mixed", "fp16-mixed")
 
 FailureKind = Literal["crashed", "timeout", "oom", "error", "unsupported", "numerics", "too_slow"]
 Misbehaviour = Literal["non_finite", "skipped_steps", "diverged"]
-#: the user's device choice ("GPU" is whatever accelerator this machine has), not a backend
-Prefer = Literal["auto", "gpu", "cpu"]
+#: whose doing a training run's misbehaviour was, as the guard's replay found it
+Blame = Literal["configuration", "training", "not_reproduced", "unreplayed"]
+#: the user's device choice: "gpu" is whatever accelerator this machine has, a backend's name that backend's GPU
+Prefer = Literal["auto", "gpu", "cpu", "cuda", "mps", "xpu"]
 #: why a device holds its clocks down, as NVML reports it: not idling, not an application's clock setting
 ClockEvent = Literal["thermal", "power_cap", "hw_slowdown"]
 
@@ -25,9 +27,10 @@ ClockEvent = Literal["thermal", "power_cap", "hw_slowdown"]
 class Record(BaseModel):
     """Frozen, explicit fields; unknown keys from a newer minor writer are ignored."""
 
-    # Infinity stays Infinity in JSON (a one-round ratio interval is unbounded): written as null it would
-    # fail validation on the next read and the whole results file would be quarantined.
-    model_config = ConfigDict(frozen=True, extra="ignore", ser_json_inf_nan="constants")
+    # A non-finite float is written as the string "Infinity" / "-Infinity" / "NaN" (an unbounded ratio interval,
+    # a NaN loss): strict JSON parsers refuse the bare constants, and null would fail validation on the next read.
+    # Reading takes both those strings and the bare constants older files hold.
+    model_config = ConfigDict(frozen=True, extra="ignore", ser_json_inf_nan="strings")
 
 
 class Choice(Record):
@@ -373,11 +376,34 @@ class Evidence(Record):
         "why no measurement of this machine configuration answers (a fallback), e.g. 'calibration running in "
         "this process'"))
     similar: SimilarMachine | None = Field(default=None, description="the record of the same hardware it used")
+    demotions: list[Demotion] = Field(default_factory=list, description=(
+        "what training runs demoted on this machine for this model, which the answer leaves out, oldest first"))
     unresolved: list[Candidate] = Field(default_factory=list, description=(
         "rivals whose comparison with the pick was still open when timing stopped (a close call, or a busy "
         "machine): the pick may be further from the best than the margin allows"))
     agreement: Agreement | None = Field(default=None, description=(
         "in a job of many processes: the rank whose measurements chose, and what this machine's own say"))
+
+
+class Replay(Record):
+    """What the guard's replay found: copies of the model and optimizer restarted from a state kept on the host and
+    trained again on the batches the run saw since, in the run's precision and in the reference (fp32), e.g.
+    ``Replay(blame="training", from_step=300, steps=50, since=50, reference=Candidate(device="cpu",
+    precision="fp32"), reference_at=31, detail="...")``.
+
+    ``blame``: ``configuration`` (the run's precision misbehaves again and the reference does not: demoted),
+    ``training`` (the reference misbehaves too), ``not_reproduced`` (neither does: the batches that did are gone),
+    ``unreplayed`` (no replay was possible; ``detail`` says why).
+    """
+
+    blame: Blame
+    detail: str = Field(description="what the replay saw, or why there was none, in words")
+    from_step: int | None = Field(default=None, description="the step the kept state was taken after")
+    steps: int | None = Field(default=None, description="the batches replayed")
+    since: int | None = Field(default=None, description="the steps the run trained from the kept state to the read")
+    reference: Candidate | None = Field(default=None, description="what the replay compared with: fp32 on the device")
+    reference_at: int | None = Field(default=None, description="the replayed step where the reference misbehaved")
+    run_at: int | None = Field(default=None, description="the replayed step where the run's precision misbehaved")
 
 
 class Demotion(Record):
@@ -398,6 +424,20 @@ class Demotion(Record):
         "the numbers behind it: the non-finite or diverging losses, or the loss scales around the skipped steps"))
     at: str = Field(description="when it was recorded, ISO 8601 UTC")
     autotune_version: str
+    model: str | None = Field(default=None, description=(
+        "what was trained: the model's class and a digest of its parameters' names and shapes, e.g. 'Sequential "
+        "5c3e2a09d1f4'; None in a record of an older autotune, which holds for the model the family builds"))
+    family_model: bool = Field(default=False, description=(
+        "the model is the one the family builds: what best_config(kind) answers for"))
+    replay: Replay | None = Field(default=None, description="the replay that blamed the configuration")
+
+    def __eq__(self, other: object) -> bool:
+        """Field by field, a NaN in ``evidence`` equal to a NaN: two reads of one demotion are equal."""
+        if not isinstance(other, Demotion):
+            return NotImplemented
+        return self.model_dump_json() == other.model_dump_json()
+
+    __hash__ = Record.__hash__
 
     @property
     def words(self) -> str:
@@ -582,6 +622,7 @@ __all__ = [
     "FP32_CPU",
     "PRECISIONS",
     "Agreement",
+    "Blame",
     "Candidate",
     "CandidateResult",
     "Choice",
@@ -611,6 +652,7 @@ __all__ = [
     "ProbeOutcome",
     "ProcessLoad",
     "Ranks",
+    "Replay",
     "Rival",
     "Role",
     "SimilarMachine",

@@ -22,6 +22,7 @@ from autotune._records import (
     MachineLoad,
     NoiseCause,
     Precision,
+    Replay,
     Rival,
 )
 
@@ -120,10 +121,30 @@ def no_gpu_words(measured: FamilyResult) -> str:
 
 
 def demotion_words(demotion: Demotion) -> str:
-    """e.g. ``'cpu bf16-mixed demoted on 2026-12-03 after NaN losses from step 5,120 (a run on cpu bf16-mixed: 3
-    non-finite losses within 100 steps ...)'``"""
+    """e.g. ``'cpu bf16-mixed demoted on 2026-12-03 after NaN losses from step 5,120 (a run of Sequential
+    5c3e2a09d1f4 on cpu bf16-mixed: 3 non-finite losses within 100 steps ...)'``"""
+    model = f" of {demotion.model}" if demotion.model else ""
     return (f"{demotion.candidate.device} {demotion.candidate.precision} demoted on {demotion.at[:10]} after "
-            f"{demotion.words} from step {demotion.step:,} (a run on {demotion.candidate.label}: {demotion.detail})")
+            f"{demotion.words} from step {demotion.step:,} (a run{model} on {demotion.candidate.label}: "
+            f"{demotion.detail})")
+
+
+def replay_words(replay: Replay, run: Candidate) -> str:
+    """What the guard's replay found, e.g. ``'replayed from step 300 on the 50 batches since, fp32 misbehaves too
+    (at replayed step 31): it is the training, not the configuration'``."""
+    if replay.blame == "unreplayed":
+        return f"not replayed: {replay.detail}"
+    batches = (f"the {replay.steps:,} batches since" if replay.steps == replay.since
+               else f"the last {replay.steps:,} of the {replay.since:,} batches since")
+    where = f"replayed from step {replay.from_step:,} on {batches}"
+    reference = "fp32" if replay.reference is None or replay.reference.device == run.device \
+        else f"{replay.reference.device} fp32"
+    if replay.blame == "training":
+        return f"{where}, {reference} misbehaves too (at replayed step {replay.reference_at}): it is the training, " \
+               "not the configuration"
+    if replay.blame == "configuration":
+        return f"{where}, {run.precision} misbehaves again (at replayed step {replay.run_at}) and {reference} does not"
+    return f"{where}, neither {run.precision} nor {reference} misbehaves: the batches that did are gone"
 
 
 def qualifiers(evidence: Evidence, *, init_scale: float | None) -> list[str]:
@@ -478,6 +499,7 @@ __all__ = [
     "qualifiers",
     "ratio_words",
     "reason",
+    "replay_words",
     "retry_words",
     "time_words",
     "times_over",

@@ -1,10 +1,13 @@
 """What the training loop's guard costs: the built-in cnn and transformer training loops with and without
-``guard.step(loss, scaler)``, side by side in one process.
+``guard.step(loss, scaler, batch=inputs)`` (a guard that watches the model and can replay), side by side in one
+process.
 
 Each round times a block of steps of each loop (the order alternating from round to round), synchronising only at
 the end of a block, as a training loop does; the overhead is the paired ratio of ms per step, guarded over plain,
-with its 95% interval. A second figure times ``guard.step`` alone (reads included) over many calls: its cost over
-the plain step time is the overhead it implies, with far less noise than the loops' ratio.
+with its 95% interval (the state copies to the host included: how many were taken, and the last one's ms). A second
+figure times ``guard.step`` alone (reads included) over many calls: its cost over the plain step time is the
+overhead it implies, with far less noise than the loops' ratio. Last, what a finding costs: the replay of the
+batches kept since the last state copy, in fp32 and in the run's precision, in ms and in plain steps.
 
     python benchmarks/guard_overhead.py [--rounds N] [--steps N] [--device cpu] [--precision fp32]
 """
@@ -40,6 +43,10 @@ class Loop:
         self.scaler = config.grad_scaler()
         self.sync = backend_for(config.device).synchronize
 
+    def guard(self) -> autotune.Guard:
+        """A guard that watches this loop's model and optimizer, as an app that wants replays makes it."""
+        return self.config.guard(self.model, self.optimizer, loss_fn=self.loss)
+
     def block(self, steps: int, guard: autotune.Guard | None) -> float:
         """ms per step over ``steps`` steps, synchronised once at the end."""
         started = time.perf_counter()
@@ -51,21 +58,21 @@ class Loop:
             self.scaler.step(self.optimizer)
             self.scaler.update()
             if guard is not None:
-                guard.step(loss, self.scaler)
+                guard.step(loss, self.scaler, batch=self.inputs)
         self.sync(self.config.device)
         return (time.perf_counter() - started) * 1000 / steps
 
 
-def guard_step_us(config: autotune.Config, calls: int = 20_000) -> float:
-    """µs per ``guard.step`` on a device scalar loss, its reads every 50 steps included."""
-    guard = config.guard()
-    loss = torch.ones((), device=config.device)
-    scaler = config.grad_scaler()
-    sync = backend_for(config.device).synchronize
+def guard_step_us(loop: Loop, calls: int = 20_000) -> float:
+    """µs per ``guard.step`` on a device scalar loss and the loop's batch, its reads every 50 steps and its state
+    copies included."""
+    guard = loop.guard()
+    loss = torch.ones((), device=loop.config.device)
+    sync = backend_for(loop.config.device).synchronize
     started = time.perf_counter()
     for _ in range(calls):
-        guard.step(loss, scaler)
-    sync(config.device)
+        guard.step(loss, loop.scaler, batch=loop.inputs)
+    sync(loop.config.device)
     return (time.perf_counter() - started) * 1e6 / calls
 
 
@@ -83,7 +90,7 @@ def main() -> None:
                                      source="measured", reason="benchmark",
                                      fingerprint_digest=autotune.fingerprint().digest)
             plain_loop, guarded_loop = Loop(kind, config), Loop(kind, config)
-            guard = config.guard()
+            guard = guarded_loop.guard()
             for loop in (plain_loop, guarded_loop):
                 loop.block(3, None)  # warm-up: allocator, kernel selection
             plain, guarded = [], []
@@ -95,13 +102,21 @@ def main() -> None:
                     guarded.append(guarded_loop.block(args.steps, guard))
                     plain.append(plain_loop.block(args.steps, None))
             ratio, low, high = _stats.ratio_interval(guarded, plain, alpha=0.025)
-            step_us = guard_step_us(config)
+            step_us = guard_step_us(guarded_loop)
             plain_ms = _stats.median(plain)
+            tape = guard._tape  # what the guard keeps to replay: its state copies, and the replay of a finding
+            assert tape is not None and tape.snapshot is not None
+            started = time.perf_counter()
+            replay = tape.replay(config.candidate, "non_finite", guard.steps)
+            replay_ms = (time.perf_counter() - started) * 1000
             emit({"benchmark": "guard_overhead", "kind": kind, "device": args.device, "precision": args.precision,
                   "rounds": args.rounds, "steps_per_round": args.steps, "plain_ms": round(plain_ms, 3),
                   "guarded_ms": round(_stats.median(guarded), 3), "ratio": round(ratio, 4),
                   "interval": [round(low, 4), round(high, 4)], "guard_step_us": round(step_us, 2),
-                  "implied_overhead": round(step_us / 1000 / plain_ms, 6), "findings": guard.finding is not None})
+                  "implied_overhead": round(step_us / 1000 / plain_ms, 6), "findings": guard.finding is not None,
+                  "snapshots": tape.taken, "snapshot_ms": round(tape.snapshot.took_s * 1000, 3),
+                  "replayed_steps": replay.steps, "replay_ms": round(replay_ms, 1),
+                  "replay_in_plain_steps": round(replay_ms / plain_ms, 1)})
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ from torch.utils.data import DataLoader, Dataset
 import autotune
 from autotune import _stats
 from autotune._families import get_family
-from autotune._guard import DATA_WAIT_SHARE
+from autotune._guard.watch import DATA_WAIT_SHARE
 
 
 class Images(Dataset[tuple[torch.Tensor, int]]):

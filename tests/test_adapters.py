@@ -7,6 +7,9 @@ Config's precision must be what the framework actually runs, not just what it wa
 
 from __future__ import annotations
 
+import importlib
+import subprocess
+import sys
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,10 +17,10 @@ from pathlib import Path
 import accelerate
 import lightning
 import pytest
+import pytorch_lightning
 import torch
 import torch.nn.functional as F
 from accelerate.state import AcceleratorState
-from lightning.pytorch.plugins.precision import MixedPrecision
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -46,7 +49,9 @@ def _data() -> TensorDataset:
     return TensorDataset(torch.randn(8, 8), torch.randint(0, 4, (8,)))
 
 
-class TinyLightning(lightning.LightningModule):
+class _Tiny:
+    """A LightningModule's body, for the ``lightning`` and the ``pytorch_lightning`` package alike."""
+
     def __init__(self, config: Config) -> None:
         super().__init__()
         self.config = config
@@ -63,6 +68,14 @@ class TinyLightning(lightning.LightningModule):
 
     def train_dataloader(self) -> DataLoader[tuple[Tensor, ...]]:
         return DataLoader(_data(), batch_size=4)
+
+
+class TinyLightning(_Tiny, lightning.LightningModule):
+    pass
+
+
+class _PlTiny(_Tiny, pytorch_lightning.LightningModule):
+    pass
 
 
 def _fit(module: TinyLightning, tmp_path: Path, **trainer_kwargs: object) -> lightning.Trainer:
@@ -169,14 +182,37 @@ def test_fp16_on_the_cpu_is_refused_because_both_frameworks_would_run_something_
     assert module.seen == [(True, torch.bfloat16)] * 2
     # ... and the way around it that the Lightning error names.
     module = TinyLightning(config)
-    _fit(module, tmp_path, accelerator="cpu", devices=1, plugins=[MixedPrecision("16-mixed", "cpu")])
+    _fit(module, tmp_path, **config.lightning_kwargs(init_scale=True))
+    assert module.seen == [(True, torch.float16)] * 2
+
+
+@pytest.mark.parametrize("package", ["lightning", "pytorch_lightning"])
+def test_the_fp16_init_scale_recipe_works_as_written(package: str, tmp_path: Path) -> None:
+    """``Trainer(**cfg.lightning_kwargs(init_scale=True))``: fp16 autocast, GradScaler at the Config's init_scale."""
+    config = _config("fp16-mixed").model_copy(update={"init_scale": 1024.0})
+    kwargs = config.lightning_kwargs(init_scale=True)
+    assert "precision" not in kwargs and kwargs["accelerator"] == "cpu"
+    [plugin] = kwargs["plugins"]
+    assert plugin.scaler.get_scale() == 1024.0 and type(plugin).__module__.startswith("lightning")
+    trainer_module = importlib.import_module(package)
+    if package == "pytorch_lightning":  # the plugin comes from the package the app imported
+        with pytest.MonkeyPatch.context() as patch:
+            patch.delitem(sys.modules, "lightning")
+            kwargs = config.lightning_kwargs(init_scale=True)
+        assert type(kwargs["plugins"][0]).__module__.startswith("pytorch_lightning")
+    module = TinyLightning(config) if package == "lightning" else _PlTiny(config)
+    trainer = trainer_module.Trainer(**kwargs, max_steps=2, logger=False, enable_checkpointing=False,
+                                     enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+        trainer.fit(module)
     assert module.seen == [(True, torch.float16)] * 2
 
 
 # -- the guard through the frameworks' own loops ---------------------------------------------------------------
 
 
-class OverflowingLightning(lightning.LightningModule):
+class _Overflowing:
     """From batch ``overflow_from`` on, the loss is weighted 1e6: its fp16 gradients overflow at every step."""
 
     def __init__(self, overflow_from: int) -> None:
@@ -187,6 +223,7 @@ class OverflowingLightning(lightning.LightningModule):
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         features, labels = batch
         weight = 1e6 if batch_idx >= self.overflow_from else 1.0
+        self.log("loss", F.cross_entropy(self.net(features), labels))  # what a module does; not during a replay
         return F.cross_entropy(self.net(features), labels) * weight
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
@@ -197,26 +234,73 @@ class OverflowingLightning(lightning.LightningModule):
         return DataLoader(TensorDataset(torch.randn(800, 8), torch.randint(0, 4, (800,))), batch_size=4)
 
 
-def test_the_lightning_callback_sees_gradscaler_skip_steps_and_demotes(tmp_path: Path) -> None:
-    config = _config("fp16-mixed").model_copy(update={"fingerprint_digest": autotune.fingerprint().digest})
-    callback = autotune.GuardCallback(config)
-    module = OverflowingLightning(overflow_from=100)
-    trainer = lightning.Trainer(
-        accelerator="cpu", devices=1, plugins=[MixedPrecision("16-mixed", "cpu")], callbacks=[callback],
-        max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        default_root_dir=tmp_path,
-    )
+class OverflowingLightning(_Overflowing, lightning.LightningModule):
+    pass
+
+
+class OverflowingPl(_Overflowing, pytorch_lightning.LightningModule):
+    pass
+
+
+class ManualLightning(_Overflowing, lightning.LightningModule):
+    def __init__(self) -> None:
+        super().__init__(overflow_from=1_000)
+        self.automatic_optimization = False
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        optimizer = self.optimizers()
+        loss = super().training_step(batch, batch_idx)
+        optimizer.zero_grad()  # type: ignore[union-attr]
+        self.manual_backward(loss)
+        optimizer.step()  # type: ignore[union-attr]
+        return loss
+
+
+def _fit_guarded(package: str, module: object, callback: object, tmp_path: Path, **kwargs: object) -> None:
+    trainer = importlib.import_module(package).Trainer(
+        accelerator="cpu", devices=1, callbacks=[callback], max_epochs=1, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path, **kwargs)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*does not have many workers.*")
-        with pytest.warns(autotune.ConfigMisbehaved, match="at step 101: 4 optimizer steps skipped by GradScaler"):
-            trainer.fit(module)
+        warnings.filterwarnings("ignore", message=".*self.log.*")
+        trainer.fit(module)
+
+
+@pytest.mark.parametrize("package", ["lightning", "pytorch_lightning"])
+def test_the_lightning_callback_sees_gradscaler_skip_steps_replays_them_and_demotes(
+    package: str, tmp_path: Path
+) -> None:
+    config = _config("fp16-mixed").model_copy(update={"fingerprint_digest": autotune.fingerprint().digest})
+    callback = autotune.GuardCallback(config)
+    module = OverflowingLightning(overflow_from=100) if package == "lightning" else OverflowingPl(overflow_from=100)
+    plugins = "lightning.pytorch.plugins.precision" if package == "lightning" else "pytorch_lightning.plugins.precision"
+    plugin = importlib.import_module(plugins).MixedPrecision("16-mixed", "cpu")
+    with pytest.warns(autotune.ConfigMisbehaved, match="at step 101: 4 optimizer steps skipped by GradScaler.*"
+                      r"fp16-mixed misbehaves again \(at replayed step \d+\) and fp32 does not"):
+        _fit_guarded(package, module, callback, tmp_path, plugins=[plugin])
     finding = callback.guard.finding
     assert finding is not None and finding.seen == "skipped_steps"
     assert [d.step for d in _answer.demotions("tiny")] == [101]
 
 
+def test_the_lightning_callback_refuses_manual_optimization_saying_what_to_do(tmp_path: Path) -> None:
+    callback = autotune.GuardCallback(_config("bf16-mixed"))
+    with pytest.raises(FrameworkError, match=r"manual optimization.*call guard.step\(loss, scaler, batch=batch\) in "
+                       "training_step after your optimizer step"):
+        _fit_guarded("lightning", ManualLightning(), callback, tmp_path)
+
+
+def test_without_lightning_the_callback_says_what_to_install(tmp_path: Path) -> None:
+    script = ("import sys; sys.modules['lightning'] = sys.modules['pytorch_lightning'] = None\n"  # neither importable
+              "import autotune\n"
+              "try:\n    autotune.GuardCallback\nexcept ImportError as exc:\n    print(exc)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.startswith("autotune.GuardCallback needs Lightning: pip install lightning (or pytorch-")
+
+
 def test_the_guard_is_one_line_in_accelerates_loop(fresh_accelerate_state: None) -> None:
-    """NaN in the data from batch 30 on: the bf16 run's losses are NaN, and its weights with them."""
+    """NaN in the data from batch 30 on: the bf16 run's losses are NaN, and its weights with them; replayed, fp32's
+    are too: the data's doing, nothing is demoted."""
     config = _config("bf16-mixed").model_copy(update={"fingerprint_digest": autotune.fingerprint().digest})
     accelerator = accelerate.Accelerator(**config.accelerate_kwargs())
     torch.manual_seed(0)
@@ -226,13 +310,13 @@ def test_the_guard_is_one_line_in_accelerates_loop(fresh_accelerate_state: None)
     optimizer = torch.optim.AdamW(model.parameters())
     loader = DataLoader(TensorDataset(features, torch.randint(0, 4, (400,))), batch_size=4)
     prepared, optimizer, loader = accelerator.prepare(model, optimizer, loader)
-    guard = config.guard()
-    with pytest.warns(autotune.ConfigMisbehaved, match="at step 31: 3 non-finite losses"):
+    guard = config.guard(prepared, optimizer, loss_fn=lambda m, batch: F.cross_entropy(m(batch[0]), batch[1]))
+    with pytest.warns(autotune.ConfigMisbehaved, match="at step 31: 3 non-finite losses.*fp32 misbehaves too"):
         for inputs, labels in loader:
             loss = F.cross_entropy(prepared(inputs), labels)
             optimizer.zero_grad(set_to_none=True)
             accelerator.backward(loss)
             optimizer.step()
-            guard.step(loss, accelerator.scaler)  # the one line; the scaler is None but with fp16
+            guard.step(loss, accelerator.scaler, batch=(inputs, labels))  # the one line; the scaler: with fp16
         guard.check()
-    assert [d.step for d in _answer.demotions("tiny")] == [31]
+    assert _answer.demotions("tiny") == []

@@ -9,11 +9,16 @@ import sys
 from pathlib import Path
 
 import pytest
+from samples import family, timed
 
 import autotune
 from autotune._answer import cached_configs, cached_families
+from autotune._args import PREFERENCES as cli_preferences
+from autotune._cache import lookup as _cached
 from autotune._cache.store import Store
 from autotune._calibrate import CalibrationProgress
+from autotune._cli import main
+from autotune._decide import PREFERENCES
 from autotune._wording import ratio_words
 
 
@@ -143,7 +148,7 @@ def test_prefer_gpu_on_this_cpu_only_machine_says_there_is_no_usable_gpu(tiny_fa
 
 
 @pytest.mark.parametrize(("kwargs", "name"), [
-    ({"prefer": "GPU"}, "prefer"), ({"expected_steps": 0}, "expected_steps"),
+    ({"prefer": "tpu"}, "prefer"), ({"expected_steps": 0}, "expected_steps"),
     ({"expected_steps": 2.5}, "expected_steps"),
 ])
 def test_bad_arguments_are_clear_errors(kwargs: dict[str, object], name: str) -> None:
@@ -174,6 +179,55 @@ def test_invalid_environment_is_an_error_naming_the_variable(
     monkeypatch.setenv(variable, value)
     with pytest.raises(autotune.ConfigurationError, match=variable):
         autotune.calibrate([tiny_family], force=True)
+
+
+@pytest.mark.parametrize(("variable", "value"), [("AUTOTUNE_ISOLATION", "thread"), ("AUTOTUNE_SEARCH", "all")])
+def test_a_setting_only_measuring_reads_is_refused_even_when_the_cache_answers(
+    tiny_family: str, monkeypatch: pytest.MonkeyPatch, variable: str, value: str
+) -> None:
+    _cached.store().save(autotune.fingerprint(), family(tiny_family, timed("cpu", "fp32", 100.0)))
+    assert autotune.best_config(tiny_family).source == "measured"
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(autotune.ConfigurationError, match=f"{variable}='{value}' is invalid: expected"):
+        autotune.best_config(tiny_family)
+
+
+@pytest.mark.parametrize("device", ["cuda", "cuda:1", "mps", "xpu", "gpu"])
+def test_a_device_this_process_cannot_use_is_refused_at_once_naming_what_it_can(
+    tiny_family: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], device: str
+) -> None:
+    monkeypatch.setenv("AUTOTUNE_DEVICE", device)
+    with pytest.raises(autotune.ConfigurationError, match=rf"AUTOTUNE_DEVICE='{device}' is invalid: .*"
+                       r"\(.+\); this process can use: cpu$"):
+        autotune.best_config(tiny_family)
+    assert main(["--family", tiny_family]) == 1  # before measuring anything
+    assert "AUTOTUNE_DEVICE=" in capsys.readouterr().err and cached_families([tiny_family]) == {}
+
+
+@pytest.mark.parametrize("device", ["cpu", "cpu:0", "CPU"])
+def test_cpu_0_is_the_cpu_and_keeps_the_measured_pick(tiny_family: str, monkeypatch: pytest.MonkeyPatch,
+                                                      device: str) -> None:
+    _cached.store().save(autotune.fingerprint(), family(
+        tiny_family, timed("cpu", "bf16-mixed", 50.0), timed("cpu", "fp32", 100.0)))
+    monkeypatch.setenv("AUTOTUNE_DEVICE", device)
+    config = autotune.best_config(tiny_family)
+    assert (config.device, config.precision, config.source) == ("cpu", "bf16-mixed", "forced")
+    assert config.reason.startswith("bf16 mixed precision on the CPU: forced by AUTOTUNE_DEVICE=cpu;")
+
+
+@pytest.mark.parametrize(("prefer", "device"), [
+    ("gpu", "cuda:0"), ("cuda", "cuda:0"), ("xpu", "cpu"), ("mps", "cpu"), ("cpu", "cpu"), ("auto", "cpu"),
+])
+def test_prefer_takes_the_device_words_of_autotune_device(tiny_family: str, prefer: str, device: str) -> None:
+    """A machine measured with a CUDA GPU that ties the CPU: a backend's name in ``prefer`` means that backend's
+    GPU, as ``gpu`` means any; one this machine does not have answers the CPU and says so."""
+    _cached.store().save(autotune.fingerprint(), family(
+        tiny_family, timed("cuda:0", "bf16-mixed", 50.0), timed("cpu", "bf16-mixed", 50.0)))
+    config = autotune.best_config(tiny_family, prefer=prefer)  # type: ignore[arg-type]
+    assert config.device == device
+    assert ("GPU requested, but" in config.reason) == (prefer in ("xpu", "mps"))
+    assert set(PREFERENCES) == set(cli_preferences)
+    assert main(["--family", tiny_family, "--prefer", prefer]) == 0
 
 
 @pytest.mark.usefixtures("in_process")
@@ -257,7 +311,7 @@ def test_cli_explain_lists_every_candidate_with_its_outcome(tiny_family: str, ca
             interval = "-" if rival.far_behind else f"{rival.ratio.low:.2f}-{rival.ratio.high:.2f}" \
                 if rival.ratio.high != float("inf") else "unpaired"
             cells += [ratio_words(rival.ratio.estimate), interval, str(rival.rounds)]
-        assert re.search("│ " + " +│ ".join(map(re.escape, cells)), out), (cells, out)
+        assert re.search("^" + " +".join(map(re.escape, cells)), out, re.MULTILINE), (cells, out)
     # --prefer and --steps decide as the table would, and say what was asked for.
     assert main(["--explain", tiny_family, "--prefer", "gpu", "--steps", "60"]) == 0
     out = capsys.readouterr().out
@@ -273,7 +327,8 @@ def test_cli_table_and_doctor_in_process(tiny_family: str, capsys: pytest.Captur
     assert main(["--family", tiny_family]) == 0
     out = capsys.readouterr().out
     assert "Machine" in out and tiny_family in out and "measured" in out
-    assert out.endswith(f"\n{tiny_family}: {autotune.best_config(tiny_family).reason}\n")  # one line: the reason
+    # Last, the reason, worded to the console's width (120 in a pipe without COLUMNS)
+    assert " ".join(out.split()).endswith(f"{tiny_family}: {autotune.best_config(tiny_family).reason}")
     assert main(["--doctor"]) == 0
     doctor = capsys.readouterr().out
     assert doctor.strip()

@@ -90,6 +90,22 @@ def test_a_decided_config_dumps_every_key_it_always_had() -> None:
     assert Config.model_validate_json(config.model_dump_json()) == config
 
 
+def test_repr_is_the_answer_not_its_evidence(tiny_family: str) -> None:
+    """The evidence (every rival: thousands of characters) stays out of repr(); model_dump() and cfg.evidence
+    have it."""
+    from samples import family, timed
+
+    from autotune._cache import lookup
+
+    times = {"fp32": 100.0, "bf16-mixed": 40.0, "fp16-mixed": 90.0}
+    lookup.store().save(autotune.fingerprint(), family(tiny_family, *(timed("cpu", p, ms) for p, ms in times.items())))
+    config = autotune.best_config(tiny_family)
+    assert config.evidence is not None and len(config.evidence.rivals) == 2
+    shown = repr(config)
+    assert len(shown) < 700 and "evidence" not in shown and "reason='bf16 mixed precision" in shown
+    assert config.model_dump()["evidence"]["rivals"]
+
+
 @pytest.mark.parametrize(("device", "benchmark"), [("cpu", False), ("cuda:0", torch.version.hip is None)],
                          ids=["cpu", "cuda"])
 def test_a_cuda_config_runs_convolutions_as_calibration_timed_them(

@@ -94,6 +94,8 @@ def test_a_bad_import_file_is_one_clear_error_and_the_cache_is_untouched(
     with pytest.raises(autotune.ImportFileError) as error:
         autotune.import_results(path)
     assert str(path) in str(error.value) and "Nothing was imported" in str(error.value)
+    # A file that is not there is a wrong path, not a file to export again on the machine that measured it.
+    assert str(error.value).endswith("check the path" if bad == "missing" else "on the machine that measured it")
     assert main(["--import", str(path)]) == 1
     err = capsys.readouterr().err
     assert err.count("error") == 1 and "Nothing was imported" in err

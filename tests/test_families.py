@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import inspect
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -29,6 +32,36 @@ def test_unknown_family_suggests_the_closest_name() -> None:
     assert "did you mean 'cnn'?" in message
     assert "cnn, mlp, tiny_mlp, transformer" in message
     assert isinstance(info.value, autotune.AutotuneError)
+
+
+@pytest.mark.parametrize("name", ["CNN", "Tiny_MLP", "Transformr"])
+def test_suggestions_ignore_case(name: str) -> None:
+    with pytest.raises(UnknownFamilyError, match=f"did you mean '{name.lower().replace('transformr', 'transformer')}'"):
+        autotune.best_config(name)
+
+
+@pytest.mark.parametrize("name", [None, 123, ["cnn"], b"cnn"])
+def test_a_model_kind_that_is_no_string_is_a_type_error_that_prints(name: object) -> None:
+    with pytest.raises(TypeError) as info:
+        autotune.best_config(name)  # type: ignore[arg-type]
+    assert str(info.value).startswith(f"a model kind is a name such as 'cnn', got {type(name).__name__} {name!r}; "
+                                      "known: cnn, mlp, tiny_mlp, transformer")
+
+
+@pytest.mark.parametrize("call", [autotune.calibrate, autotune.start_calibration])
+def test_one_kind_given_where_a_list_goes_says_so(call: object) -> None:
+    with pytest.raises(TypeError, match=r"takes a list of model kinds: \w+\(\['cnn'\]\)"):
+        call("cnn")  # type: ignore[operator]
+
+
+def test_the_readme_and_the_signature_name_the_kind_alike() -> None:
+    """The README's calls are the signatures: its API table lists every keyword best_config takes."""
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    parameters = list(inspect.signature(autotune.best_config).parameters)
+    assert parameters[0] == "model_kind"
+    assert f"autotune.best_config({parameters[0]}, *, " in readme
+    row = next(line for line in readme.splitlines() if line.startswith("| `autotune.best_config("))
+    assert all(f"{name}=" in row for name in parameters[1:]), row
 
 
 def top_level_build() -> autotune.Workload:

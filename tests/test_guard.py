@@ -1,6 +1,7 @@
 """The guard in the training loop, on real training runs on the CPU: real models, real autocast, torch's own
-GradScaler ("cpu"), the real cache. What goes wrong is caused, not faked: gradients that overflow fp16 from step N,
-activations that overflow fp16 (NaN losses), a learning rate past the stability limit (slow divergence).
+GradScaler ("cpu"), the real cache, the real replay. What goes wrong is caused, not faked: gradients that overflow
+fp16 from step N, activations that overflow fp16 (NaN losses), a learning rate past the stability limit (slow
+divergence, or a blow-up to NaN in any precision).
 
 The measured record the guard's Config comes from is hand-made (``samples``): which precision wins on this CPU is
 not the subject, and each test needs a known pick to demote.
@@ -21,10 +22,12 @@ import time
 import warnings
 from collections.abc import Collection
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
+from families_for_tests import build_tiny
 from samples import family, timed
 from torch import nn
 
@@ -33,7 +36,7 @@ from autotune import Config, ConfigMisbehaved, _answer
 from autotune._cache import demotions
 from autotune._cache import lookup as _cached
 from autotune._cli import main
-from autotune._guard import NON_FINITE_LOSSES, SKIPPED_STEPS
+from autotune._guard.watch import NON_FINITE_LOSSES, SKIPPED_STEPS, model_signature
 from autotune._records import Candidate, Demotion, Drop, Interval
 
 TODAY = dt.datetime.now(dt.timezone.utc).date().isoformat()
@@ -50,51 +53,80 @@ def _measured(kind: str, pick: str) -> Config:
     return config
 
 
-def _classifier(config: Config, guard: autotune.Guard, steps: int, *, overflow_at: Collection[int] = (),
-                huge_inputs_at: Collection[int] = (), loss_weight: float = 1.0) -> int:
-    """Train a small classifier; at ``overflow_at`` steps the loss is weighted 1e6 (its fp16 gradients overflow),
-    at ``huge_inputs_at`` the inputs are 1e5 times larger (fp16 activations overflow: NaN loss). Returns the steps
-    GradScaler skipped."""
+def _loss(model: nn.Module, batch: tuple[Any, ...]) -> torch.Tensor:
+    features, labels, weight = batch[:3]
+    return F.cross_entropy(model(features), labels) * weight
+
+
+def _classifier(config: Config, steps: int, *, overflow_at: Collection[int] = (), huge_inputs_at: Collection[int] = (),
+                loss_weight: float = 1.0, model: nn.Module | None = None, lr_from_100: float | None = None,
+                guard: autotune.Guard | None = None, images_mb: int = 0) -> tuple[autotune.Guard, int]:
+    """Train the tiny family's own model (or ``model``) under a guard that can replay; at ``overflow_at`` steps the
+    loss is weighted 1e6 (its fp16 gradients overflow), at ``huge_inputs_at`` the inputs are 1e5 times larger (fp16
+    activations overflow: NaN loss); from step 100 the learning rate is ``lr_from_100``; each batch also carries
+    ``images_mb`` MiB the loss does not use. Returns the guard and the steps GradScaler skipped."""
+    model = model if model is not None else build_tiny().model
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 4))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    guard = guard if guard is not None else config.guard(model, optimizer, loss_fn=_loss)
     scaler = config.grad_scaler()
     features, labels = torch.randn(64, 8), torch.randint(0, 4, (64,))
+    images = torch.zeros(images_mb * 2**18)
     skipped = 0
     for step in range(1, steps + 1):
+        if step == 100 and lr_from_100 is not None:
+            optimizer.param_groups[0]["lr"] = lr_from_100
+        batch = (features * (1e5 if step in huge_inputs_at else 1.0), labels,
+                 1e6 if step in overflow_at else loss_weight, images)
         with config.autocast():
-            logits = model(features * (1e5 if step in huge_inputs_at else 1.0))
-            loss = F.cross_entropy(logits, labels) * (1e6 if step in overflow_at else loss_weight)
+            loss = _loss(model, batch)
         optimizer.zero_grad(set_to_none=True)
         scaler.scale(loss).backward()
         before = scaler.get_scale() if scaler.is_enabled() else 0.0
         scaler.step(optimizer)
         scaler.update()
         skipped += scaler.is_enabled() and scaler.get_scale() < before
-        guard.step(loss, scaler)
+        guard.step(loss, scaler, batch=batch)
     guard.check()
-    return skipped
+    return guard, skipped
 
 
-def _regression(config: Config, guard: autotune.Guard, steps: int, *, lr_from_300: float) -> None:
+def _demote_fp16(kind: str) -> Demotion:
+    """fp16 wins the record of ``kind``; a real run's activations overflow fp16 and fp32's do not: demoted."""
+    config = _measured(kind, "fp16-mixed")
+    with pytest.warns(ConfigMisbehaved, match="it is demoted"):
+        guard, _ = _classifier(config, 50, huge_inputs_at=range(10, 50))
+    assert guard.finding is not None and guard.finding.replay is not None
+    assert guard.finding.replay.blame == "configuration"
+    return guard.finding
+
+
+def _mse(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    features, targets = batch
+    return F.mse_loss(model(features).float(), targets)
+
+
+def _regression(config: Config, steps: int, *, lr_from_300: float) -> autotune.Guard:
     """Full-batch least squares (Hessian 2I): SGD converges at lr 0.05; from step 300 ``lr_from_300``, past 1.0
-    the error grows a little at each step (slow divergence), just under 1.0 it stays bounded."""
+    the error grows a little at each step (slow divergence, in any precision), just under 1.0 it stays bounded."""
     torch.manual_seed(0)
     basis, _ = torch.linalg.qr(torch.randn(256, 8))
     features = basis * 16
     targets = features @ torch.randn(8, 1) + 0.1 * torch.randn(256, 1)
     model = nn.Linear(8, 1, bias=False)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    guard = config.guard(model, optimizer, loss_fn=_mse)
     for step in range(1, steps + 1):
         if step == 300:
             optimizer.param_groups[0]["lr"] = lr_from_300
         with config.autocast():
-            loss = F.mse_loss(model(features).float(), targets)
+            loss = _mse(model, (features, targets))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
-        guard.step(loss)
+        guard.step(loss, batch=(features, targets))
     guard.check()
+    return guard
 
 
 def _stored(cache: Path) -> dict[str, list[dict[str, object]]]:
@@ -111,51 +143,95 @@ def _demoted_answer(kind: str, was: str, seen: str, step: int, now: str) -> Conf
 
 def test_fp16_gradients_overflowing_from_step_n_demote_fp16(tiny_family: str, isolated_autotune: Path) -> None:
     config = _measured(tiny_family, "fp16-mixed")
-    guard = config.guard()
     with pytest.warns(ConfigMisbehaved, match=r"tiny on cpu fp16-mixed misbehaved at step 120: 4 optimizer steps "
-                      r"skipped by GradScaler within 100 steps \(steps 120, 121, 122, 123\).*--forget-demotion tiny"):
-        skipped = _classifier(config, guard, 200, overflow_at=range(120, 200))
+                      r"skipped by GradScaler within 100 steps \(steps 120, 121, 122, 123\).*Replayed from step 100 "
+                      r"on the 50 batches since, fp16-mixed misbehaves again \(at replayed step 20\) and fp32 does not"
+                      r".*--forget-demotion tiny"):
+        guard, skipped = _classifier(config, 200, overflow_at=range(120, 200))
     assert skipped >= 10  # the scale kept halving, as GradScaler does
     assert guard.finding is not None and guard.finding.seen == "skipped_steps" and guard.finding.step == 120
     assert guard.finding.evidence == sorted(guard.finding.evidence, reverse=True)  # the scale at each skip, halving
-    stored = _stored(isolated_autotune)[tiny_family]
-    assert [(d["seen"], d["step"], d["candidate"]) for d in stored] == [  # type: ignore[index]
-        ("skipped_steps", 120, {"device": "cpu", "precision": "fp16-mixed", "memory_format": "contiguous",
-                                "optimizer": "default", "num_threads": None, "compiled": False})]
+    [stored] = _stored(isolated_autotune)[tiny_family]
+    assert (stored["seen"], stored["step"], stored["candidate"], stored["model"], stored["family_model"]) == (
+        "skipped_steps", 120, {"device": "cpu", "precision": "fp16-mixed", "memory_format": "contiguous",
+                               "optimizer": "default", "num_threads": None, "compiled": False},
+        model_signature(build_tiny().model), True)
+    assert stored["replay"]["blame"] == "configuration"  # type: ignore[index]
     answer = _demoted_answer(tiny_family, "fp16-mixed", "skipped optimizer steps", 120, "bf16-mixed")
     assert guard.fallback() == answer
+    assert answer.evidence is not None and answer.evidence.demotions == [guard.finding]
 
 
 def test_nan_losses_from_step_n_demote(tiny_family: str, isolated_autotune: Path) -> None:
     config = _measured(tiny_family, "fp16-mixed")
-    guard = config.guard()
     with pytest.warns(ConfigMisbehaved, match=r"misbehaved at step 150: 3 non-finite losses within 100 steps "
                       r"\(steps 150, 151, 152; the last finite one"):
-        _classifier(config, guard, 200, huge_inputs_at=range(150, 200))
+        guard, _ = _classifier(config, 200, huge_inputs_at=range(150, 200))
     assert guard.finding is not None and guard.finding.seen == "non_finite" and guard.finding.step == 150
     assert _stored(isolated_autotune)[tiny_family][0]["detail"] == guard.finding.detail
     _demoted_answer(tiny_family, "fp16-mixed", "NaN losses", 150, "bf16-mixed")
 
 
-def test_slow_divergence_demotes_bf16_for_fp32(tiny_family: str) -> None:
+def test_a_loop_through_guard_data_keeps_its_batches_for_the_replay(tiny_family: str) -> None:
+    """Inside ``for batch in guard.data(loader):`` guard.step needs no batch=: the replay trains on the loader's."""
+    config = _measured(tiny_family, "fp16-mixed")
+    model = build_tiny().model
+    torch.manual_seed(0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    guard = config.guard(model, optimizer, loss_fn=_loss)
+    scaler = config.grad_scaler()
+    features, labels = torch.randn(64, 8), torch.randint(0, 4, (64,))
+    loader = [(features * (1e5 if step >= 10 else 1.0), labels, 1.0) for step in range(1, 51)]
+    with pytest.warns(ConfigMisbehaved, match="it is demoted"):
+        for batch in guard.data(loader):
+            with config.autocast():
+                loss = _loss(model, batch)
+            optimizer.zero_grad(set_to_none=True)
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            guard.step(loss, scaler)
+        guard.check()
+    assert guard.finding is not None and guard.finding.replay is not None
+    assert guard.finding.replay.blame == "configuration" and guard.finding.replay.steps
+
+
+@pytest.mark.parametrize("pick", ["bf16-mixed", "fp16-mixed"])
+def test_a_learning_rate_blow_up_is_the_training_and_demotes_nothing(
+    tiny_family: str, isolated_autotune: Path, pick: str
+) -> None:
+    """lr 1e6 from step 100: the weights blow up and the losses turn NaN, in fp32 as in the run's precision."""
+    config = _measured(tiny_family, pick)
+    with pytest.warns(ConfigMisbehaved, match=r"misbehaved at step 1\d\d: 3 non-finite losses.*fp32 misbehaves too "
+                      r"\(at replayed step \d+\): it is the training, not the configuration, so nothing is demoted: "
+                      r"look at the learning rate"):
+        guard, _ = _classifier(config, 200, lr_from_100=1e6)
+    assert guard.finding is not None and guard.finding.replay is not None
+    assert guard.finding.replay.blame == "training" and guard.finding.replay.reference_at is not None
+    assert not (isolated_autotune / "demotions").exists()
+    assert autotune.best_config(tiny_family) == config and guard.fallback() == config
+
+
+def test_a_slow_divergence_from_a_learning_rate_past_its_limit_demotes_nothing(
+    tiny_family: str, isolated_autotune: Path
+) -> None:
     config = _measured(tiny_family, "bf16-mixed")
-    guard = config.guard()
-    with pytest.warns(ConfigMisbehaved, match=r"misbehaved at step \d+: the loss rose from its floor"):
-        _regression(config, guard, 800, lr_from_300=1.005)
+    with pytest.warns(ConfigMisbehaved, match=r"misbehaved at step \d+: the loss rose from its floor.*fp32 "
+                      "misbehaves too.*nothing is demoted"):
+        guard = _regression(config, 800, lr_from_300=1.005)
     finding = guard.finding
     assert finding is not None and finding.seen == "diverged"
     # It began after the change, and was found while the loss was finite: a slow rise, blocks of 50 steps.
     assert 301 <= finding.step <= 601 and (finding.step - 1) % 50 == 0
     assert all(value < 1e6 for value in finding.evidence)
-    _demoted_answer(tiny_family, "bf16-mixed", "a diverging loss", finding.step, "fp32")
+    assert not (isolated_autotune / "demotions").exists()
 
 
 def test_a_loss_that_rises_less_than_half_its_progress_is_no_divergence(tiny_family: str) -> None:
     config = _measured(tiny_family, "bf16-mixed")
-    guard = config.guard()
     with warnings.catch_warnings():
         warnings.simplefilter("error", ConfigMisbehaved)
-        _regression(config, guard, 800, lr_from_300=0.99)
+        guard = _regression(config, 800, lr_from_300=0.99)
     assert guard.finding is None and autotune.best_config(tiny_family).precision == "bf16-mixed"
 
 
@@ -163,10 +239,9 @@ def test_a_healthy_run_with_gradscalers_first_back_offs_finds_nothing(tiny_famil
                                                                        isolated_autotune: Path) -> None:
     config = _measured(tiny_family, "fp16-mixed")
     assert config.grad_scaler().get_scale() == 65536.0  # GradScaler's default: too high for these gradients
-    guard = config.guard()
     with warnings.catch_warnings():
         warnings.simplefilter("error", ConfigMisbehaved)
-        skipped = _classifier(config, guard, 300, loss_weight=100.0)
+        guard, skipped = _classifier(config, 300, loss_weight=100.0)
     assert skipped >= 3  # the early back-off happened ...
     assert guard.finding is None  # ... and is not a finding
     assert not (isolated_autotune / "demotions").exists()
@@ -183,10 +258,9 @@ def test_non_finite_losses_that_gradscaler_handles_are_no_finding_until_three_in
 ) -> None:
     assert NON_FINITE_LOSSES == 3
     config = _measured(tiny_family, "fp16-mixed")
-    guard = config.guard()
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always", ConfigMisbehaved)
-        _classifier(config, guard, 300, huge_inputs_at=bad_steps)
+        guard, _ = _classifier(config, 300, huge_inputs_at=bad_steps)
     assert len(seen) == found
     assert (guard.finding.step if guard.finding else None) == (100 if found else None)
     assert ("demoted" in autotune.best_config(tiny_family).reason) == found
@@ -199,13 +273,51 @@ def test_skipped_steps_after_the_scale_settles_are_a_finding_from_four_in_100_st
     tiny_family: str, skips: int, found: bool
 ) -> None:
     config = _measured(tiny_family, "fp16-mixed")
-    guard = config.guard()
     overflow_at = range(100, 100 + 20 * skips, 20)
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always", ConfigMisbehaved)
-        skipped = _classifier(config, guard, 250, overflow_at=overflow_at)
+        guard, skipped = _classifier(config, 250, overflow_at=overflow_at)
     assert skipped >= skips
     assert len(seen) == found and (guard.finding is not None) == found
+
+
+def test_a_finding_whose_batches_are_gone_is_not_reproduced_and_demotes_nothing(
+    tiny_family: str, isolated_autotune: Path
+) -> None:
+    """Batches of 4 MiB: the guard keeps the last 31 (128 MiB in all); the three that overflowed (steps 10-12) are
+    older."""
+    config = _measured(tiny_family, "fp16-mixed")
+    with pytest.warns(ConfigMisbehaved, match=r"Replayed from step 1 on the last 31 of the 49 batches since, "
+                      r"neither fp16-mixed nor fp32 misbehaves: the batches that did are gone, so nothing is demoted"):
+        guard, _ = _classifier(config, 50, huge_inputs_at=range(10, 13), images_mb=4)
+    assert guard.finding is not None and guard.finding.replay is not None
+    assert guard.finding.replay.blame == "not_reproduced"
+    assert not (isolated_autotune / "demotions").exists()
+
+
+def test_one_apps_model_cannot_demote_another_apps(tiny_family: str) -> None:
+    """A wider model than the family builds overflows fp16: the demotion holds for it, not for the family's own."""
+    config = _measured(tiny_family, "fp16-mixed")
+    wider = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 4))
+    with pytest.warns(ConfigMisbehaved, match="it is demoted on this machine for this model"):
+        guard, _ = _classifier(config, 50, huge_inputs_at=range(10, 50), model=wider)
+    assert guard.finding is not None and not guard.finding.family_model
+    assert autotune.best_config(tiny_family) == config  # the family's own model: not demoted
+    for answer in (autotune.best_config(tiny_family, model=wider), guard.fallback()):
+        assert answer.precision == "bf16-mixed" and answer.reason.startswith("fp16-mixed was demoted")
+    same_shapes = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 4))  # another instance: the same model
+    assert autotune.best_config(tiny_family, model=same_shapes).precision == "bf16-mixed"
+    with pytest.raises(TypeError, match="model must be a torch.nn.Module"):
+        autotune.best_config(tiny_family, model="wider")  # type: ignore[arg-type]
+
+
+def test_a_demotion_an_older_autotune_recorded_holds_for_the_familys_own_model(tiny_family: str) -> None:
+    config = _measured(tiny_family, "bf16-mixed")
+    demotions.record(config.fingerprint_digest, Demotion(
+        model_kind=tiny_family, candidate=config.candidate, seen="non_finite", step=10, detail="3 NaN losses",
+        evidence=[math.nan], at=TODAY, autotune_version="0.1.0"))
+    assert autotune.best_config(tiny_family).precision == "fp32"
+    assert autotune.best_config(tiny_family, model=nn.Linear(8, 4)).precision == "bf16-mixed"
 
 
 def test_fp32_on_the_cpu_is_reported_never_demoted(tiny_family: str, isolated_autotune: Path) -> None:
@@ -218,15 +330,49 @@ def test_fp32_on_the_cpu_is_reported_never_demoted(tiny_family: str, isolated_au
     assert guard.finding is not None and not (isolated_autotune / "demotions").exists()
 
 
-def test_on_failure_raise_raises_at_the_read_that_finds_it(tiny_family: str) -> None:
+def test_a_guard_without_the_model_warns_and_demotes_nothing_saying_why(
+    tiny_family: str, isolated_autotune: Path
+) -> None:
     config = _measured(tiny_family, "bf16-mixed")
     guard = config.guard(on_failure="raise")
-    with pytest.raises(ConfigMisbehaved, match="at step 7: 3 non-finite") as raised:
+    with pytest.raises(ConfigMisbehaved, match=r"at step 7: 3 non-finite.*Not replayed: the guard was made without "
+                       r"the model, its optimizer and a loss function.*cfg.guard\(model, optimizer, loss_fn=...\)"
+                       r"\), so nothing is demoted") as raised:
         for step in range(1, 51):
             guard.step(torch.tensor(1.0 if step < 7 else float("inf")))
-    assert raised.value.step == 7 and raised.value.demoted
+    assert raised.value.step == 7 and not raised.value.demoted
     assert isinstance(raised.value, autotune.AutotuneError)
-    _demoted_answer(tiny_family, "bf16-mixed", "infinite losses", 7, "fp32")
+    assert not (isolated_autotune / "demotions").exists() and autotune.best_config(tiny_family) == config
+
+
+@pytest.mark.parametrize(("given", "missing"), [
+    pytest.param({"model": nn.Linear(8, 4)}, "optimizer, loss_fn", id="model-alone"),
+    pytest.param({"loss_fn": _loss}, "model, optimizer", id="loss-alone"),
+])
+def test_a_guard_given_part_of_what_a_replay_needs_says_what_is_missing(
+    tiny_family: str, given: dict[str, Any], missing: str
+) -> None:
+    config = _measured(tiny_family, "bf16-mixed")
+    with pytest.raises(TypeError, match=f"{missing} missing"):
+        config.guard(**given)
+
+
+def test_a_loss_of_more_than_one_value_is_refused_with_what_to_pass(tiny_family: str) -> None:
+    guard = _measured(tiny_family, "bf16-mixed").guard()
+    with pytest.raises(ValueError, match=r"shape \(4,\): pass the loss you call backward\(\) on"):
+        guard.step(torch.ones(4))
+    guard.step(torch.ones(1))  # DataParallel's (1,)-shaped loss is one value
+
+
+def test_a_finding_is_one_warning_not_also_a_log_line(
+    tiny_family: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    guard = _measured(tiny_family, "bf16-mixed").guard()
+    with caplog.at_level(logging.WARNING, logger="autotune"), pytest.warns(ConfigMisbehaved):
+        for _ in range(3):
+            guard.step(float("nan"))
+        guard.check()
+    assert "misbehaved" not in caplog.text
 
 
 def test_the_guard_reads_the_device_only_every_50_steps(tiny_family: str) -> None:
@@ -240,35 +386,53 @@ def test_the_guard_reads_the_device_only_every_50_steps(tiny_family: str) -> Non
     assert guard.finding is not None and guard.finding.step == 1
 
 
+def test_the_replay_leaves_the_runs_model_and_random_state_as_they_were(tiny_family: str) -> None:
+    """A run whose finding is replayed ends where the same run under a guard that cannot replay ends."""
+    config = _measured(tiny_family, "fp16-mixed")
+    ends = []
+    for replays in (True, False):
+        model = build_tiny().model
+        guard = None if replays else config.guard()
+        with pytest.warns(ConfigMisbehaved, match="it is demoted" if replays else "Not replayed"):
+            found, _ = _classifier(config, 60, huge_inputs_at=range(10, 60), model=model, guard=guard)
+        assert found.finding is not None and found.finding.step == 10
+        ends.append(([p.detach().clone() for p in model.parameters()], torch.get_rng_state()))
+    (replayed, rng_replayed), (plain, rng_plain) = ends
+    assert all(torch.equal(a, b) for a, b in zip(replayed, plain, strict=True))
+    assert torch.equal(rng_replayed, rng_plain)
+
+
 def test_a_recalibration_keeps_demotions_and_forget_demotion_undoes_them(
     tiny_family: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    config = _measured(tiny_family, "bf16-mixed")
-    with pytest.warns(ConfigMisbehaved):
-        _regression(config, config.guard(), 800, lr_from_300=1.005)
+    _demote_fp16(tiny_family)
     demoted = autotune.best_config(tiny_family)
-    _measured_again = family(tiny_family, timed("cpu", "bf16-mixed", 55.0), timed("cpu", "fp32", 100.0))
+    _measured_again = family(tiny_family, timed("cpu", "fp16-mixed", 45.0), timed("cpu", "bf16-mixed", 55.0),
+                             timed("cpu", "fp32", 100.0))
     _cached.store().save(autotune.fingerprint(), _measured_again)  # what a recalibration stores
     assert autotune.best_config(tiny_family).reason == demoted.reason
     assert main(["--explain", tiny_family]) == 0
     explained = capsys.readouterr().out
-    assert "cpu bf16-mixed demoted on" in explained and f"--forget-demotion {tiny_family}" in explained
-    assert "decision: bf16-mixed was demoted after a diverging loss" in explained
+    assert "cpu fp16-mixed demoted on" in explained and f"--forget-demotion {tiny_family}" in explained
+    assert f"(a run of {model_signature(build_tiny().model)} on cpu fp16-mixed:" in " ".join(explained.split())
+    assert "decision: fp16-mixed was demoted after NaN losses" in explained
     assert main(["--forget-demotion", tiny_family]) == 0
-    assert "undone: cpu bf16-mixed demoted" in capsys.readouterr().err
-    assert autotune.best_config(tiny_family).precision == "bf16-mixed"
+    assert "undone: cpu fp16-mixed demoted" in capsys.readouterr().err
+    assert autotune.best_config(tiny_family).precision == "fp16-mixed"
     assert _answer.demotions(tiny_family) == []
 
 
 def test_clear_forgets_demotions(tiny_family: str) -> None:
-    guard = _measured(tiny_family, "bf16-mixed").guard()
-    with pytest.warns(ConfigMisbehaved):
-        for _ in range(3):
-            guard.step(float("nan"))
-        guard.check()
+    _demote_fp16(tiny_family)
     assert _answer.demotions(tiny_family) != []
     assert main(["--clear"]) == 0
     assert _answer.demotions(tiny_family) == []
+
+
+def _recorded(kind: str, precision: str = "bf16-mixed", step: int = 1) -> Demotion:
+    return Demotion(model_kind=kind, candidate=Candidate(device="cpu", precision=precision),  # type: ignore[arg-type]
+                    seen="non_finite", step=step, detail="3 NaN losses", evidence=[math.nan, math.inf], at=TODAY,
+                    autotune_version="0", model=model_signature(build_tiny().model), family_model=True)
 
 
 def test_demotions_of_two_families_written_at_once_by_two_processes_are_both_kept(
@@ -278,21 +442,19 @@ def test_demotions_of_two_families_written_at_once_by_two_processes_are_both_kep
     for kind in (tiny_family, "other"):
         _measured(kind, "bf16-mixed")
     script = textwrap.dedent("""
-        import sys, time, warnings, autotune
+        import sys, time, autotune
+        from autotune._cache import demotions
+        from test_guard import _recorded
         kind, start = sys.argv[1], float(sys.argv[2])
-        config = autotune.Config(model_kind=kind, device="cpu", precision="bf16-mixed", source="measured",
-                                 reason="r", fingerprint_digest=autotune.fingerprint().digest)
+        digest = autotune.fingerprint().digest
         time.sleep(max(0.0, start - time.time()))
-        warnings.simplefilter("ignore")
-        for run in range(100):  # each run's finding rewrites the file: 100 read-merge-writes per process
-            guard = config.guard()
-            for step in range(run + 3):
-                guard.step(1.0 if step < run else float("nan"))
-            guard.check()
-            assert guard.finding is not None
+        for run in range(100):  # each run's demotion rewrites the file: 100 read-merge-writes per process
+            demotions.record(digest, _recorded(kind, step=run + 1))
     """)
     start = time.time() + 4.0  # both past their imports
-    procs = [subprocess.Popen([sys.executable, "-c", script, kind, str(start)]) for kind in (tiny_family, "other")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    procs = [subprocess.Popen([sys.executable, "-c", script, kind, str(start)], env=env)
+             for kind in (tiny_family, "other")]
     assert [p.wait(timeout=120) for p in procs] == [0, 0]
     for kind in (tiny_family, "other"):
         [kept] = _answer.demotions(kind)
@@ -300,15 +462,25 @@ def test_demotions_of_two_families_written_at_once_by_two_processes_are_both_kep
         assert autotune.best_config(kind).reason.startswith("bf16-mixed was demoted after NaN losses at step 100 ")
 
 
+def test_the_demotions_file_is_strict_json(tiny_family: str, isolated_autotune: Path) -> None:
+    """NaN and infinite losses are written as strings, which every JSON parser reads; they read back as floats."""
+    _measured(tiny_family, "bf16-mixed")
+    demotions.record(autotune.fingerprint().digest, _recorded(tiny_family))
+
+    def refuse(constant: str) -> None:
+        raise ValueError(f"{constant} is not JSON")
+
+    path = demotions.path(autotune.fingerprint().digest)
+    document = json.loads(path.read_text(), parse_constant=refuse)
+    assert document["demotions"][tiny_family][0]["evidence"] == ["NaN", "Infinity"]
+    [read] = _answer.demotions(tiny_family)
+    assert math.isnan(read.evidence[0]) and read.evidence[1] == math.inf
+
+
 def test_a_corrupt_demotion_record_is_ignored_with_a_warning(
     tiny_family: str, isolated_autotune: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    config = _measured(tiny_family, "bf16-mixed")
-    guard = config.guard()
-    with pytest.warns(ConfigMisbehaved):
-        for _ in range(3):
-            guard.step(float("nan"))
-        guard.check()
+    finding = _demote_fp16(tiny_family)
     path = demotions.path(autotune.fingerprint().digest)
     document = json.loads(path.read_text())
     good = document["demotions"][tiny_family][0]
@@ -317,51 +489,43 @@ def test_a_corrupt_demotion_record_is_ignored_with_a_warning(
     path.write_text(json.dumps(document))
     with caplog.at_level(logging.WARNING, logger="autotune"):
         answer = autotune.best_config(tiny_family)
-    assert answer.reason.startswith("bf16-mixed was demoted after NaN losses at step 1 ")  # the good one holds
+    assert answer.reason.startswith("fp16-mixed was demoted after NaN losses at step 10 ")  # the good one holds
     assert "ignoring an unreadable demotion of 'tiny'" in caplog.text
     # A demotion recorded next keeps the unreadable record as it was read, for a post-mortem.
-    assert guard.finding is not None
-    demotions.record(autotune.fingerprint().digest, guard.finding.model_copy(update={"step": 2}))
+    demotions.record(autotune.fingerprint().digest, finding.model_copy(update={"step": 2}))
     assert json.loads(path.read_text())["demotions"][tiny_family][0]["step"] == "many"
 
 
 def test_a_demotions_file_that_is_not_json_never_crashes_best_config(
     tiny_family: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    config = _measured(tiny_family, "bf16-mixed")
+    config = _measured(tiny_family, "fp16-mixed")
     path = demotions.path(autotune.fingerprint().digest)
     path.parent.mkdir(mode=0o700)
     path.write_bytes(b'{"schema_version": 1, "demotions": {"tiny": [')
     with caplog.at_level(logging.WARNING, logger="autotune"):
         assert autotune.best_config(tiny_family) == config
     assert "ignoring the demotions file" in caplog.text and "not JSON" in caplog.text
-    guard = config.guard()
-    with pytest.warns(ConfigMisbehaved):
-        for _ in range(3):
-            guard.step(float("nan"))
-        guard.check()
-    assert [d.step for d in _answer.demotions(tiny_family)] == [1]  # written over, the unusable file moved aside
+    _demote_fp16(tiny_family)
+    assert [d.step for d in _answer.demotions(tiny_family)] == [10]  # written over, the unusable file moved aside
     assert len(list(path.parent.glob("*.corrupt-*"))) == 1
 
 
 def test_a_candidate_pruned_as_slower_than_the_demoted_one_is_the_answer_after_it(tiny_family: str) -> None:
-    """fp32 was dropped in a stage as clearly slower than bf16: with bf16 demoted it is the best the CPU has left."""
-    bf16 = timed("cpu", "bf16-mixed", 60.0)
-    fp32 = timed("cpu", "fp32", 100.0)
-    assert fp32.timing is not None
-    evidence = Drop(by=bf16.candidate, ratio=Interval(estimate=1.6, low=1.5, high=1.7), rounds=3)
-    fp32 = fp32.model_copy(update={"timing": fp32.timing.model_copy(update={"stage": 1, "final": False,
+    """bf16 was dropped in a stage as clearly slower than fp16: with fp16 demoted it is the best the CPU has left."""
+    fp16 = timed("cpu", "fp16-mixed", 50.0)
+    bf16 = timed("cpu", "bf16-mixed", 70.0)
+    assert bf16.timing is not None
+    evidence = Drop(by=fp16.candidate, ratio=Interval(estimate=1.4, low=1.3, high=1.5), rounds=3)
+    bf16 = bf16.model_copy(update={"timing": bf16.timing.model_copy(update={"stage": 1, "final": False,
                                                                              "dropped": evidence})})
-    _cached.store().save(autotune.fingerprint(), family(tiny_family, bf16, fp32))
+    _cached.store().save(autotune.fingerprint(), family(tiny_family, fp16, bf16))
     config = autotune.best_config(tiny_family)
-    assert config.precision == "bf16-mixed"
-    guard = config.guard()
-    with pytest.warns(ConfigMisbehaved):
-        for _ in range(3):
-            guard.step(float("nan"))
-        guard.check()
-    answer = _demoted_answer(tiny_family, "bf16-mixed", "NaN losses", 1, "fp32")
-    assert answer.step_ms == fp32.timing.median_ms and guard.fallback() == answer
+    assert config.precision == "fp16-mixed"
+    with pytest.warns(ConfigMisbehaved, match="it is demoted"):
+        guard, _ = _classifier(config, 50, huge_inputs_at=range(10, 50))
+    answer = _demoted_answer(tiny_family, "fp16-mixed", "NaN losses", 10, "bf16-mixed")
+    assert answer.step_ms == bf16.timing.median_ms and guard.fallback() == answer
 
 
 def test_a_demoted_gpu_candidate_leaves_the_cpu_and_the_reason_stays_one_short_sentence(tiny_family: str) -> None:
@@ -372,11 +536,9 @@ def test_a_demoted_gpu_candidate_leaves_the_cpu_and_the_reason_stays_one_short_s
     _cached.store().save(autotune.fingerprint(), record)
     config = autotune.best_config(tiny_family)
     assert config.device == "cuda:0"
-    guard = config.guard()
-    with pytest.warns(ConfigMisbehaved):
-        for step in range(1, 1_004):
-            guard.step(float("nan") if step > 1_000 else 1.0)
-        guard.check()
+    # No GPU here to replay on: the demotion a GPU run's guard records, as it records it.
+    demotions.record(config.fingerprint_digest, _recorded(tiny_family, "fp16-mixed", 1_001).model_copy(update={
+        "candidate": config.candidate}))
     answer = autotune.best_config(tiny_family)
     assert answer.candidate == variant.candidate
     assert answer.reason.startswith(f"cuda:0 fp16-mixed was demoted after NaN losses at step 1,001 of training on "
@@ -387,34 +549,27 @@ def test_a_demoted_gpu_candidate_leaves_the_cpu_and_the_reason_stays_one_short_s
 def test_a_demotion_that_cannot_be_written_holds_in_this_process(
     tiny_family: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    config = _measured(tiny_family, "bf16-mixed")
+    config = _measured(tiny_family, "fp16-mixed")
 
     def full(src: str, dst: str) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(os, "replace", full)  # the OS boundary, not the cache
-    guard = config.guard()
     with caplog.at_level(logging.WARNING, logger="autotune"), pytest.warns(ConfigMisbehaved):
-        for _ in range(3):
-            guard.step(float("nan"))
-        guard.check()
+        guard, _ = _classifier(config, 50, huge_inputs_at=range(10, 50))
     assert "No space left" in caplog.text and "it holds for this process only" in caplog.text
     assert not demotions.path(autotune.fingerprint().digest).exists()
-    assert guard.fallback().precision == "fp32" and "demoted" in guard.fallback().reason
+    assert guard.fallback().precision == "bf16-mixed" and "demoted" in guard.fallback().reason
 
 
 @pytest.mark.usefixtures("in_process")
 def test_a_real_recalibration_keeps_the_demotion(tiny_family: str) -> None:
-    guard = _measured(tiny_family, "bf16-mixed").guard()
-    with pytest.warns(ConfigMisbehaved):
-        for _ in range(3):
-            guard.step(float("nan"))
-        guard.check()
+    _demote_fp16(tiny_family)
     before = _answer.demotions(tiny_family)
     autotune.calibrate([tiny_family], force=True)  # measures this CPU: its pick is this machine's
     assert _answer.demotions(tiny_family) == before
     answer = autotune.best_config(tiny_family)
-    assert answer.precision != "bf16-mixed" and answer.reason.startswith("bf16-mixed was demoted after NaN losses")
+    assert answer.precision != "fp16-mixed" and answer.reason.startswith("fp16-mixed was demoted after NaN losses")
 
 
 def test_steps_ten_times_slower_for_a_sustained_window_suggest_check_and_demote_nothing(
@@ -468,3 +623,4 @@ def test_forget_demotion_says_so_when_the_file_cannot_be_rewritten(
     monkeypatch.setattr(os, "replace", full)
     assert main(["--forget-demotion", "tiny"]) == 1
     assert "still hold" in capsys.readouterr().err
+

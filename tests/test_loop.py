@@ -4,7 +4,9 @@ quantity the guard's accounting is checked against, measured by the dataset itse
 
 from __future__ import annotations
 
+import json
 import logging
+import math
 import time
 
 import pytest
@@ -19,7 +21,7 @@ from autotune import Config
 from autotune._cache import lookup as _cached
 from autotune._cache import loops
 from autotune._cli import main
-from autotune._guard import DATA_WAIT_SHARE, DATA_WAIT_WINDOWS
+from autotune._guard.watch import DATA_WAIT_SHARE, DATA_WAIT_WINDOWS
 
 
 class Sleepy(Dataset[tuple[torch.Tensor, torch.Tensor]]):
@@ -171,3 +173,26 @@ def test_clear_cache_forgets_the_loops(tiny_family: str) -> None:
     assert loops.of(config.fingerprint_digest, tiny_family)
     autotune.clear_cache()
     assert loops.of(config.fingerprint_digest, tiny_family) == []
+
+
+def test_the_loops_file_is_strict_json_with_what_an_older_writer_left_in_it(tiny_family: str) -> None:
+    """Another family's entry holding a bare NaN (as json.dumps writes it) is written back as the string records
+    use: every parser reads the file."""
+    config = _config(tiny_family)
+    older = autotune.Guard("other", config.candidate, config.fingerprint_digest, step_ms=float("nan")).summary()
+    target = loops.path(config.fingerprint_digest)
+    target.parent.mkdir(parents=True, mode=0o700)
+    target.write_text(json.dumps({"schema_version": loops.SCHEMA_VERSION,
+                                  "loops": {"other": [older.model_dump(mode="json")]}}))
+    assert "NaN" in target.read_text()
+    guard = autotune.Guard(tiny_family, config.candidate, config.fingerprint_digest, read_every=4)
+    _train(guard, DataLoader(Sleepy(0.0), batch_size=8))
+
+    def refuse(constant: str) -> None:
+        raise ValueError(f"bare {constant}")
+
+    document = json.loads(target.read_text(), parse_constant=refuse)
+    assert document["loops"]["other"][0]["measured_step_ms"] == "NaN"
+    assert [s.model_kind for s in loops.of(config.fingerprint_digest, tiny_family)] == [tiny_family]
+    (kept,) = loops.of(config.fingerprint_digest, "other")
+    assert kept.measured_step_ms is not None and math.isnan(kept.measured_step_ms)

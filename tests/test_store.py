@@ -73,7 +73,7 @@ def test_corrupt_file_is_quarantined_with_one_warning(store: Store, kind: str,
     with caplog.at_level(logging.WARNING, logger="autotune"):
         assert fresh.load(fp.digest) is None
     assert len([r for r in caplog.records if r.name == "autotune"]) == 1
-    assert "was corrupt" in caplog.text and "measuring again" in caplog.text
+    assert "was corrupt" in caplog.text and "measured again when next asked for" in caplog.text
     assert not path.exists()
     quarantined = list(store.root.glob(f"{path.name}.corrupt-*"))
     assert len(quarantined) == 1 and quarantined[0].read_bytes() == content
@@ -155,6 +155,34 @@ def test_unbounded_intervals_survive_a_round_trip(store: Store) -> None:
     store.save(fp, result)
     loaded = Store(store.root).load(fp.digest)
     assert loaded is not None and loaded.families["cnn"] == result
+    # Strict JSON: every parser reads the file ("Infinity" is a string there).
+    document = json.loads(store.path(fp.digest).read_text(), parse_constant=_refuse)
+    assert document["families"]["cnn"]["candidates"][1]["timing"]["vs_baseline"]["high"] == "Infinity"
+
+
+def _refuse(constant: str) -> None:
+    raise ValueError(f"{constant} is not JSON")
+
+
+def test_a_file_that_holds_bare_infinity_still_loads_and_is_written_strict(store: Store) -> None:
+    """Files written before the strict form hold the bare constant: they load, and the next write is strict, their
+    other families as read included."""
+    from autotune._records import Interval
+
+    fp = autotune.fingerprint()
+    result = _result()
+    bf16 = result.candidates[1]
+    timing = bf16.timing.model_copy(update={"vs_baseline": Interval(estimate=0.5, low=0.0, high=float("inf"))})
+    old = result.model_copy(update={"candidates": [result.candidates[0], bf16.model_copy(update={"timing": timing})]})
+    store.save(fp, old)
+    path = store.path(fp.digest)
+    path.write_text(path.read_text().replace('"Infinity"', "Infinity"))  # as an older autotune wrote it
+    fresh = Store(store.root)
+    loaded = fresh.load(fp.digest)
+    assert loaded is not None and loaded.families["cnn"] == old
+    fresh.save(fp, _result("mlp"))
+    document = json.loads(path.read_text(), parse_constant=_refuse)
+    assert set(document["families"]) == {"cnn", "mlp"}
 
 
 def test_store_file_never_unpickles(store: Store) -> None:

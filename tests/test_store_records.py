@@ -155,7 +155,7 @@ def test_corrupt_file_suite(store: Store, variant: str, caplog: pytest.LogCaptur
         assert served == {"cnn", "mlp"} and warnings == [] and quarantined == []
     elif outcome == "set-aside":
         assert served == {"mlp"}, "the untouched family is still served"
-        assert any("'cnn'" in w and "setting them aside" in w for w in warnings)
+        assert any("'cnn'" in w and "(they are set aside then)" in w for w in warnings)
         assert quarantined == [f"{path.name}.cnn.corrupt-" + quarantined[0].rsplit(".corrupt-", 1)[1]]
         kept = Store(store.root).load(fp.digest)
         assert kept is not None and set(kept.families) == {"cnn", "mlp"} and kept.families["cnn"] == cnn
@@ -284,6 +284,36 @@ def test_a_results_directory_writable_by_others_is_refused(
     assert "writable by other users" in caplog.text
     assert path.read_bytes() == content
     assert saved.families["cnn"] == cnn and fresh.load(fp.digest) == saved
+
+
+def test_a_cache_directory_that_is_a_file_is_named_as_such_with_what_to_do(
+    tiny_family: str, isolated_autotune: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    isolated_autotune.write_text("not a directory")
+    advice = f"{isolated_autotune} is a file, not a directory: move the file away, or point AUTOTUNE_CACHE_DIR at a " \
+        "directory of your own"
+    with caplog.at_level(logging.WARNING, logger="autotune"):
+        config = autotune.best_config(tiny_family, wait=False)
+    assert config.reason.endswith("(the cache directory cannot be used, wait=False never measures)")
+    assert advice in caplog.text and "calibrating" not in caplog.text  # nothing calibrates here
+    from autotune._cli import main
+
+    assert main(["--family", tiny_family]) == 1  # at once: a calibration would be lost with the process
+    assert capsys.readouterr().err == f"autotune: error: cannot use the cache directory: {advice}; nothing would be " \
+        "stored\n"
+
+
+def test_a_cache_directory_writable_by_others_says_so_and_how_to_fix_it(
+    tiny_family: str, isolated_autotune: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    Store(isolated_autotune).save(autotune.fingerprint(), family(tiny_family, timed("cpu", "fp32", 10.0)))
+    os.chmod(isolated_autotune, 0o777)
+    with caplog.at_level(logging.WARNING, logger="autotune"):
+        config = autotune.best_config(tiny_family, wait=False)
+    assert config.source == "heuristic" and "the cache directory cannot be used" in config.reason
+    assert f"{isolated_autotune} is writable by other users (mode 777), who could plant files there that autotune " \
+        f"would trust: chmod 700 {isolated_autotune}" in caplog.text
 
 
 def test_a_family_saved_only_in_memory_is_still_served_next_to_the_file(

@@ -22,6 +22,10 @@ from autotune._records import MaxBatchReport, Record
 log = logging.getLogger("autotune")
 
 
+#: what becomes of the answers of a max-batch cache that cannot be read: nothing is measured until one is asked for
+_AGAIN = "its answers are measured again when asked for"
+
+
 class AnswersFile(Record):
     schema_version: int = 1
     reports: dict[str, MaxBatchReport]
@@ -40,26 +44,26 @@ class Answers:
     def _read(self) -> dict[str, MaxBatchReport]:
         problem = _disk.directory_problem(self.path.parent)
         if problem is not None:
-            log.warning("ignoring the max-batch cache in %s (%s); measuring again", self.path.parent, problem)
+            log.warning("ignoring the max-batch cache in %s (%s); %s", self.path.parent, problem, _AGAIN)
             return {}
         try:
             data, _ = _disk.read_regular(self.path)
         except FileNotFoundError:
             return {}
         except _disk.Refused as exc:
-            log.warning("ignoring the max-batch cache %s (%s); measuring again", self.path, exc)
+            log.warning("ignoring the max-batch cache %s (%s); %s", self.path, exc, _AGAIN)
             return {}
         except OSError as exc:
-            log.warning("ignoring the max-batch cache %s (%s); measuring again", self.path, _disk.os_reason(exc))
+            log.warning("ignoring the max-batch cache %s (%s); %s", self.path, _disk.os_reason(exc), _AGAIN)
             return {}
         if data is None:
-            log.warning("ignoring the max-batch cache %s (larger than any answers file); measuring again", self.path)
+            log.warning("ignoring the max-batch cache %s (larger than any answers file); %s", self.path, _AGAIN)
             return {}
         try:
             return AnswersFile.model_validate_json(data).reports
         except ValidationError as exc:
-            log.warning("ignoring the unreadable max-batch cache %s (%s); measuring again", self.path,
-                        exc.errors()[0].get("msg", "invalid"))
+            log.warning("ignoring the unreadable max-batch cache %s (%s); %s", self.path,
+                        exc.errors()[0].get("msg", "invalid"), _AGAIN)
             return {}
 
     def get(self, key: str) -> MaxBatchReport | None:
@@ -72,9 +76,9 @@ class Answers:
         try:
             with lock.acquire(timeout=min(LOCK_TIMEOUT_S.get(), 30.0)):
                 reports = {**self._read(), key: report}
-                document = AnswersFile(reports=reports).model_dump(mode="json")
+                document = json.loads(AnswersFile(reports=reports).model_dump_json())
                 _disk.remove_stale_temps(self.path)
-                _disk.write_atomic(self.path, json.dumps(document, indent=1).encode())
+                _disk.write_atomic(self.path, _disk.strict_json(document))
         except (OSError, TimeoutError) as exc:  # filelock.Timeout is a TimeoutError
             log.warning("cannot store the max-batch answer in %s (%s); it is measured again next time",
                         self.path, exc)

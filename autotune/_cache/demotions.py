@@ -220,7 +220,7 @@ def _write(target: Path, kind: str, change: Callable[[list[Any]], list[Any]], co
                 demotions.pop(kind, None)
             rendered = {**document, "schema_version": SCHEMA_VERSION, "demotions": demotions}
             _disk.remove_stale_temps(target)
-            _disk.write_atomic(target, json.dumps(rendered, indent=1).encode())
+            _disk.write_atomic(target, _disk.strict_json(rendered))
     except (OSError, TimeoutError) as exc:  # filelock.Timeout is a TimeoutError
         log.warning("cannot write the demotions file %s (%s); %s", target, exc, consequence)
         return False

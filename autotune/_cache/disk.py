@@ -17,13 +17,16 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import errno
+import json
 import logging
+import math
 import os
 import stat
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger("autotune")
 
@@ -139,6 +142,50 @@ def directory_problem(root: Path, *, create: bool = False) -> str | None:
     return None
 
 
+def unusable_directory(root: Path, *, chosen_by: str | None = "AUTOTUNE_CACHE_DIR") -> str | None:
+    """Why ``root`` cannot hold autotune's files, naming it and saying what to do, e.g. ``'/x is a file, not a
+    directory: move the file away, or point AUTOTUNE_CACHE_DIR at a directory of your own'``; None when it can (it
+    is created where missing). ``chosen_by``: the setting that picks the directory, for the advice."""
+    elsewhere = f", or point {chosen_by} at a directory of your own" if chosen_by else ""
+    try:
+        problem = directory_problem(root, create=True)
+    except FileExistsError:
+        problem = "not a directory"
+    except OSError as exc:
+        return f"{root} cannot be created ({os_reason(exc)}): make it yourself{elsewhere}"
+    if problem is None:
+        return None
+    if problem == "not a directory":
+        return f"{root} is a file, not a directory: move the file away{elsewhere}"
+    if problem.startswith("writable by other users"):
+        mode = problem.rpartition(" ")[2]
+        return (f"{root} is writable by other users (mode {mode}), who could plant files there that autotune would "
+                f"trust: chmod 700 {root}{elsewhere}")
+    if problem.startswith("owned by another user"):
+        return f"{root} is {problem}: autotune trusts only a directory of your own; chown it{elsewhere}"
+    return f"{root}: {problem}"
+
+
+#: a non-finite float in a JSON file: the string pydantic's records write (``ser_json_inf_nan="strings"``)
+_NON_FINITE = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
+
+
+def strict_json(document: Any) -> bytes:
+    """``document`` as strict JSON (every parser reads it), e.g. for a file: a NaN or infinite float is written as
+    the string records use (``"NaN"``, ``"Infinity"``), also one kept from a file that held the bare constant."""
+
+    def strict(value: Any) -> Any:
+        if isinstance(value, float) and not math.isfinite(value):
+            return _NON_FINITE[repr(value)]
+        if isinstance(value, dict):
+            return {k: strict(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [strict(v) for v in value]
+        return value
+
+    return json.dumps(strict(document), indent=1, allow_nan=False).encode()
+
+
 def mark_used(results: Path, at: float) -> None:
     """Write the time of a use of ``results`` into its ``.used`` marker, which pruning reads."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
@@ -197,5 +244,6 @@ def utc_stamp() -> str:
 __all__ = [
     "KEEP_FILES", "KEEP_QUARANTINED", "KEEP_USED_DAYS", "MAX_FILE_BYTES", "Refused", "directory_problem",
     "identity", "mark_used", "os_reason", "prune", "read_regular", "refuse_link", "remove_stale_temps",
+    "strict_json", "unusable_directory",
     "utc_stamp", "write_atomic",
 ]

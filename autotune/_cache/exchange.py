@@ -76,7 +76,7 @@ def read_export(path: Path) -> ExportFile:
         with open(path, "rb") as f:
             raw = f.read(MAX_BYTES + 1)
     except OSError as exc:
-        raise ImportFileError(str(path), f"cannot read it ({exc.strerror or exc})") from exc
+        raise ImportFileError(str(path), f"cannot read it ({exc.strerror or exc})", unreadable=True) from exc
     if len(raw) > MAX_BYTES:
         raise ImportFileError(str(path), f"it is larger than {MAX_BYTES // 2**20} MiB, far more than results take")
     try:
@@ -154,7 +154,7 @@ def _load(path: Path) -> list[StoreFile]:
         st = os.stat(path)
     except OSError as exc:
         raise ImportFileError(str(path), f"cannot read it ({exc.strerror or exc}); set by AUTOTUNE_DEFAULTS "
-                              "or use_defaults()") from exc
+                              "or use_defaults()", unreadable=True) from exc
     key = (str(path), st.st_mtime_ns, st.st_size)
     files = _loaded.get(key)
     if files is None:

@@ -8,7 +8,6 @@ written costs a measurement, never an error.
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 
@@ -81,7 +80,7 @@ class Answers:
                 kept = sorted(reports, key=lambda k: reports[k].measured_at, reverse=True)[:KEPT]
                 document = AnswersFile(reports={k: reports[k] for k in kept}).model_dump(mode="json")
                 _disk.remove_stale_temps(self.path)
-                _disk.write_atomic(self.path, json.dumps(document, indent=1).encode())
+                _disk.write_atomic(self.path, _disk.strict_json(document))
         except (OSError, TimeoutError) as exc:  # filelock.Timeout is a TimeoutError
             log.warning("cannot store the DataLoader answer in %s (%s); it is measured again next time",
                         self.path, exc)

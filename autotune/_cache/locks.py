@@ -37,22 +37,24 @@ _POLL_S = 0.1
 _warned: set[str] = set()
 
 
-def lock_file(directory: Path, name: str, consequence: str) -> filelock.BaseFileLock | None:
+def lock_file(directory: Path, name: str, consequence: str, *, chosen_by: str | None = "AUTOTUNE_CACHE_DIR"
+              ) -> filelock.BaseFileLock | None:
     """A file lock ``name`` in ``directory`` (created if missing; a planted link refused). None, with one
-    warning that says why and ``consequence``, where the directory cannot hold it (unwritable, refused)."""
+    warning that says why, what to do (``chosen_by``: the setting that picks the directory) and ``consequence``,
+    where the directory cannot hold it (unwritable, refused)."""
     import filelock
 
     path = directory / name
-    try:
-        problem = _disk.directory_problem(directory, create=True)
-        if problem is None:
+    problem = _disk.unusable_directory(directory, chosen_by=chosen_by)
+    if problem is None:
+        try:
             _disk.refuse_link(path)  # filelock opens the path with O_CREAT: a planted link would create its target
-    except OSError as exc:
-        problem = _disk.os_reason(exc)
+        except OSError as exc:
+            problem = f"{path}: {_disk.os_reason(exc)}"
     if problem is not None:
         if str(path) not in _warned:
             _warned.add(str(path))
-            log.warning("cannot use the lock %s (%s); %s", path, problem, consequence)
+            log.warning("cannot use the lock %s: %s; %s", name, problem, consequence)
         return None
     return filelock.FileLock(path)
 
@@ -63,7 +65,7 @@ def measuring_lock() -> filelock.BaseFileLock | None:
     directory a process uses. None, with one warning, where it cannot be used."""
     user = os.getuid() if hasattr(os, "getuid") else os.environ.get("USERNAME", "user")
     return lock_file(Path(tempfile.gettempdir()) / f"autotune-{user}", "measuring.lock",
-                     "measuring without waiting for other measurements")
+                     "measuring without waiting for other measurements", chosen_by=None)
 
 
 def held_elsewhere(lock: filelock.BaseFileLock | None) -> bool:

@@ -34,6 +34,11 @@ def store() -> Store:
     return found
 
 
+def cache_problem() -> str | None:
+    """Why the cache directory in effect cannot be used, with what to do; None when it can (``Store.problem``)."""
+    return store().problem()
+
+
 def known(fp: Fingerprint, store: Store, kind: str) -> FamilyResult | None:
     """This machine configuration's record of ``kind``: the user's cache first, then the defaults layer."""
     stored = store.load(fp.digest)
@@ -120,6 +125,6 @@ def import_results(path: str | Path) -> _exchange.ImportSummary:
 
 
 __all__ = [
-    "Similar", "clear_cache", "differences", "export_results", "find_similar", "import_results", "known", "reset",
-    "store", "stores",
+    "Similar", "cache_problem", "clear_cache", "differences", "export_results", "find_similar", "import_results",
+    "known", "reset", "store", "stores",
 ]

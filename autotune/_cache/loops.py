@@ -71,8 +71,8 @@ def record(digest: str, summary: LoopSummary) -> None:
                       if not (isinstance(entry, dict) and entry.get("started_at") == summary.started_at)]
             loops[summary.model_kind] = [summary.model_dump(mode="json"), *others][:KEPT_PER_FAMILY]
             _disk.remove_stale_temps(target)
-            _disk.write_atomic(target, json.dumps({**document, "schema_version": SCHEMA_VERSION, "loops": loops},
-                                                  indent=1).encode())
+            _disk.write_atomic(target, _disk.strict_json({**document, "schema_version": SCHEMA_VERSION,
+                                                          "loops": loops}))
     except (OSError, TimeoutError) as exc:  # filelock.Timeout is a TimeoutError
         _warn_once(str(target), "cannot keep the training loop's summary in %s (%s)", target, exc)
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from pydantic import Field, ValidationError
 
+from autotune._cache import disk as _disk
 from autotune._fingerprint import Fingerprint
 from autotune._records import FamilyResult, Record
 
@@ -133,7 +134,7 @@ def _nan_number(result: FamilyResult) -> str | None:
 def render(document: dict[str, Any], fingerprint: Fingerprint, result: FamilyResult) -> bytes:
     """``document`` with ``result`` in its families; every other field is written back as read."""
     families = dict(document.get("families") or {})
-    families[result.model_kind] = json.loads(result.model_dump_json())  # Infinity stays Infinity
+    families[result.model_kind] = json.loads(result.model_dump_json())  # Infinity as "Infinity": strict JSON
     rendered = {
         "schema_version": SCHEMA_VERSION,
         "fingerprint": document.get("fingerprint") or json.loads(fingerprint.model_dump_json()),
@@ -141,7 +142,7 @@ def render(document: dict[str, Any], fingerprint: Fingerprint, result: FamilyRes
         "note": document.get("note", ""),
     }
     rendered.update((k, v) for k, v in document.items() if k not in rendered)
-    return json.dumps(rendered, indent=1).encode()
+    return _disk.strict_json(rendered)
 
 
 def _first_error(exc: ValidationError) -> str:

@@ -18,7 +18,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
 import os
@@ -86,10 +85,8 @@ class Store:
     def load(self, digest: str) -> StoreFile | None:
         """The results for ``digest``: from disk, plus what only this process's memory holds, else None."""
         remembered = self._memory.get(digest)
-        problem = _disk.directory_problem(self.root)
-        if problem is not None:
-            self._warn_once(f"root:{self.root}", "refusing the results directory %s (%s); keeping results in "
-                            "memory for this process", self.root, problem)
+        if _disk.directory_problem(self.root) is not None:
+            self._warn_refused()
             return remembered
         on_disk = self._read(self.path(digest))
         if not isinstance(on_disk, Parsed):
@@ -126,8 +123,9 @@ class Store:
                             "ignoring it and leaving it untouched", path, parsed.schema_version, SCHEMA_VERSION)
             return "kept"
         for name, problem in parsed.invalid.items():
-            self._warn_once(f"family:{path}:{name}", "results of %r in %s cannot be used (%s); setting them "
-                            "aside and measuring %r again; the other families are kept", name, path, problem, name)
+            self._warn_once(f"family:{path}:{name}", "results of %r in %s cannot be used (%s); %r is measured again "
+                            "when next asked for (they are set aside then); the other families are kept", name, path,
+                            problem, name)
         return parsed
 
     def _quarantine(self, path: Path, identity: tuple[int, ...], reason: str) -> Parsed | _Unusable:
@@ -143,9 +141,11 @@ class Store:
             return "absent"
         except (OSError, TimeoutError) as move_error:
             self._warn_once(f"corrupt:{path}", "results file %s is corrupt (%s) and could not be moved aside (%s); "
-                            "measuring again, keeping results in memory", path, reason, move_error)
+                            "its families are measured again when next asked for, their results kept in memory",
+                            path, reason, move_error)
             return "kept"
-        log.warning("results file %s was corrupt (%s); moved to %s; measuring again", path, reason, target.name)
+        log.warning("results file %s was corrupt (%s); moved to %s; its families are measured again when next asked "
+                    "for", path, reason, target.name)
         return "absent"
 
     # -- writing -------------------------------------------------------------------------------------------
@@ -161,10 +161,8 @@ class Store:
         self._writes += 1
         self._unsaved.setdefault(digest, {})[result.model_kind] = result
         try:
-            problem = _disk.directory_problem(self.root, create=True)
-            if problem is not None:
-                self._warn_once(f"root:{self.root}", "refusing the results directory %s (%s); keeping results in "
-                                "memory for this process", self.root, problem)
+            if _disk.directory_problem(self.root, create=True) is not None:
+                self._warn_refused()
                 return merged
             with self._lock(path):
                 current = self._read(path)
@@ -192,7 +190,7 @@ class Store:
         """Keep the unreadable record of ``family`` next to the file before its new measurement replaces it."""
         record = {"family": family, "reason": current.invalid[family], "record": current.document["families"][family]}
         target = path.with_name(f"{path.name}.{family}.corrupt-{_disk.utc_stamp()}")
-        write_atomic(target, json.dumps(record, indent=1).encode())
+        write_atomic(target, _disk.strict_json(record))
         log.warning("moved the unusable results of %r to %s", family, target.name)
 
     def stamps(self) -> tuple[object, ...]:
@@ -236,13 +234,24 @@ class Store:
 
     # -- locks, directory, pruning -------------------------------------------------------------------------
 
-    def calibration_lock(self, digest: str, model_kind: str) -> filelock.BaseFileLock | None:
+    def problem(self) -> str | None:
+        """Why the cache directory cannot be used, with what to do (``_disk.unusable_directory``); None when it
+        can. Creates it where missing."""
+        return _disk.unusable_directory(self.root)
+
+    def _warn_refused(self) -> None:
+        self._warn_once(f"root:{self.root}", "cannot use the cache directory: %s; results stay in this process's "
+                        "memory and are measured again by the next process", self.problem())
+
+    def calibration_lock(self, digest: str, model_kind: str, *,
+                         unlocked: str = "calibrating without waiting for other processes"
+                         ) -> filelock.BaseFileLock | None:
         """Held while one process calibrates one family, so others wait for its result (single flight).
 
-        None when the directory cannot hold a lock (unwritable, refused): the family is calibrated unlocked.
+        None when the directory cannot hold a lock (unwritable, refused), with one warning saying what happens
+        then (``unlocked``; by default: the family is calibrated unlocked).
         """
-        return lock_file(self.root, f"{digest}.{model_kind}.calibrating.lock",
-                         "calibrating without waiting for other processes")
+        return lock_file(self.root, f"{digest}.{model_kind}.calibrating.lock", unlocked)
 
     def _lock(self, path: Path) -> filelock.BaseFileLock:
         import filelock

@@ -34,6 +34,45 @@ def backend_for(device: str) -> Backend:
     raise ValueError(f"no autotune backend for device {device!r}")
 
 
+def usable_devices() -> list[str]:
+    """The devices this process can train on, e.g. ``['cpu', 'cuda:0', 'cuda:1']``, without initialising any."""
+    return [device for backend in all_backends() if backend.unusable_reason() is None for device in backend.devices()]
+
+
+def resolve_device(word: str) -> str:
+    """The device a device word names, validated against what this process can use: ``'cpu'`` (``'cpu:0'`` too),
+    ``'gpu'`` (the first usable accelerator), a backend (``'cuda'`` -> ``'cuda:0'``) or one of its devices
+    (``'cuda:1'``, ``'mps'``). Raises LookupError saying what this process can use instead; initialises no device."""
+    wanted = word.strip().lower()
+    cpu, *accelerators = all_backends()
+    if wanted == "gpu":
+        for backend in accelerators:
+            if backend.unusable_reason() is None and backend.devices():
+                return backend.devices()[0]
+        notes = "; ".join(f"{b.name}: {b.unusable_reason()}" for b in accelerators)
+        raise LookupError(f"there is no usable GPU here ({notes}); this process can use: {', '.join(usable_devices())}")
+    try:
+        device = torch.device(wanted)
+    except (RuntimeError, ValueError):
+        device = None
+    owner = next((b for b in all_backends() if device is not None and b.device_type == device.type), None)
+    if device is None or owner is None:
+        raise LookupError(f"not a device: cpu, gpu, {', '.join(b.name for b in accelerators)} or one of their devices "
+                          f"(cuda:1); this process can use: {', '.join(usable_devices())}")
+    if owner is cpu:
+        return "cpu"
+    why = owner.unusable_reason()
+    devices = owner.devices() if why is None else []
+    if device.index is None and devices:
+        return devices[0]
+    named = f"{device.type}:{device.index}"
+    for found in devices:
+        if found == named or (device.index == 0 and found == device.type):
+            return found
+    what = why or f"{owner.title} devices here: {', '.join(devices) or 'none'}"
+    raise LookupError(f"{wanted} is not usable ({what}); this process can use: {', '.join(usable_devices())}")
+
+
 def diagnose() -> list[Finding]:
     """``python -m autotune --doctor``: each usable accelerator, then what each backend finds wrong here (GPU
     hardware this torch build cannot use, settings that skew timing); the CPU when no GPU is usable. It runs in
@@ -57,4 +96,5 @@ def diagnose() -> list[Finding]:
     return findings
 
 
-__all__ = ["Accelerator", "Backend", "ClockReading", "Finding", "all_backends", "backend_for", "diagnose"]
+__all__ = ["Accelerator", "Backend", "ClockReading", "Finding", "all_backends", "backend_for", "diagnose",
+           "resolve_device", "usable_devices"]

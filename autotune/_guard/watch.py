@@ -17,6 +17,7 @@ of ``read_every`` batches in a row gets one WARNING, and each pass's summary is 
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import logging
 import math
 import statistics
@@ -24,16 +25,19 @@ import time
 import warnings
 from collections import deque
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 import torch
+from torch import nn
 
 from autotune._cache import demotions as _demotions
 from autotune._cache import loops as _loops
-from autotune._errors import ConfigMisbehaved, ConfigurationError
-from autotune._records import Candidate, Demotion, LoopSummary, Misbehaviour, Prefer, Record
+from autotune._errors import ConfigMisbehaved, ConfigurationError, UnknownFamilyError
+from autotune._families import get_family
+from autotune._guard.replay import LossFn, Tape
+from autotune._records import Candidate, Demotion, LoopSummary, Misbehaviour, Prefer, Record, Replay
 from autotune._version import __version__
-from autotune._wording import data_bound_words
+from autotune._wording import data_bound_words, replay_words
 
 if TYPE_CHECKING:
     from autotune._config import Config
@@ -82,8 +86,52 @@ def is_reference(candidate: Candidate) -> bool:
     return candidate.device == "cpu" and candidate.precision == "fp32"
 
 
+def model_signature(model: nn.Module) -> str:
+    """What was trained, e.g. ``'Sequential 5c3e2a09d1f4'``: the model's class and a digest of its parameters' names
+    and shapes (through ``torch.compile``'s and DataParallel's wrappers)."""
+    while True:
+        inner = getattr(model, "_orig_mod", None)
+        if isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
+            inner = model.module
+        if not isinstance(inner, nn.Module):
+            break
+        model = inner
+    digest = hashlib.sha256()
+    for name, parameter in model.named_parameters():
+        digest.update(f"{name}:{tuple(parameter.shape)};".encode())
+    return f"{type(model).__qualname__} {digest.hexdigest()[:12]}"
+
+
+#: (build reference, version) -> the signature of the model that family builds (None: it could not be built)
+_family_models: dict[tuple[str, str | None], str | None] = {}
+
+
+def family_model(model_kind: str) -> str | None:
+    """The signature of the model ``model_kind``'s family builds (built once per process, on the meta device where
+    it can be); None when the family is not registered here or its build fails."""
+    try:
+        family = get_family(model_kind)
+    except UnknownFamilyError:
+        return None
+    key = (family.ref, family.version)
+    if key not in _family_models:
+        with torch.random.fork_rng(devices=[]):  # a build that seeds must not move the app's random state
+            try:
+                with torch.device("meta"):
+                    _family_models[key] = model_signature(family.build().model)
+            except Exception:  # some builds need real tensors (loaded weights): built as they are
+                try:
+                    _family_models[key] = model_signature(family.build().model)
+                except Exception as exc:  # the app's build: its failure is said, not raised here
+                    log.warning("cannot build %s to tell its demotions from other models' (%s: %s)", model_kind,
+                                type(exc).__name__, exc)
+                    _family_models[key] = None
+    return _family_models[key]
+
+
 class _Answer(Protocol):
-    def __call__(self, model_kind: str, *, prefer: Prefer, expected_steps: int | None, wait: bool) -> Config: ...
+    def __call__(self, model_kind: str, *, model: nn.Module | None, prefer: Prefer, expected_steps: int | None,
+                 wait: bool) -> Config: ...
 
 
 #: ``best_config``, registered by the module that answers (it imports this one through Config, so this one cannot
@@ -99,17 +147,31 @@ def answer_with(answer: _Answer) -> None:
 class Guard:
     """Watches one training run of ``model_kind`` on ``candidate``; made by ``Config.guard()``.
 
-    ``finding`` is the first misbehaviour seen (None while there is none); after it the guard stops watching.
+    ``finding`` is the first misbehaviour seen (None while there is none), its ``replay`` whose doing it was; after
+    it the guard stops watching. With ``model``, ``optimizer`` and ``loss_fn`` (``loss_fn(model, batch)`` -> the
+    loss, as the loop computes it) and each step's ``batch``, a finding is replayed before anything is demoted.
     In a ``job`` of many processes the ranks compare at each read: the first rank's finding is every rank's.
     """
 
     def __init__(self, model_kind: str, candidate: Candidate, digest: str, *, on_failure: OnFailure = "warn",
-                 read_every: int = READ_EVERY_STEPS, step_ms: float | None = None,
-                 speedup: float | None = None, job: JobGroup | None = None) -> None:
+                 read_every: int = READ_EVERY_STEPS, model: nn.Module | None = None,
+                 optimizer: torch.optim.Optimizer | None = None, loss_fn: LossFn | None = None,
+                 step_ms: float | None = None, speedup: float | None = None, job: JobGroup | None = None) -> None:
         if on_failure not in _ON_FAILURE:
             raise ConfigurationError("on_failure", on_failure, " | ".join(_ON_FAILURE))
         if isinstance(read_every, bool) or not isinstance(read_every, int) or read_every < 1:
             raise ConfigurationError("read_every", read_every, "a positive int")
+        self.model: nn.Module | None = None
+        self._tape: Tape | None = None
+        if model is not None and optimizer is not None and loss_fn is not None:
+            self.watch(model, optimizer, loss_fn)
+        elif model is not None or optimizer is not None or loss_fn is not None:
+            given = {"model": model, "optimizer": optimizer, "loss_fn": loss_fn}
+            missing = ", ".join(name for name, v in given.items() if v is None)
+            raise TypeError(f"a guard replays a finding with the model, its optimizer and loss_fn(model, batch) "
+                            f"together; {missing} missing: cfg.guard(model, optimizer, loss_fn=...)")
+        self._scaler: torch.amp.GradScaler | None = None
+        self._window_dropped = False
         self.model_kind = model_kind
         self.candidate = candidate
         self.digest = digest
@@ -148,12 +210,35 @@ class Guard:
         self._window_batches = 0
         self._waiting_windows = 0
         self._warned_data = False
+        self._data_batch: Any = None  # the batch data() handed the loop last, for a replay
 
-    def step(self, loss: torch.Tensor | float, scaler: torch.amp.GradScaler | None = None) -> None:
-        """Record one training step: its loss and, with fp16, the GradScaler (call it after ``scaler.update()``)."""
+    def watch(self, model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: LossFn) -> Guard:
+        """Watch ``model``, trained by ``optimizer``: a finding is replayed with ``loss_fn(model, batch)`` on the
+        batches ``step`` is given before anything is demoted. For a guard made before the model (a callback's)."""
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        if not callable(loss_fn):
+            raise TypeError(f"loss_fn must be a function (model, batch) -> loss, got {type(loss_fn).__name__}")
+        self.model = model
+        self._tape = Tape(model, optimizer, loss_fn)
+        return self
+
+    def step(self, loss: torch.Tensor | float, scaler: torch.amp.GradScaler | None = None, *,
+             batch: Any = None) -> None:
+        """Record one training step: its loss and, with fp16, the GradScaler (call it after ``scaler.update()``);
+        ``batch``, the inputs ``loss_fn`` takes, for a replay (the guard keeps a reference to recent ones); inside
+        ``for batch in guard.data(loader):``, the batch ``data`` handed the loop unless given."""
+        if isinstance(loss, torch.Tensor) and loss.numel() != 1:
+            raise ValueError(f"guard.step takes the step's loss, one value; got a tensor of shape {tuple(loss.shape)}: "
+                             "pass the loss you call backward() on (e.g. loss.mean())")
         self.steps += 1
         if self.finding is not None:
             return
+        self._scaler = scaler
+        if batch is None:
+            batch = self._data_batch
+        if self._tape is not None and batch is not None:
+            self._tape.add(batch, self.steps, scaler)
         if self._buffer is None:
             # On the loss's device (else the scale's): a copy across devices would wait for them at every step.
             scale_device = scaler._get_scale_async() if scaler is not None and scaler.is_enabled() else None
@@ -189,6 +274,7 @@ class Guard:
         With ``step`` it splits the loop's time into waiting for data and the step, with no synchronization added
         (:meth:`summary`); a loop that is data-bound for a sustained stretch gets one WARNING that says what to
         try. At the end of each pass the summary is kept for this family on this machine (``--explain`` shows it).
+        Each batch is also the one ``step`` keeps for a replay, unless it is given another.
         """
         asked = time.perf_counter()
         batches = iter(loader)  # a DataLoader starts its workers here: waiting for data too
@@ -200,11 +286,14 @@ class Guard:
                     self._wait_ms += (time.perf_counter() - asked) * 1000
                     return
                 got = time.perf_counter()
+                self._data_batch = batch
                 yield batch
+                self._data_batch = None
                 done = time.perf_counter()
                 self._batch_done((got - asked) * 1000, (done - got) * 1000)
                 asked = done
         finally:
+            self._data_batch = None
             self._keep_summary()
 
     def summary(self) -> LoopSummary:
@@ -221,10 +310,11 @@ class Guard:
         )
 
     def fallback(self, *, prefer: Prefer = "auto", expected_steps: int | None = None) -> Config:
-        """What ``best_config`` answers now, at once (never measuring): after a finding, the best remaining
-        candidate, for an app that restarts from its last checkpoint. Pass the options ``best_config`` got."""
+        """What ``best_config`` answers now for this guard's model, at once (never measuring): after a demotion, the
+        best remaining candidate, for an app that restarts from its last checkpoint. Pass the options
+        ``best_config`` got."""
         (answer,) = _answering  # autotune._answer registers itself when it loads; autotune.Guard loads it first
-        return answer(self.model_kind, prefer=prefer, expected_steps=expected_steps, wait=False)
+        return answer(self.model_kind, model=self.model, prefer=prefer, expected_steps=expected_steps, wait=False)
 
     # -- reading and judging ---------------------------------------------------------------------------------
 
@@ -239,6 +329,7 @@ class Guard:
         self._filled = 0
         self._buffer[1].fill_(math.nan)
         found = None
+        self._window_dropped = False
         for offset, (loss, scale) in enumerate(zip(losses, scales, strict=True)):
             step = first + offset
             found = self._judge_loss(step, loss) or (self._judge_scale(step, scale) if not math.isnan(scale) else None)
@@ -248,6 +339,10 @@ class Guard:
             found = self._the_jobs(found)
         if found is not None:
             self._found(*found)
+            return
+        clean = all(math.isfinite(loss) for loss in losses) and not self._window_dropped
+        if timed and clean and self._tape is not None and self._tape.due():
+            self._tape.take(self.steps, self._scaler)  # a state to replay from: after steps that went well
 
     def _the_jobs(self, found: tuple[Misbehaviour, int, str, list[float]] | None
                   ) -> tuple[Misbehaviour, int, str, list[float]] | None:
@@ -305,6 +400,7 @@ class Guard:
                 self._settled = True
             return None
         self._clean_run = 0
+        self._window_dropped = True
         if not self._settled:
             self._backoff.append(scale)
             if len(self._backoff) <= BACKOFF_SKIPS:
@@ -320,21 +416,33 @@ class Guard:
                 f"{scale:.3g}", [s for _, s in self._skips])
 
     def _found(self, seen: Misbehaviour, step: int, detail: str, evidence: list[float]) -> None:
+        reference = is_reference(self.candidate)
+        replay = None if reference else self._replay(seen)
+        signature = model_signature(self.model) if self.model is not None else None
         self.finding = Demotion(
             model_kind=self.model_kind, candidate=self.candidate, seen=seen, step=step, detail=detail,
             evidence=evidence, at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            autotune_version=__version__,
+            autotune_version=__version__, model=signature, replay=replay,
+            family_model=signature is not None and signature == family_model(self.model_kind),
         )
-        demoted = not is_reference(self.candidate)
+        demoted = replay is not None and replay.blame == "configuration"
         if demoted and (self.job is None or self.job.leads):  # in a job, once per machine
             _demotions.record(self.digest, self.finding)
         if self.job is not None:
             self.job.forget(self.model_kind)  # every rank asks again, together
-        error = ConfigMisbehaved(self.model_kind, self.candidate.label, step, detail, demoted=demoted)
-        log.warning("%s", error)
+        error = ConfigMisbehaved(self.model_kind, self.candidate.label, step, detail, demoted=demoted,
+                                 why=replay_words(replay, self.candidate) if replay is not None else None)
+        log.info("%s", error)  # the warning says it once; the log keeps it for a log file
         if self.on_failure == "raise":
             raise error
         warnings.warn(error, stacklevel=4)  # the caller of step() or check()
+
+    def _replay(self, seen: Misbehaviour) -> Replay:
+        if self._tape is None:
+            return Replay(blame="unreplayed", detail=(
+                "the guard was made without the model, its optimizer and a loss function, so it cannot replay the "
+                "steps in fp32 (cfg.guard(model, optimizer, loss_fn=...))"))
+        return self._tape.replay(self.candidate, seen, self.steps)
 
     def _batch_done(self, wait_ms: float, step_ms: float) -> None:
         """Count one batch's wait and step; judge each window of ``read_every`` batches long enough to time."""
@@ -395,5 +503,5 @@ __all__ = [
     "BACKOFF_SKIPS", "BLOCK_STEPS", "DATA_WAIT_SHARE", "DATA_WAIT_WINDOWS", "DIVERGED_BLOCKS", "GIVE_BACK",
     "MIN_PROGRESS", "NON_FINITE_LOSSES",
     "PACE_MIN_READ_MS", "READ_EVERY_STEPS", "SETTLED_STEPS", "SKIPPED_STEPS", "SLOW_BLOCKS", "SLOW_FACTOR",
-    "WINDOW_STEPS", "Guard", "OnFailure", "is_reference",
+    "WINDOW_STEPS", "Guard", "OnFailure", "family_model", "is_reference", "model_signature",
 ]

@@ -1,0 +1,243 @@
+"""The guard's replay: whether a misbehaviour the guard found is the configuration's doing or the training's.
+
+The guard keeps a state to replay from: the model's, the optimizer's and GradScaler's state, copied to the host
+when it starts and again at reads whose steps were clean (finite losses, no skipped step), each copy only once the
+run has trained ``1 / SNAPSHOT_SHARE`` times as long as the last one took; and the batches ``guard.step`` was given
+since, as references (at most ``REPLAY_STEPS`` of them, and no more than ``REPLAY_BYTES`` in all: the latest). On a
+finding, copies of the model and optimizer restart from that state and train on those batches, first in the
+reference precision (fp32 on the run's device; on the CPU for a GPU's own fp32), then in the run's precision. The
+run's model, optimizer, GradScaler, fp32 settings and random state are left as they were.
+
+Its cost: outside findings, the copies to the host (at most ``SNAPSHOT_SHARE`` of the run's time after the first)
+and one copy of the state in host memory; at a finding, one copy of the model and optimizer on the device and
+twice the replayed steps.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import statistics
+import time
+import warnings
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from autotune import _fp32
+from autotune._precision import AUTOCAST_DTYPES
+from autotune._records import Candidate, Misbehaviour, Replay
+
+LossFn = Callable[[nn.Module, Any], torch.Tensor]
+
+#: the most of the run's time the copies to the host may take, after the first one
+SNAPSHOT_SHARE = 0.005
+#: the most batches kept for a replay (the latest): a small model's state copies are rare against its short steps
+REPLAY_STEPS = 1000
+#: the most bytes of batches kept for a replay: fewer, larger batches are kept
+REPLAY_BYTES = 128 * 2**20
+#: a replay diverges where the median of its second half of losses is this many times that of its first half
+DIVERGED_RISE = 1.5
+
+
+def _tree(value: Any, leaf: Callable[[torch.Tensor], Any]) -> Any:
+    """``value`` with each tensor in its dicts, lists and tuples replaced by ``leaf(tensor)``."""
+    if isinstance(value, torch.Tensor):
+        return leaf(value)
+    if isinstance(value, dict):
+        return {k: _tree(v, leaf) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_tree(v, leaf) for v in value)
+    return value
+
+
+def _bytes(value: Any) -> int:
+    total = [0]
+    _tree(value, lambda t: total.__setitem__(0, total[0] + t.numel() * t.element_size()))
+    return total[0]
+
+
+def _on_host(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.detach().to("cpu", copy=True)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The run's state after ``step`` steps, on the host."""
+
+    step: int
+    model: dict[str, torch.Tensor]
+    optimizer: dict[str, Any]
+    scaler: dict[str, Any] | None
+    took_s: float
+
+
+@dataclass(frozen=True)
+class _Seen:
+    """One replayed step: its loss, and whether its gradients were finite and its optimizer step skipped."""
+
+    loss: float
+    finite_grads: bool
+    skipped: bool
+
+
+class Tape:
+    """What a guard keeps to replay: the model, optimizer and loss function it was given, the last state on the host
+    and the batches since."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: LossFn) -> None:
+        self.model = model
+        self.optimizer = _torch_optimizer(optimizer)
+        self.loss_fn = loss_fn
+        self.snapshot: Snapshot | None = None
+        #: the snapshots taken so far
+        self.taken = 0
+        self.batches: deque[Any] = deque(maxlen=REPLAY_STEPS)
+        self._sized = False
+        self._taken_at = 0.0
+
+    def add(self, batch: Any, step: int, scaler: torch.amp.GradScaler | None) -> None:
+        """Keep ``batch``, the inputs of ``step`` (the first one also takes the first snapshot, after it)."""
+        if self.snapshot is None:
+            self.take(step, scaler)  # the state this batch trained from is gone: the one it made
+            return
+        if not self._sized:  # from the first batch's size: batches of one run are alike
+            self._sized = True
+            self.batches = deque(maxlen=max(1, min(REPLAY_STEPS, REPLAY_BYTES // max(1, _bytes(batch)))))
+        self.batches.append(batch)
+
+    def due(self) -> bool:
+        """Whether a new snapshot fits in ``SNAPSHOT_SHARE`` of the time since the last one."""
+        return self.snapshot is not None and (
+            time.perf_counter() - self._taken_at) * SNAPSHOT_SHARE >= self.snapshot.took_s
+
+    def take(self, step: int, scaler: torch.amp.GradScaler | None) -> None:
+        """Copy the model's, the optimizer's and the scaler's state to the host, as of ``step`` steps; forget the
+        batches before it."""
+        started = time.perf_counter()
+        model = {name: _on_host(t) for name, t in self.model.state_dict().items()}
+        optimizer = _tree(self.optimizer.state_dict(), _on_host)
+        kept = copy.deepcopy(scaler.state_dict()) if scaler is not None and scaler.is_enabled() else None
+        self._taken_at = time.perf_counter()
+        self.snapshot = Snapshot(step=step, model=model, optimizer=optimizer, scaler=kept,
+                                 took_s=self._taken_at - started)
+        self.taken += 1
+        self.batches.clear()
+
+    def replay(self, candidate: Candidate, seen: Misbehaviour, steps: int) -> Replay:
+        """Train copies from the snapshot on the kept batches, in the reference and in ``candidate``'s precision;
+        the blame. ``steps``: the steps the run has trained."""
+        if self.snapshot is None or not self.batches:
+            return Replay(blame="unreplayed", detail="guard.step was given no batch to replay (batch=...)")
+        snapshot = self.snapshot
+        batches = list(self.batches)
+        reference = reference_for(candidate)
+        found = Replay(blame="not_reproduced", detail="", from_step=snapshot.step, steps=len(batches),
+                       since=steps - snapshot.step, reference=reference)
+        try:
+            on_reference = self._run(snapshot, batches, reference, with_scaler=False)
+            if (reference_at := _misbehaves(seen, on_reference)) is not None:
+                return found.model_copy(update={"blame": "training", "reference_at": reference_at})
+            on_run = self._run(snapshot, batches, candidate, with_scaler=True)
+        except Exception as exc:  # the app's model and loss run here: whatever fails, it is said
+            return found.model_copy(update={"blame": "unreplayed", "detail": (
+                f"the replay failed: {type(exc).__name__}: {exc}")[:300]})
+        run_at = _misbehaves(seen, on_run)
+        if seen == "diverged" and len(batches) < steps - snapshot.step:
+            run_at = None  # a divergence follows the run's path: from the state, some of its batches are gone
+        return found.model_copy(update={"blame": "configuration" if run_at is not None else "not_reproduced",
+                                        "run_at": run_at})
+
+    def _run(self, snapshot: Snapshot, batches: list[Any], on: Candidate, *, with_scaler: bool) -> list[_Seen]:
+        """Copies of the model and optimizer from ``snapshot`` trained on ``batches`` as ``on`` says; each step seen.
+        Stops at the first non-finite loss or gradient."""
+        device = torch.device(on.device)
+        with warnings.catch_warnings():  # what the app's model says when trained again was said in the run
+            warnings.simplefilter("ignore")
+            model, optimizer = copy.deepcopy((self.model, self.optimizer))
+            # A learning-rate scheduler (or Accelerate) patches ``step`` on the instance, bound to the run's optimizer
+            # through a weak reference: the copy steps through its class.
+            optimizer.__dict__.pop("step", None)
+            model.to(device)
+            model.load_state_dict(snapshot.model)
+            optimizer.load_state_dict(snapshot.optimizer)
+            for replayed, now in zip(optimizer.param_groups, self.optimizer.param_groups, strict=True):
+                replayed.update({k: v for k, v in now.items() if k != "params"})  # the failing steps' learning rate
+            scaler = None
+            if with_scaler and snapshot.scaler is not None:
+                scaler = torch.amp.GradScaler(device.type)
+                scaler.load_state_dict(snapshot.scaler)
+            dtype = AUTOCAST_DTYPES[on.precision]
+            seen = []
+            forked = [device.index or 0] if device.type == "cuda" else []
+            with _fp32.preserved(), torch.random.fork_rng(devices=forked):
+                if dtype is None:
+                    _fp32.apply(on.precision)
+                for batch in batches:
+                    moved = _tree(batch, lambda t: t.to(device))  # the reference may run on the CPU
+                    with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+                        loss = self.loss_fn(model, moved)
+                    optimizer.zero_grad(set_to_none=True)
+                    value = float(loss.detach().float().sum())
+                    (scaler.scale(loss) if scaler is not None else loss).backward()
+                    grads = [p.grad for p in model.parameters() if p.grad is not None]
+                    finite = bool(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads]).isfinite().all()) \
+                        if grads else True
+                    skipped = False
+                    if scaler is not None:
+                        before = scaler.get_scale()
+                        scaler.step(optimizer)
+                        scaler.update()
+                        skipped = scaler.get_scale() < before
+                    else:
+                        optimizer.step()
+                    seen.append(_Seen(value, finite, skipped))
+                    if not math.isfinite(value) or not (finite or scaler is not None):
+                        break
+            return seen
+
+
+def _torch_optimizer(optimizer: Any) -> torch.optim.Optimizer:
+    """The torch optimizer inside a framework's wrapper (Accelerate's ``.optimizer``, Lightning's ``._optimizer``)."""
+    inner = getattr(optimizer, "optimizer", None) or getattr(optimizer, "_optimizer", None)
+    while isinstance(inner, torch.optim.Optimizer):
+        optimizer, inner = inner, getattr(inner, "optimizer", None) or getattr(inner, "_optimizer", None)
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+    return optimizer
+
+
+def reference_for(candidate: Candidate) -> Candidate:
+    """fp32 on ``candidate``'s device; on the CPU where the candidate is a GPU's own fp32."""
+    device = candidate.device if candidate.precision != "fp32" else "cpu"
+    return Candidate(device=device, precision="fp32")
+
+
+def _diverges(seen: list[_Seen]) -> bool:
+    """Whether the median of the second half of the losses is ``DIVERGED_RISE`` times that of the first half."""
+    losses = [s.loss for s in seen]
+    half = len(losses) // 2
+    return half > 0 and statistics.median(losses[half:]) >= DIVERGED_RISE * statistics.median(losses[:half]) > 0
+
+
+def _misbehaves(seen: Misbehaviour, steps: list[_Seen]) -> int | None:
+    """The replayed step (from 1) at which ``steps`` misbehave as the run did (``seen``), or None.
+
+    - non-finite losses: a non-finite loss;
+    - skipped steps: a non-finite loss, non-finite gradients, or a step GradScaler skipped;
+    - a diverging loss: a non-finite loss, or losses that diverge (:func:`_diverges`; the last step).
+    """
+    for index, step in enumerate(steps, 1):
+        if not math.isfinite(step.loss):
+            return index
+        if seen == "skipped_steps" and (step.skipped or not step.finite_grads):
+            return index
+    return len(steps) if seen == "diverged" and _diverges(steps) else None
+
+
+__all__ = ["DIVERGED_RISE", "REPLAY_BYTES", "REPLAY_STEPS", "SNAPSHOT_SHARE", "LossFn", "Snapshot", "Tape",
+           "reference_for"]
