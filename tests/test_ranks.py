@@ -22,7 +22,7 @@ from autotune import CalibrationError, Config, ConfigMisbehaved, ConfigurationEr
 from autotune._cache import demotions, loops
 from autotune._cache.store import StoreFile
 from autotune._decide import decide
-from autotune._guard import Guard
+from autotune._guard.watch import Guard
 from autotune._ranks.agree import device_counts, digest, for_rank, own_device, view, words
 from autotune._ranks.group import JobGroup
 from autotune._ranks.job import Machine, agreed, confirm
@@ -211,22 +211,47 @@ def test_configs_that_differ_raise_on_every_rank_naming_both() -> None:
     assert same == [None, None]
 
 
+def _fp16_run(job: JobGroup, *, huge_from: int | None) -> Guard:
+    """Ten steps of a tiny classifier in fp16 autocast under a guard that can replay; from step ``huge_from`` on
+    rank 1 the inputs are 1e5 times larger: fp16 activations overflow (NaN losses), fp32 ones do not."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+    def loss_fn(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        return torch.nn.functional.cross_entropy(model(batch[0]), batch[1])
+
+    fp16 = Candidate(device="cpu", precision="fp16-mixed")
+    guard = Guard("tiny", fp16, "digest", read_every=10, job=job, model=model, optimizer=optimizer, loss_fn=loss_fn)
+    features, labels = torch.randn(32, 8), torch.randint(0, 4, (32,))
+    for step in range(1, 11):
+        huge = huge_from is not None and job.launch.rank == 1 and step >= huge_from
+        batch = (features * (1e5 if huge else 1.0), labels)
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = loss_fn(model, batch)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        guard.step(loss, batch=batch)
+    return guard
+
+
 def test_a_guard_finding_on_one_rank_is_the_jobs(caplog: pytest.LogCaptureFixture) -> None:
-    bf16 = Candidate(device="cpu", precision="bf16-mixed")
+    """Rank 1's batches overflow fp16; rank 0's machine leader records the demotion on rank 1's replay, which
+    only rank 1 can run (its batches showed it)."""
 
     def train(job: JobGroup) -> Guard:
-        guard = Guard("tiny", bf16, "digest", read_every=10, job=job)
-        for step in range(10):
-            guard.step(torch.tensor(float("nan") if job.launch.rank == 1 and step >= 5 else 1.0))
-        return guard
+        return _fp16_run(job, huge_from=6)
 
-    with warnings.catch_warnings(record=True) as warned, caplog.at_level(logging.WARNING, logger="autotune"):
+    with warnings.catch_warnings(record=True) as warned, caplog.at_level(logging.INFO, logger="autotune"):
         warnings.simplefilter("always")
         guards = in_ranks(["0", "0"], train)
     findings = [g.finding for g in guards if isinstance(g, Guard)]
     assert len(findings) == 2 and findings[0] is not None and findings[1] is not None
     assert findings[0].model_dump(exclude={"at", "evidence"}) == findings[1].model_dump(exclude={"at", "evidence"})
     assert findings[0].step == 6 and findings[0].detail.endswith(", on rank 1")
+    assert findings[0].replay is not None and findings[0].replay.blame == "configuration"
+    assert findings[0].replay == findings[1].replay  # rank 1's replay, on both ranks
     assert len(demotions.of("digest", "tiny")) == 1  # one demotion: the machine's first rank records it
     assert sum(isinstance(w.message, ConfigMisbehaved) for w in warned) == 2  # every rank warned
     assert sum("misbehaved at step 6" in record.getMessage() for record in caplog.records) == 2

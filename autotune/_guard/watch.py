@@ -178,6 +178,7 @@ class Guard:
         self.on_failure = on_failure
         self.read_every = read_every
         self.job = job
+        self._finder: int | None = None  # in a job, the rank whose finding it is
         self.steps = 0
         self.finding: Demotion | None = None
         self._buffer: torch.Tensor | None = None  # row 0: losses, row 1: loss scales (NaN: no scaler)
@@ -354,8 +355,17 @@ class Guard:
         if said is None:
             return None
         rank, text = said
+        self._finder = rank
         seen = _Seen.model_validate_json(text)
         return seen.seen, seen.step, f"{seen.detail}, on rank {rank}", seen.evidence
+
+    def _jobs_replay(self, seen: Misbehaviour, step: int) -> Replay:
+        """The replay of the rank whose finding it is, on every rank of the job: only its batches showed it."""
+        assert self.job is not None and self._finder is not None
+        mine = self._replay(seen) if self.job.launch.rank == self._finder else None
+        said = self.job.broadcast(mine.model_dump_json() if mine is not None else None, root=self._finder,
+                                  waiting_for=f"rank {self._finder}'s replay of step {step:,}")
+        return Replay.model_validate_json(said)
 
     def _judge_loss(self, step: int, loss: float) -> tuple[Misbehaviour, int, str, list[float]] | None:
         if not math.isfinite(loss):
@@ -417,7 +427,7 @@ class Guard:
 
     def _found(self, seen: Misbehaviour, step: int, detail: str, evidence: list[float]) -> None:
         reference = is_reference(self.candidate)
-        replay = None if reference else self._replay(seen)
+        replay = None if reference else self._replay(seen) if self.job is None else self._jobs_replay(seen, step)
         signature = model_signature(self.model) if self.model is not None else None
         self.finding = Demotion(
             model_kind=self.model_kind, candidate=self.candidate, seen=seen, step=step, detail=detail,
