@@ -2,7 +2,7 @@
 rank answers, trains a little, and prints ``RESULT {json}`` lines for the test to read.
 
 ``python ranks_for_tests.py MODE``: ``answer`` (best_config only), ``lightning`` (then a Lightning DDP fit with
-the Config's keywords and the guard callback; rank 1's loss reads NaN from batch 10, its gradients stay finite),
+the Config's keywords and the guard callback; rank 1's loss reads NaN from batch 10 in mixed precision, not in fp32),
 ``lightning-own`` (the same fit, two processes started by Lightning's own launcher), ``accelerate`` (then a few
 steps through Accelerate, the guard in the loop).
 """
@@ -50,7 +50,8 @@ def _data() -> TensorDataset:
     return TensorDataset(torch.randn(480, 8), torch.randint(0, 4, (480,)))
 
 
-def lightning_fit(config: autotune.Config, *, devices: int | None = None) -> None:
+def lightning_fit(config: autotune.Config, *, devices: int | None = None) -> nn.Module:
+    """The fit; returns the module it trained (whose demotions ``best_config(model=...)`` leaves out)."""
     import lightning
 
     class Tiny(lightning.LightningModule):
@@ -58,11 +59,16 @@ def lightning_fit(config: autotune.Config, *, devices: int | None = None) -> Non
             super().__init__()
             self.net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
 
+        def setup(self, stage: str) -> None:
+            self.rank = self.global_rank  # an attribute: the guard's replay trains a copy, without the trainer
+
         def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
             features, labels = batch
             loss = F.cross_entropy(self.net(features), labels)
-            if self.global_rank == 1 and batch_idx >= 10:
-                loss = loss + torch.tensor(float("nan"))  # the loss reads NaN; its gradients stay finite
+            if self.rank == 1 and batch_idx >= 10 and torch.is_autocast_enabled("cpu"):
+                # the mixed precision's loss reads NaN, fp32's does not (the guard's replay tells them apart); the
+                # gradients stay finite
+                loss = loss + torch.tensor(float("nan"))
             return loss
 
         def configure_optimizers(self) -> torch.optim.Optimizer:
@@ -78,12 +84,14 @@ def lightning_fit(config: autotune.Config, *, devices: int | None = None) -> Non
                                 default_root_dir=os.environ["RANKS_TEST_DIR"])
     with warnings.catch_warnings(record=True) as warned:
         warnings.simplefilter("always")
-        trainer.fit(Tiny())
+        trainer.fit(module := Tiny())
     finding = callback.guard.finding
     emit(trainer.global_rank, trainer={k: str(v) for k, v in kwargs.items()}, world_size=trainer.world_size,
          job=callback.guard.job is not None,
          finding=finding.detail if finding is not None else None, step=finding.step if finding is not None else None,
+         replay=finding.replay.model_dump() if finding is not None and finding.replay is not None else None,
          warned=sum(isinstance(w.message, autotune.ConfigMisbehaved) for w in warned))
+    return module
 
 
 def accelerate_steps(config: autotune.Config) -> None:
@@ -110,8 +118,9 @@ def main(mode: str) -> None:
     config.apply_threads()
     emit(**answered(config))
     if mode == "lightning":
-        lightning_fit(config)
-        again = autotune.best_config("slow_in")  # after the job-wide demotion: every rank asks again, together
+        module = lightning_fit(config)
+        # after the job-wide demotion of the module's configuration: every rank asks again, together
+        again = autotune.best_config("slow_in", model=module)
         emit(again=answered(again))
     elif mode == "lightning-own":  # Lightning's own launcher starts rank 1 at fit, re-running this script
         lightning_fit(config, devices=2)

@@ -84,6 +84,7 @@ def test_torchrun_two_processes_one_calibration_one_answer_then_lightning_ddp_wi
         assert fit["trainer"] == {"accelerator": "cpu", "devices": "2", "strategy": "ddp", "precision": "bf16-mixed"}
         assert fit["world_size"] == 2 and fit["warned"] == 1 and fit["step"] == 11
         assert str(fit["finding"]).startswith("3 non-finite losses") and str(fit["finding"]).endswith(", on rank 1")
+        assert fit["replay"]["blame"] == "configuration", fit["replay"]  # type: ignore[index]
     # One demotion, recorded by the machine's first rank (the test's cache directory is the job's).
     assert len(demotions.of(str(answers[0]["fingerprint"]), "slow_in")) == 1
     # Asked again together, the job agrees on the best candidate left.
