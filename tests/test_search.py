@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import collections
-
 import pytest
 import torch
 
@@ -34,15 +32,19 @@ def test_channels_last_is_tried_only_for_image_inputs() -> None:
 def test_variants_are_only_of_the_stage_leaders_and_every_one_is_verified() -> None:
     measured = _measure("build_tiny_cnn")
     variants = [r for r in measured.candidates if r.candidate != r.candidate.base]
-    # One leader was refined, losers were not. Another live precision on the device gets, in the last stage,
-    # only the leader's proven settings (a rival: one variant, a copy of one of the leader's).
-    bases = collections.Counter(r.candidate.base for r in variants)
-    leader = bases.most_common(1)[0][0]
-    for base, count in bases.items():
-        if base != leader:
-            rival = next(r.candidate for r in variants if r.candidate.base == base)
-            assert count == 1 and rival.model_copy(update={"precision": leader.precision}) in {
-                r.candidate for r in variants}
+    # One leader was refined, losers were not: stage 2 tries the leader's variants only. Another live precision on
+    # the device gets, in the last stage, only copies of the leader precision's variants still alive after stage 2
+    # (one per such variant: two when both stage-2 variants survived).
+    tried = {note.split(":")[0]: note.split(": ", 1)[1].split(" against ")[0].split(", ")
+             for note in measured.search_notes if note.startswith("stage")}
+    leader = variants[0].candidate.base
+    assert {r.candidate.base for r in variants if r.candidate.label in tried["stage 2"]} == {leader}
+    own = {r.candidate: r for r in variants if r.candidate.base == leader}
+    for result in variants:
+        if result.candidate.base != leader:
+            donor = own.get(result.candidate.model_copy(update={"precision": leader.precision}))
+            assert result.candidate.label in tried["stage 3"], result.candidate
+            assert donor is not None and donor.timing is not None and donor.timing.stage >= 3, result.candidate
     for result in variants:
         assert result.numerics is not None or (result.failure is not None and result.failure.kind == "too_slow")
         assert result.failure is None or result.failure.kind != "numerics"
