@@ -8,9 +8,12 @@ them to a few hundredths of a core. The parsing is kept apart from the reading, 
 from __future__ import annotations
 
 import os
+import sys
 import threading
 
 from autotune._lab.load.api import MachineTimes
+
+assert sys.platform != "win32", "no /proc on Windows: autotune._lab.load reads psutil there"  # mypy: POSIX only
 
 _TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 
