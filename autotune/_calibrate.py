@@ -29,7 +29,7 @@ from autotune._lab.measure import MeasureSettings
 from autotune._lab.protocol import CalibrationSettings
 from autotune._records import Candidate, FamilyKey, FamilyResult, Record
 from autotune._variants import threads_per_process
-from autotune._wording import noise_words
+from autotune._wording import noise_words, remeasure_advice
 from autotune._worker.worker import Worker
 
 log = logging.getLogger("autotune")
@@ -239,8 +239,9 @@ def measure(
     result = measured.model_copy(update={"key": key, "rules": rules_digest()})
     log.info("calibrated %s in %.1f s", family.name, result.wall_s)
     if result.noisy:
-        log.warning("%s was measured %s; run `python -m autotune --recalibrate` on a quiet machine for a firmer "
-                    "answer", family.name, noise_words(result.noisy_because, result.loads, result.control_shift))
+        log.warning("%s was measured %s; %s", family.name,
+                    noise_words(result.noisy_because, result.loads, result.control_shift),
+                    remeasure_advice(result.noisy_because, result.loads))
     return result
 
 

@@ -68,10 +68,28 @@ def noise_words(causes: Sequence[NoiseCause], loads: Sequence[MachineLoad], cont
     and the control workload's speed moved by 30%", "with a close call the final comparison left open"; "on a busy
     machine" for a result that did not record why."""
     busy = [_busy_words(cause, loads, control_shift, brief=brief) for cause in causes if cause in _BUSY]
+    if busy and unseen_shift(causes, loads):
+        busy = [f"the machine's speed moved by {control_shift or 0.0:.0%}"
+                + ("" if brief else " with no other process running (its host, or its clock)")]
     own = ["with a close call the final comparison left open" if cause == "open_gap" else
            "while a device throttled" for cause in causes if cause not in _BUSY]
     parts = ([f"while {_listed(busy)}"] if busy else []) + own
     return ", ".join(parts) if parts else "on a busy machine"
+
+
+def unseen_shift(causes: Sequence[NoiseCause], loads: Sequence[MachineLoad]) -> bool:
+    """The control moved while the operating system, watching, saw no other process and no hypervisor take the
+    machine: its host (a virtual machine's neighbours) or its clock changed its speed. Nothing the user runs
+    made it busy, so "run on a quiet machine" is advice they cannot follow."""
+    return ("control_shift" in causes and not {"other_processes", "steal"} & set(causes)
+            and any(load.other_cores is not None for load in loads))
+
+
+def remeasure_advice(causes: Sequence[NoiseCause], loads: Sequence[MachineLoad]) -> str:
+    """What a user can do about a noisy result: a quiet machine where something else took it, else measure again."""
+    if unseen_shift(causes, loads):
+        return "`python -m autotune --recalibrate` measures it afresh"
+    return "`python -m autotune --recalibrate` on a quiet machine measures it afresh"
 
 
 def _listed(items: Sequence[str]) -> str:
@@ -100,8 +118,10 @@ def _busy_words(cause: NoiseCause, loads: Sequence[MachineLoad], control_shift: 
     return f"the control workload's speed moved by {control_shift or 0.0:.0%}"
 
 
-def _short_noise_words(causes: Sequence[NoiseCause]) -> str:
-    """e.g. "on a busy machine", "in a close call"."""
+def short_noise_words(causes: Sequence[NoiseCause], loads: Sequence[MachineLoad]) -> str:
+    """e.g. "on a busy machine", "in a close call", "while the machine's speed moved"."""
+    if unseen_shift(causes, loads):
+        return "while the machine's speed moved"
     if not causes or set(causes) & _BUSY:
         return "on a busy machine"
     return "in a close call" if causes[0] == "open_gap" else "while a device throttled"
@@ -165,7 +185,7 @@ def qualifiers(evidence: Evidence, *, init_scale: float | None) -> list[str]:
             lines.append(f"{measured}: the next calibration measures it again")
         else:
             lines.append(f"{measured}, after a noisy measurement that picked {evidence.after_noisy.label}: kept; "
-                         "`python -m autotune --recalibrate` on a quiet machine measures it afresh")
+                         + remeasure_advice(evidence.noisy_because, evidence.loads))
     if evidence.unresolved:
         lines.append("still open when timing stopped (the pick may be further from the best than the margin "
                      "allows): " + ", ".join(c.label for c in evidence.unresolved))
@@ -388,7 +408,7 @@ def reason(pick: Candidate, evidence: Evidence, *, measured_at: str | None) -> s
     claims = [c for c in (_device_claim(pick, evidence), _precision_claim(pick, evidence)) if c]
     rules = ["under older rules"] if evidence.older_rules is not None else []
     causes = evidence.noisy_because
-    flags = [*([_short_noise_words(causes)] if evidence.noisy else []), *rules]
+    flags = [*([short_noise_words(causes, evidence.loads)] if evidence.noisy else []), *rules]
     noise = ([noise_words(causes[:1], evidence.loads, evidence.control_shift, brief=True)]
              if evidence.noisy and causes else [])
     when = f"measured {measured_at[:10]}" if measured_at else "measured"
@@ -499,8 +519,11 @@ __all__ = [
     "qualifiers",
     "ratio_words",
     "reason",
+    "remeasure_advice",
     "replay_words",
     "retry_words",
+    "short_noise_words",
     "time_words",
     "times_over",
+    "unseen_shift",
 ]

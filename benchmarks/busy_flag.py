@@ -8,10 +8,18 @@ evidence names the loop (its pid among the processes of a timing window), counte
 finished after the loop started, and those wholly measured beside it (started after it). One JSON line per run,
 then a summary line per phase.
 
+Idle (``--phase idle``, not part of ``both``): no calibration at all, the control workload alone, timed as a
+calibration times it (the pause, the least of three) ``--controls`` times per window of ``--window-s`` seconds
+(a family's calibration), the time between spent spinning in this process; per window, whether the control's rule
+alone would flag it and what the operating system saw. The share of idle windows flagged is the floor of the quiet
+phase's rate on this machine: a host whose speed moves under a quiet guest (a virtual machine's neighbours, its
+clocks) moves the control with nothing running.
+
 Issue #38's acceptance: quiet, no family flagged in 4 or more of 5 runs; busy, the flag on at least 9 of 10 such
 calibrations, the evidence naming the loop. Run it on a quiet machine: it measures the machine it runs on.
 
-    python benchmarks/busy_flag.py [--runs N] [--start-after S] [--phase quiet|busy|both] [FAMILY ...]
+    python benchmarks/busy_flag.py [--runs N] [--start-after S] [--phase quiet|busy|both|idle]
+                                   [--windows N] [--window-s S] [--controls N] [FAMILY ...]
 """
 
 from __future__ import annotations
@@ -32,6 +40,10 @@ from typing import Any
 from _common import emit
 
 from autotune._cache.store import Store
+from autotune._lab.child import Control
+from autotune._lab.load import Watch, settle
+from autotune._lab.measure import MeasureSettings, control_shifted, timed
+from autotune._stats import level_shift
 
 BUSY_LOOP = "import os, sys\nos.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True:\n    pass\n"
 
@@ -75,15 +87,55 @@ def run_cli(kinds: list[str], *, busy_after_s: float | None) -> dict[str, Any]:
             "families": families}
 
 
+def idle_window(seconds: float, controls: int) -> dict[str, Any]:
+    """The control alone for ``seconds``: ``controls`` measurements as a calibration takes them, the time between
+    spent spinning (this process's own CPU time, which no window counts as another's)."""
+    settings = MeasureSettings()
+    control = Control()
+    for _ in range(3):
+        control.run()
+    window = Watch(host=None).open()
+    control_ms = []
+    for _ in range(controls):
+        until = time.perf_counter() + seconds / controls
+        while time.perf_counter() < until:
+            pass
+        settle(settings.settle_s)
+        control_ms.append(1000 * min(timed(control, time.perf_counter) for _ in range(3)))
+    load = window.close()
+    shift, own = level_shift(control_ms)
+    return {"flagged": control_shifted(control_ms, settings), "shift": round(shift, 3), "own_noise": round(own, 3),
+            "other_cores": load.other_cores if load else None, "steal": load.steal if load else None,
+            "control_ms": [round(ms, 3) for ms in control_ms]}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--start-after", type=float, default=None, help="seconds into each busy run")
-    parser.add_argument("--phase", choices=["quiet", "busy", "both"], default="both")
+    parser.add_argument("--phase", choices=["quiet", "busy", "both", "idle"], default="both")
+    parser.add_argument("--windows", type=int, default=20, help="idle phase: how many windows")
+    parser.add_argument("--window-s", type=float, default=15.0, help="idle phase: seconds per window")
+    parser.add_argument("--controls", type=int, default=14, help="idle phase: control measurements per window")
     parser.add_argument("family", nargs="*")
     args = parser.parse_args(argv)
     kinds = args.family or ["tiny_mlp", "mlp", "cnn", "transformer"]
     walls = []
+    if args.phase == "idle":
+        results = []
+        for index in range(args.windows):
+            results.append(idle_window(args.window_s, args.controls))
+            emit({"benchmark": "busy_flag", "phase": "idle", "window": index, "window_s": args.window_s,
+                  **results[-1]})
+        every = [ms for result in results for ms in result["control_ms"]]
+        fast = min(every)
+        emit({"benchmark": "busy_flag", "phase": "idle", "windows": args.windows, "window_s": args.window_s,
+              "flagged": sum(result["flagged"] for result in results),
+              "with_os_evidence": sum((result["other_cores"] or 0) >= MeasureSettings().busy_other_cores
+                                      or (result["steal"] or 0) >= MeasureSettings().busy_steal
+                                      for result in results),
+              "controls_over_1.4x_fastest": round(sum(ms > 1.4 * fast for ms in every) / len(every), 3),
+              "max_steal": max((result["steal"] or 0 for result in results), default=0)})
     if args.phase in ("quiet", "both"):
         flagged: Counter[str] = Counter()
         why: Counter[str] = Counter()

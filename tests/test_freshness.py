@@ -307,3 +307,16 @@ def test_a_noisy_result_is_measured_again_once_until_the_rules_or_the_key_change
     assert freshness(again, key, now).final
     assert freshness(again.model_copy(update={"rules": "0" * 16}), key, now).state == "older_rules"
     assert freshness(again, key.model_copy(update={"budget_s": 9.0}), now).state == "other_key"
+
+
+def test_a_noisy_result_says_why_it_is_measured_again(tiny_family: str) -> None:
+    from autotune._cache.freshness import now_utc
+    from autotune._records import MachineLoad
+
+    key, now = family_key(get_family(tiny_family)), now_utc()
+    noisy = family(tiny_family, timed("cpu", "fp32", 10.0), noisy=True)
+    assert freshness(noisy, key, now).why == "it was measured on a busy machine"
+    # The control moved while the operating system saw nothing else run: the machine's host, not a busy machine.
+    host = noisy.model_copy(update={"noisy_because": ["control_shift"],
+                                    "loads": [MachineLoad(window_s=2.0, other_cores=0.0, steal=0.0)]})
+    assert freshness(host, key, now).why == "it was measured while the machine's speed moved"

@@ -9,7 +9,7 @@ from samples import family, timed
 
 from autotune._decide import decide, restate
 from autotune._records import CandidateResult, Difference, MachineLoad, NoiseCause, ProcessLoad, SimilarMachine
-from autotune._wording import answer_words, noise_words
+from autotune._wording import answer_words, noise_words, remeasure_advice, short_noise_words
 
 DIGEST = "0123456789abcdef"
 LONG_WHY = "another process is still calibrating after AUTOTUNE_LOCK_TIMEOUT_S=86400 s of waiting"
@@ -97,6 +97,7 @@ def test_the_reason_and_the_evidence_say_what_was_busy() -> None:
 
 _SPREAD = MachineLoad(stage=1, window_s=2.0, other_cores=1.4, steal=0.12, processes=[
     ProcessLoad(name="python3", pid=4242, cores=0.6), ProcessLoad(name="mypy", pid=77, cores=0.5)])
+_QUIET = MachineLoad(stage=1, window_s=2.0, other_cores=0.01, steal=0.0)
 _HOST = MachineLoad(stage=1, window_s=2.0, other_cores=0.8, processes=[
     ProcessLoad(name="python", pid=1000, cores=0.75, host=True)])
 
@@ -110,7 +111,18 @@ _HOST = MachineLoad(stage=1, window_s=2.0, other_cores=0.8, processes=[
     (["other_processes"], [], "while other processes took CPU time"),
     (["open_gap", "throttled"], [], "with a close call the final comparison left open, while a device throttled"),
     ([], [], "on a busy machine"),
+    (["control_shift"], [_QUIET], "while the machine's speed moved by 30% with no other process running "
+                                  "(its host, or its clock)"),
+    (["control_shift"], [], "while the control workload's speed moved by 30%"),
 ], ids=["several-processes", "the-host-itself", "hypervisor-and-control", "no-windows-recorded",
-        "the-measurements-own", "an-older-record"])
+        "the-measurements-own", "an-older-record", "the-os-saw-nothing-else", "no-os-view"])
 def test_the_words_say_what_took_the_machine(causes: list[NoiseCause], loads: list[MachineLoad], words: str) -> None:
     assert noise_words(causes, loads, 0.3) == words
+
+
+def test_a_shift_the_os_cannot_explain_is_not_called_busy() -> None:
+    # The host under a virtual machine slows it with nothing running in it: "a quiet machine" is no advice.
+    assert short_noise_words(["control_shift"], [_QUIET]) == "while the machine's speed moved"
+    assert "quiet machine" not in remeasure_advice(["control_shift"], [_QUIET])
+    assert short_noise_words(["other_processes", "control_shift"], [_SPREAD]) == "on a busy machine"
+    assert "quiet machine" in remeasure_advice(["other_processes", "control_shift"], [_SPREAD])

@@ -48,6 +48,7 @@ from autotune._records import (
 )
 from autotune._rules import RULE_MODULES
 from autotune._version import __version__
+from autotune._wording import short_noise_words
 
 #: Bumped when the meaning of stored measurements changes; part of every family's key since 3 (records without a
 #: key are measured again).
@@ -212,7 +213,7 @@ def freshness(measured: FamilyResult, key: FamilyKey, now: dt.datetime) -> Fresh
     if changed_rules is not None:
         return Freshness("older_rules", changed_rules)
     if measured.noisy and measured.after_noisy is None:
-        return Freshness("noisy", "it was measured on a busy machine")
+        return Freshness("noisy", "it was measured " + short_noise_words(measured.noisy_because, measured.loads))
     return Freshness("fresh")
 
 
