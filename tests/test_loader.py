@@ -118,7 +118,7 @@ def spawned() -> Iterator[None]:
 
 
 def _answers_kept() -> list[str]:
-    return sorted(p.name for p in loader_answers.cache_dir().glob("*.json"))
+    return sorted(p.name for p in loader_answers.FILES.directory().glob("*.json"))
 
 
 def test_in_memory_tensors_need_no_workers_and_the_answer_is_cached() -> None:

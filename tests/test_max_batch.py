@@ -5,6 +5,7 @@ Limits are small (tens of MiB over what the worker already holds) so every searc
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -123,10 +124,13 @@ def test_an_answers_file_that_cannot_be_read_is_measured_again(damage: Callable[
     with caplog.at_level(logging.WARNING, logger="autotune"):
         assert answers.get("question") is None  # a miss: the caller measures
     assert "max-batch cache" in caplog.text and "measured again when asked for" in caplog.text
-    answers.put("question", _answer(16))  # the new answer replaces the damaged file, never what a link points to
-    assert answers.get("question") == _answer(16) and not answers.path.is_symlink()
-    if linked_to is not None:
-        assert elsewhere.read_bytes() == linked_to
+    answers.put("question", _answer(16))  # served in this process, never written through a link
+    assert answers.get("question") == _answer(16)
+    if linked_to is not None:  # a link is never overwritten, like a results file
+        assert answers.path.is_symlink() and elsewhere.read_bytes() == linked_to
+    else:  # a file that is no answers file is moved aside and replaced
+        assert json.loads(answers.path.read_bytes())["reports"]["question"]["batch_size"] == 16
+        assert len(list(answers.path.parent.glob("*.corrupt-*"))) == 1
 
 
 @pytest.mark.parametrize(("build", "limit_mb"), [("build_oom_above", 512), ("build_killed_above", 64)],
