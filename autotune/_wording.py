@@ -68,7 +68,7 @@ def noise_words(causes: Sequence[NoiseCause], loads: Sequence[MachineLoad], cont
     and the control workload's speed moved by 30%", "with a close call the final comparison left open"; "on a busy
     machine" for a result that did not record why."""
     busy = [_busy_words(cause, loads, control_shift, brief=brief) for cause in causes if cause in _BUSY]
-    if busy and unseen_shift(causes, loads):
+    if busy and _unseen_shift(causes, loads):
         busy = [f"the machine's speed moved by {control_shift or 0.0:.0%}"
                 + ("" if brief else " with no other process running (its host, or its clock)")]
     own = ["with a close call the final comparison left open" if cause == "open_gap" else
@@ -77,7 +77,7 @@ def noise_words(causes: Sequence[NoiseCause], loads: Sequence[MachineLoad], cont
     return ", ".join(parts) if parts else "on a busy machine"
 
 
-def unseen_shift(causes: Sequence[NoiseCause], loads: Sequence[MachineLoad]) -> bool:
+def _unseen_shift(causes: Sequence[NoiseCause], loads: Sequence[MachineLoad]) -> bool:
     """The control moved while the operating system, watching, saw no other process and no hypervisor take the
     machine: its host (a virtual machine's neighbours) or its clock changed its speed. Nothing the user runs
     made it busy, so "run on a quiet machine" is advice they cannot follow."""
@@ -87,7 +87,7 @@ def unseen_shift(causes: Sequence[NoiseCause], loads: Sequence[MachineLoad]) -> 
 
 def remeasure_advice(causes: Sequence[NoiseCause], loads: Sequence[MachineLoad]) -> str:
     """What a user can do about a noisy result: a quiet machine where something else took it, else measure again."""
-    if unseen_shift(causes, loads):
+    if _unseen_shift(causes, loads):
         return "`python -m autotune --recalibrate` measures it afresh"
     return "`python -m autotune --recalibrate` on a quiet machine measures it afresh"
 
@@ -120,7 +120,7 @@ def _busy_words(cause: NoiseCause, loads: Sequence[MachineLoad], control_shift: 
 
 def short_noise_words(causes: Sequence[NoiseCause], loads: Sequence[MachineLoad]) -> str:
     """e.g. "on a busy machine", "in a close call", "while the machine's speed moved"."""
-    if unseen_shift(causes, loads):
+    if _unseen_shift(causes, loads):
         return "while the machine's speed moved"
     if not causes or set(causes) & _BUSY:
         return "on a busy machine"
@@ -525,5 +525,4 @@ __all__ = [
     "short_noise_words",
     "time_words",
     "times_over",
-    "unseen_shift",
 ]
