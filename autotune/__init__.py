@@ -27,6 +27,7 @@ _quiet_numpy()
 # anything here imports torch, so the two imports overlap (``autotune._worker.launch``).
 _WHERE = {
     "best_config": "_answer",
+    "freeze_support": "_lab.entry", "set_worker_python": "_lab.entry",
     "clear_cache": "_cache.lookup", "export_results": "_cache.lookup", "import_results": "_cache.lookup",
     "trace": "_tools.trace",
     "CalibrationJob": "_background", "start_calibration": "_background",
@@ -36,7 +37,7 @@ _WHERE = {
         "AutotuneError", "BatchSizeUnsupportedError", "CalibrationCancelled", "CalibrationError",
         "CalibrationPending", "ConfigMisbehaved", "ConfigurationError", "DatasetError", "FamilyRegistrationError",
         "FrameworkError",
-        "ImportFileError", "MaxBatchError", "RanksError", "TraceError", "UnknownFamilyError",
+        "ImportFileError", "MaxBatchError", "RanksError", "TraceError", "UnknownFamilyError", "WorkerStartError",
     ], "_errors"),
     "use_defaults": "_cache.exchange",
     "Family": "_families", "Workload": "_families", "get_family": "_families", "register_family": "_families",
@@ -77,10 +78,12 @@ if TYPE_CHECKING:
         RanksError,
         TraceError,
         UnknownFamilyError,
+        WorkerStartError,
     )
     from autotune._families import Family, Workload, get_family, register_family
     from autotune._fingerprint import Fingerprint, fingerprint
     from autotune._guard.watch import Guard
+    from autotune._lab.entry import freeze_support, set_worker_python
     from autotune._lightning import GuardCallback as GuardCallback  # re-exported; not in __all__: it loads Lightning
     from autotune._records import (
         Evidence,
@@ -102,6 +105,8 @@ else:  # type checkers see the imports above: a misspelt name stays an error the
         module = _WHERE.get(name)
         if module is None:
             raise AttributeError(f"module 'autotune' has no attribute {name!r}")
+        if name != "freeze_support":  # a frozen app started as the worker that skipped it exits here, and says why
+            _importlib.import_module("autotune._lab.entry").not_a_worker()
         _quiet_numpy()
         if name in _ANSWERING_FIRST:
             _importlib.import_module("autotune._answer")
@@ -146,6 +151,7 @@ __all__ = [
     "TraceError",
     "TraceReport",
     "UnknownFamilyError",
+    "WorkerStartError",
     "Workload",
     "__version__",
     "best_config",
@@ -153,11 +159,13 @@ __all__ = [
     "clear_cache",
     "export_results",
     "fingerprint",
+    "freeze_support",
     "get_family",
     "import_results",
     "max_batch_report",
     "max_batch_size",
     "register_family",
+    "set_worker_python",
     "start_calibration",
     "trace",
     "use_defaults",

@@ -62,6 +62,13 @@ def _isolation(raw: str) -> Isolation:
     return raw
 
 
+def _interpreter(raw: str) -> Path:
+    path = Path(raw).expanduser()
+    if not path.is_file():  # a value of the right form that names nothing here
+        raise LookupError(f"there is no file at {str(path)!r}")
+    return path
+
+
 def _search(raw: str) -> Search:
     if raw not in SEARCHES:
         raise ValueError(raw)
@@ -105,6 +112,11 @@ RANKS_TIMEOUT_S: Knob[float] = Knob(
     "in a job of many processes, how long a rank waits for the others (a machine's calibration, rank 0's answer) "
     "before it raises, naming the rank it waited for",
 )
+WORKER_PYTHON: Knob[Path | None] = Knob(
+    "AUTOTUNE_WORKER_PYTHON", None, _interpreter, "the path of a Python interpreter that can import autotune and torch",
+    "the interpreter the calibration worker runs on, for an app whose sys.executable is no Python (an embedded "
+    "interpreter); frozen apps start the worker through their own executable (autotune.freeze_support)",
+)
 BUDGET_S: Knob[float] = Knob(
     "AUTOTUNE_BUDGET_S", 8.0, _positive_float, "seconds > 0",
     "timing budget per model kind, after set-up and verification",
@@ -123,7 +135,8 @@ DEFAULTS: Knob[Path | None] = Knob(
 
 KNOBS: tuple[Knob[object], ...] = cast(
     "tuple[Knob[object], ...]",
-    (CACHE_DIR, DEVICE, ISOLATION, CANDIDATE_TIMEOUT_S, LOCK_TIMEOUT_S, RANKS_TIMEOUT_S, BUDGET_S, SEARCH, DEFAULTS),
+    (CACHE_DIR, DEVICE, ISOLATION, WORKER_PYTHON, CANDIDATE_TIMEOUT_S, LOCK_TIMEOUT_S, RANKS_TIMEOUT_S, BUDGET_S,
+     SEARCH, DEFAULTS),
 )
 
 #: the settings a context reads instead of the environment (a background job's thread: those at its start)

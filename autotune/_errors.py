@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import shlex
 from collections.abc import Iterable, Sequence
 
 
@@ -125,6 +126,28 @@ class CalibrationError(AutotuneError, RuntimeError):
             "Fix the model kind's build() or run `python -m autotune --explain "
             f"{self.model_kind}` for details"
         )
+
+
+class WorkerStartError(AutotuneError, RuntimeError):
+    """The calibration worker process could not start, or started something other than autotune's worker (in a
+    frozen app without ``autotune.freeze_support()``, a second copy of the app); nothing is measured or stored.
+    ``argv`` is its command line, ``status`` its exit status (None: still running when it was killed),
+    ``stderr`` its last lines."""
+
+    def __init__(self, why: str, argv: Sequence[str], *, status: int | None = None, stderr: Sequence[str] = (),
+                 advice: str) -> None:
+        self.why = why
+        self.argv = list(argv)
+        self.status = status
+        self.stderr = [line.rstrip() for line in stderr if line.strip()]
+        self.advice = advice
+        super().__init__(why, self.argv, status, self.stderr, advice)
+
+    def __str__(self) -> str:
+        status = f", exit status {self.status}" if self.status is not None else ""
+        said = f"; its stderr ended: {' | '.join(self.stderr[-5:])[-600:]}" if self.stderr else ""
+        return (f"the calibration worker could not start: {self.why} (command: {shlex.join(self.argv)}{status})"
+                f"{said}. {self.advice}")
 
 
 class CalibrationCancelled(AutotuneError):

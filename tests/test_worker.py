@@ -288,7 +288,7 @@ def test_a_worker_started_early_that_died_is_replaced_and_one_nobody_takes_is_ki
 def test_a_worker_started_early_that_dies_before_its_first_job_is_replaced_once(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
 ) -> None:
-    from autotune._errors import CalibrationError
+    from autotune._errors import WorkerStartError
     from autotune._worker import launch
 
     autotune.register_family("tiny", "families_for_tests:build_tiny")
@@ -312,8 +312,9 @@ def test_a_worker_started_early_that_dies_before_its_first_job_is_replaced_once(
         assert taken is not None
         monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(dying), *filter(None, [os.environ.get("PYTHONPATH")])]))
         os.killpg(taken, signal.SIGKILL)
-        with pytest.raises(CalibrationError, match="status 7"):
+        with pytest.raises(WorkerStartError, match="exit status 7") as raised:
             worker.run_family(get_family("tiny"), SETTINGS)
+        assert raised.value.status == 7
         assert worker.starts == 2
 
 
@@ -321,12 +322,14 @@ def test_a_worker_started_early_that_dies_before_its_first_job_is_replaced_once(
 def test_a_worker_started_early_gets_through_a_chatty_import_before_anyone_takes_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    from autotune._lab import entry
     from autotune._lab.protocol import EVENT, Ready
     from autotune._worker import launch
 
     monkeypatch.setenv("PYTHONVERBOSE", "1")  # the worker writes a line to stderr for each module it imports
     launch.start_early()
     early = launch._early[0]
+    assert early.lines.get(timeout=120) == entry.HELLO + "\n"
     line = early.lines.get(timeout=120)  # its stderr, far more than a pipe holds, was read meanwhile
     assert line is not None and isinstance(EVENT.validate_json(line), Ready)
     assert any("import" in tail for tail in early.stderr_tail)

@@ -106,11 +106,14 @@ def _digest() -> str:
 
 
 def _files_stamp() -> str:
-    """What changes when any rule module's file does (its path, time and size), for this Python and autotune."""
+    """What changes when any rule module's file does (its path, time and size), for this Python and autotune. In a
+    frozen app the modules are inside the app's executable, whose own file then stands for them."""
     parts: list[object] = [sys.version, __version__]
     for name in (*RULE_MODULES, _SETTINGS):
         spec = importlib.util.find_spec(name)
         origin = spec.origin if spec is not None else None
+        if origin is not None and not os.path.isfile(origin):
+            origin = sys.executable
         st = os.stat(origin) if origin is not None else None
         parts.append((name, origin, st.st_mtime_ns if st else None, st.st_size if st else None))
     return hashlib.sha256(repr(parts).encode()).hexdigest()[:16]

@@ -13,6 +13,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from typing import IO
 
 import torch
 
@@ -98,11 +99,9 @@ def calibrate(job: Job, emit: Callable[[Planned | Begin | Failed | Checkpoint | 
     return bool(finished)
 
 
-def main() -> int:
-    """Say :class:`Ready`, then measure each job on stdin until it closes; the worker's exit status."""
-    protocol = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")  # line-buffered: each event is flushed
-    os.dup2(2, 1)  # print() and C-level writes from model code go to stderr, not into the protocol
-    sys.stdout = sys.stderr
+def main(protocol: IO[str]) -> int:
+    """Say :class:`Ready` on ``protocol`` (``entry`` keeps the original stdout for it), then measure each job on
+    stdin until it closes; the worker's exit status."""
     import faulthandler
 
     faulthandler.enable()  # a segfault or abort leaves a Python traceback in stderr, which the host keeps

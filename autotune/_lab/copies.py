@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import queue
+import shlex
 import subprocess
 import sys
 import threading
@@ -26,6 +27,7 @@ from pydantic import BaseModel, ConfigDict
 
 from autotune import _fp32
 from autotune._families import Family
+from autotune._lab import entry
 from autotune._lab.measure import Steppable
 from autotune._lab.step import TrainStep
 from autotune._records import Candidate
@@ -70,12 +72,18 @@ class Load:
     around each block of its timed steps."""
 
     def __init__(self, copies: int, setup: LoadSetup) -> None:
-        argv = [sys.executable, "-m", "autotune._lab.entry", str(os.getpid()), "copies"]
+        argv = entry.command(os.getpid(), "copies")
         self._copies: list[subprocess.Popen[str]] = []
         try:
             for _ in range(copies):
                 self._copies.append(subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                                      text=True, encoding="utf-8"))
+            for copy in self._copies:
+                assert copy.stdout is not None
+                said = copy.stdout.readline().strip()
+                if said != entry.HELLO:
+                    raise LoadFailed(f"a copy of the step ({shlex.join(argv)}) said {said[:200]!r} where "
+                                     f"{entry.HELLO!r} was expected (status {copy.poll()})")
             self._send(setup.model_dump_json())
         except BaseException:
             self.close()
@@ -178,11 +186,9 @@ def _read_orders(stream: IO[str], orders: queue.Queue[object]) -> None:
     orders.put(_END)
 
 
-def main() -> int:
-    """A copy: read the set-up, then run what each order says until the worker closes the orders."""
-    protocol = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
-    os.dup2(2, 1)  # model code that prints must not corrupt the answers
-    sys.stdout = sys.stderr
+def main(protocol: IO[str]) -> int:
+    """A copy: read the set-up, then run what each order says until the worker closes the orders; answers go to
+    ``protocol`` (``entry`` keeps the original stdout for it)."""
     setup = LoadSetup.model_validate_json(sys.stdin.readline())
     sys.path[:0] = [p for p in setup.sys_path if p not in sys.path]
     torch.set_num_threads(setup.threads)

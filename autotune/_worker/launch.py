@@ -27,6 +27,7 @@ from typing import TextIO
 from autotune import _env
 from autotune._cache.locks import held_elsewhere, measuring_lock
 from autotune._errors import ConfigurationError
+from autotune._lab import entry
 
 if sys.platform == "win32":
     from autotune._worker._windows import ProcessTree
@@ -35,9 +36,9 @@ else:
 
 
 def worker_argv() -> list[str]:
-    """How the host starts a worker: this interpreter, autotune's own entry point (never the app's), and the
-    host's pid (the worker dies with it)."""
-    return [sys.executable, "-m", "autotune._lab.entry", str(os.getpid())]
+    """How the host starts a worker: autotune's own entry point (never the app's main; in a frozen app, the app
+    told to be the worker), and the host's pid (the worker dies with it)."""
+    return entry.command(os.getpid())
 
 
 class Launched:
@@ -45,6 +46,7 @@ class Launched:
     in ``lines`` (None at its end), the last lines of stderr in ``stderr_tail``."""
 
     def __init__(self, argv: list[str]) -> None:
+        self.argv = argv
         self.tree = ProcessTree(argv)
         self.launched = time.perf_counter()
         self.lines: queue.Queue[str | None] = queue.Queue()
@@ -74,10 +76,11 @@ def start_early() -> None:
     try:
         if _early or _env.ISOLATION.get() != "subprocess" or _cores() < 2 or held_elsewhere(measuring_lock()):
             return
+        argv = worker_argv()
     except ConfigurationError:
         return
     try:
-        _early.append(Launched(worker_argv()))
+        _early.append(Launched(argv))
     except OSError:
         return
     if not _registered:

@@ -6,6 +6,8 @@ session, ``killpg``), ``_windows`` (a job object, ``TerminateJobObject``);
 either way a timeout kills the worker and anything it started. Events arrive on a reader thread; the host
 waits with a timeout since the last event, so a hung candidate is killed and recorded as ``timeout``; a
 worker that dies is classified from its exit status and the tail of its stderr (signal, OOM, exit status).
+A worker that never gets ready (it cannot start, says something other than autotune's hello, or stays silent)
+is no candidate's failure: :class:`~autotune.WorkerStartError` says what ran and what to do.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from dataclasses import dataclass, field
 
 from pydantic import ValidationError
 
+from autotune._errors import WorkerStartError
+from autotune._lab import entry
 from autotune._lab.protocol import (
     EVENT,
     Begin,
@@ -45,7 +49,9 @@ log = logging.getLogger("autotune")
 Progress = Callable[[Candidate | None, float], None]
 Event = Planned | Begin | Failed | Checkpoint | Done | Traced | Checked | MemoryProbed
 
-#: the worker imports torch before its first word; allow a slow disk that long whatever the candidate timeout
+#: the worker says hello before it imports anything heavy: an interpreter's start (a frozen app's included)
+HELLO_TIMEOUT_S = 30.0
+#: then it imports torch and warms up before it is ready; allow a slow disk that long whatever the candidate timeout
 STARTUP_TIMEOUT_S = 120.0
 
 
@@ -62,11 +68,13 @@ class Process:
     """A running worker process: its protocol lines, its stderr tail, when it started and was ready."""
 
     def __init__(self, launched: Launched, *, early: bool = False) -> None:
+        self.argv = launched.argv
         self.tree = launched.tree
         self.proc = launched.tree.proc
         self.lines = launched.lines
         self.stderr_tail = launched.stderr_tail
         self.launched = launched.launched
+        self.said_hello = False
         self.ready_at: float | None = None
         self.threads = launched.readers
         #: started by ``launch`` before anyone asked for it
@@ -93,18 +101,29 @@ class Process:
             pass  # the worker died; its exit status says why
         last_event = time.monotonic()
         while True:
-            limit = timeout_s if self.ready_at is not None else max(timeout_s, STARTUP_TIMEOUT_S)
+            if self.ready_at is not None:
+                limit = timeout_s
+            else:
+                limit = max(timeout_s, STARTUP_TIMEOUT_S) if self.said_hello else HELLO_TIMEOUT_S
             try:
                 line = self.lines.get(timeout=max(0.0, limit - (time.monotonic() - last_event)))
             except queue.Empty:
                 silent = time.monotonic() - last_event
+                if self.ready_at is None:
+                    raise self._unstarted(f"it said nothing for {silent:.0f} s" if not self.said_hello else
+                                          f"it was not ready {silent:.0f} s after it started") from None
                 self.kill()
                 what = attempt.in_flight.label if attempt.in_flight else "the worker"
                 attempt.ended = Failure(kind="timeout", detail=f"{what} made no progress for {silent:.0f} s; killed")
                 break
             if line is None:
+                if self.ready_at is None:
+                    raise self._unstarted("it stopped before it was ready")
                 break
             last_event = time.monotonic()
+            if not self.said_hello:
+                self._hello(line.strip())
+                continue
             try:
                 event = EVENT.validate_json(line)
             except ValidationError:
@@ -125,6 +144,29 @@ class Process:
             attempt.ended = _crash_failure(returncode, list(self.stderr_tail))
         return False
 
+    def _hello(self, said: str) -> None:
+        """The worker's first line must be :data:`entry.HELLO`: anything else means the command started something
+        other than this installation's worker (a frozen app's own main, another autotune, a chatty interpreter)."""
+        if said == entry.HELLO:
+            self.said_hello = True
+            return
+        if said.startswith("autotune-worker "):
+            raise self._unstarted(f"it runs autotune {said.removeprefix('autotune-worker ')}, this process "
+                                  f"{entry.HELLO.removeprefix('autotune-worker ')}")
+        raise self._unstarted(f"it wrote {said[:200]!r} where autotune's worker says {entry.HELLO!r} first")
+
+    def _unstarted(self, why: str) -> WorkerStartError:
+        """The error for a worker that never became ready, once it is gone: its exit status (None when it was
+        still running and killed) and the last lines of its stderr."""
+        status = self.proc.poll()
+        if status is None:
+            self.tree.kill()
+        self.proc.wait()
+        for thread in self.threads:
+            thread.join(timeout=5)
+        return WorkerStartError(why, self.argv, status=status, stderr=list(self.stderr_tail),
+                                advice=start_advice(self.argv))
+
     def kill(self) -> None:
         """Kill the worker and anything it started, and reap it."""
         self.tree.kill()
@@ -139,6 +181,16 @@ class Process:
             self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             self.kill()
+
+
+def start_advice(argv: list[str]) -> str:
+    """What to do about a worker started with ``argv`` that did not start."""
+    if argv[1:2] == [entry.WORKER_FLAG]:
+        return ("This app runs frozen, and its executable runs the app's own code: call autotune.freeze_support() "
+                "first in its entry point (a PyInstaller build with autotune installed needs no call), or name a "
+                "Python that can import autotune and torch in AUTOTUNE_WORKER_PYTHON")
+    return ("Check that this interpreter can import autotune and torch, or name one that can in "
+            "AUTOTUNE_WORKER_PYTHON; where no process can be started, set AUTOTUNE_ISOLATION=inprocess")
 
 
 def record(event: Event, attempt: Attempt, progress: Progress | None) -> None:
@@ -178,4 +230,4 @@ def _crash_failure(returncode: int, stderr_tail: list[str]) -> Failure:
     return Failure(kind="crashed", detail=detail)
 
 
-__all__ = ["STARTUP_TIMEOUT_S", "Event", "Process", "Progress", "record"]
+__all__ = ["HELLO_TIMEOUT_S", "STARTUP_TIMEOUT_S", "Event", "Process", "Progress", "record", "start_advice"]

@@ -23,7 +23,7 @@ from types import TracebackType
 import torch
 
 from autotune import _fp32
-from autotune._errors import CalibrationCancelled, CalibrationError, TraceError
+from autotune._errors import CalibrationCancelled, CalibrationError, TraceError, WorkerStartError
 from autotune._families import Family
 from autotune._lab import load
 from autotune._lab.child import Control, calibrate
@@ -49,7 +49,7 @@ from autotune._lab.trace import traced_or_failure
 from autotune._records import Candidate, CandidateResult, Failure, FamilyResult, TraceReport
 from autotune._version import __version__
 from autotune._worker.launch import worker_argv
-from autotune._worker.process import Attempt, Event, Process, Progress, record
+from autotune._worker.process import Attempt, Event, Process, Progress, record, start_advice
 
 log = logging.getLogger("autotune")
 
@@ -61,7 +61,6 @@ class Worker:
         self.timeout_s = timeout_s
         self._process: Process | None = None
         self._warm = False
-        self.start_failure: Failure | None = None
         #: worker processes started so far: 1 for a calibration without crashes
         self.starts = 0
         self._cancelled = threading.Event()
@@ -90,7 +89,8 @@ class Worker:
         return self._cancelled.is_set()
 
     def start(self) -> None:
-        """Start the worker process now, so its interpreter start overlaps the host's own work."""
+        """Start the worker process now, so its interpreter start overlaps the host's own work; raises
+        :class:`WorkerStartError` when no process can be started."""
         with self._guard:
             self._start()
 
@@ -99,14 +99,11 @@ class Worker:
             raise CalibrationCancelled()
         if self.isolation == "inprocess" or self._process is not None:
             return
+        argv = worker_argv()
         try:
-            process = Process.spawn(worker_argv())
+            process = Process.spawn(argv)
         except OSError as exc:
-            self.start_failure = Failure(kind="crashed", detail=(
-                f"cannot start a worker process ({exc}); hosts that cannot start processes can set "
-                "AUTOTUNE_ISOLATION=inprocess"))
-            return
-        self.start_failure = None
+            raise WorkerStartError(f"no process could be started ({exc})", argv, advice=start_advice(argv)) from exc
         self._process = process
         self.starts += 1
 
@@ -208,9 +205,7 @@ class Worker:
                 return outcome
             raise TraceError(job.family.name, job.candidate.label, outcome.kind, outcome.detail)
         attempt = Attempt()
-        if self._send(job, attempt, None, until=(Traced, Failed)) is None:
-            failure = self.start_failure or Failure(kind="crashed", detail="no worker")
-            raise TraceError(job.family.name, job.candidate.label, failure.kind, failure.detail)
+        self._send(job, attempt, None, until=(Traced, Failed))
         for event in attempt.events:
             if isinstance(event, Traced):
                 return event.report
@@ -225,8 +220,8 @@ class Worker:
             with _fp32.preserved():
                 check(job, lambda event: record(event, attempt, None), clock=time.perf_counter, control=Control(),
                       settle=load.settle, watch=load.Watch(host=None))
-        elif self._send(job, attempt, None, until=(Checked,)) is None:
-            return None, [], self.start_failure
+        else:
+            self._send(job, attempt, None, until=(Checked,))
         checked = next((e for e in attempt.events if isinstance(e, Checked)), None)
         failed = [e.result for e in attempt.events if isinstance(e, Failed)]
         if checked is None and attempt.in_flight is not None and attempt.ended is not None:
@@ -244,24 +239,32 @@ class Worker:
         probed = next((e for e in attempt.events if isinstance(e, MemoryProbed)), None)
         if probed is not None:
             return probed
-        failure = attempt.ended or self.start_failure or Failure(kind="crashed", detail="the worker stopped")
+        failure = attempt.ended or Failure(kind="crashed", detail="the worker stopped")
         return MemoryProbed(batch_size=job.batch_size, peak_bytes=None, peak_reserved_bytes=None, free_bytes=None,
                             failure=failure)
 
     def _send(self, job: Job | TraceJob | CheckJob | MemoryProbeJob, attempt: Attempt, progress: Progress | None, *,
-              until: tuple[type[Event], ...]) -> Process | None:
-        """Run ``job`` in the worker (started if needed) up to one of ``until``; the process it ran in, or None
-        when no worker could start. A worker that died is forgotten (the next job starts a fresh one); one started
-        early that died before it said a word about its first job is replaced at once, as it would have been had
-        it died before it was taken (the job is not to blame: the fresh worker's death would be). On any
-        exception, ``KeyboardInterrupt`` and an app's cancel included, it is killed before the wait unwinds."""
+              until: tuple[type[Event], ...]) -> Process:
+        """Run ``job`` in the worker (started if needed) up to one of ``until``; the process it ran in. A worker
+        that died is forgotten (the next job starts a fresh one); one started early that died before it said a word
+        about its first job is replaced at once, as it would have been had it died before it was taken (the job is
+        not to blame: the fresh worker's death would be). One that never got ready raises
+        :class:`WorkerStartError`, unless it was cancelled. On any exception, ``KeyboardInterrupt`` and an app's
+        cancel included, it is killed before the wait unwinds."""
         self.start()
         process = self._process
-        if process is None:
-            return None
+        assert process is not None  # start() started one, or raised
         first_of_early = process.early and process.jobs == 0
         try:
             alive = process.run(job, attempt, self.timeout_s, progress, until=until)
+        except WorkerStartError as exc:
+            self._process = None
+            if self._cancelled.is_set():  # killed on purpose while it started: the caller sees no events
+                return process
+            if not first_of_early:
+                raise
+            log.info("the worker started early did not start (%s); starting another", exc.why)
+            return self._send(job, attempt, progress, until=until)
         except BaseException:
             process.kill()
             self._process = None
@@ -289,9 +292,6 @@ class Worker:
                           discard_on_device_error=False)
             return waited
         process = self._send(job, attempt, progress, until=(Done,))
-        if process is None:
-            attempt.ended = self.start_failure
-            return 0.0
         ready_at = process.ready_at if process.ready_at is not None else time.perf_counter()
         return max(0.0, ready_at - max(process.launched, since))
 
