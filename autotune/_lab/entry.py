@@ -80,9 +80,10 @@ def set_worker_python(path: str | os.PathLike[str] | None) -> None:
 
 
 def started_as_worker(argv: list[str] | None = None) -> bool:
-    """Was this process started as a frozen app's worker (``APP --autotune-worker HOST_PID``) by its parent?"""
+    """Was this process started as a frozen app's worker (``APP --autotune-worker HOST_PID``)? Its parent may be the
+    host or, in a one-file app, the app's bootloader between them."""
     args = sys.argv if argv is None else argv
-    return len(args) >= 3 and args[1] == WORKER_FLAG and args[2] == str(os.getppid())
+    return len(args) >= 3 and args[1] == WORKER_FLAG and args[2].isdigit()
 
 
 def freeze_support() -> None:
@@ -108,26 +109,43 @@ def not_a_worker() -> None:
 
 
 def die_with_the_host(host_pid: int) -> None:
-    """Exit when the host ``host_pid`` is gone: now if it is already, else as soon as it goes."""
+    """Exit when the host ``host_pid`` is gone: now if it is already, else as soon as it goes. The host is the
+    parent, or (a one-file frozen app) the parent's parent: its bootloader unpacks the app, then runs it as a child."""
     if sys.platform.startswith("linux"):
         import ctypes
         import signal
 
         with contextlib.suppress(OSError, AttributeError):
             libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: the kernel kills us when the host thread dies
-    if os.getppid() != host_pid:
-        os._exit(1)  # the host died before we could watch it: nobody will read our results
-    if sys.platform == "win32":
+            libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: the kernel kills us when the parent thread dies
+    if sys.platform == "win32":  # the host's job object kills every process in it when the host goes
         return
+    parent = os.getppid() == host_pid
+
+    def gone() -> bool:
+        # A parent that died changes getppid() (no pid reuse can fool it); a host further up is asked directly.
+        return os.getppid() != host_pid if parent else not _alive(host_pid)
+
+    if gone():
+        os._exit(1)  # the host died before we could watch it: nobody will read our results
 
     def watchdog() -> None:
         while True:
             time.sleep(_WATCHDOG_PERIOD_S)
-            if os.getppid() != host_pid:
+            if gone():
                 os._exit(1)  # the host is gone: nobody will read our results
 
     threading.Thread(target=watchdog, name="autotune-watchdog", daemon=True).start()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # POSIX: a signal that is never sent, only checked
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def serve(host_pid: int, role: list[str]) -> None:
