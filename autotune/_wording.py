@@ -1,11 +1,12 @@
 """The words of a decision for people: its reason (one sentence of at most ``REASON_CHARS`` from the
 evidence), the evidence's other lines (no usable GPU, a demotion, the qualifiers, a failure's retry), what a
-training loop saw of its time, and a ratio, a time or an amount of memory. Pure: words from records; nothing here
-measures or decides."""
+training loop saw of its time, a ratio, a time or an amount of memory, and others' text as autotune may repeat it
+(:func:`printable`). Pure: words from records; nothing here measures or decides."""
 
 from __future__ import annotations
 
 import datetime as dt
+import re
 from collections.abc import Sequence
 
 from autotune import _variants
@@ -25,6 +26,26 @@ from autotune._records import (
     Replay,
     Rival,
 )
+
+# -- others' text ------------------------------------------------------------------------------------------------
+
+#: the most characters of one string from outside that autotune repeats: several times the longest it writes itself
+#: (a failure's first line, a dataset's signature: a few hundred)
+TEXT_CHARS = 1000
+#: C0 and C1 control characters and DEL: escape sequences (ESC, CSI), carriage returns, bells, line breaks
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+#: the control characters that separate words (tab, line breaks): a space, so the words stay apart
+_SPACING = re.compile(r"[\t\n\v\f\r\x85]")
+
+
+def printable(text: str) -> str:
+    """``text`` from outside (a file, another process's name) as a terminal may be shown it: no control character
+    (an escape sequence cannot clear the screen or forge a line; a carriage return cannot hide what precedes it;
+    tabs and line breaks become spaces), at most ``TEXT_CHARS`` characters, the cut marked ``…``."""
+    if _CONTROL.search(text) is not None:
+        text = _CONTROL.sub("", _SPACING.sub(" ", text))
+    return text if len(text) <= TEXT_CHARS else text[:TEXT_CHARS - 1] + "…"
+
 
 # -- amounts -----------------------------------------------------------------------------------------------------
 
@@ -505,6 +526,7 @@ def _fitting(answer: str, forms: Sequence[str], *, short: str | None = None) -> 
 __all__ = [
     "HEADLINE_ERROR",
     "REASON_CHARS",
+    "TEXT_CHARS",
     "agreed_reason",
     "answer_words",
     "cores_words",
@@ -516,6 +538,7 @@ __all__ = [
     "mib_words",
     "no_gpu_words",
     "noise_words",
+    "printable",
     "qualifiers",
     "ratio_words",
     "reason",

@@ -46,9 +46,10 @@ time.sleep(3600)
 
 
 @contextmanager
-def competitor() -> Iterator[subprocess.Popen[str]]:
-    """A real competing process, busy from the moment this yields until it ends."""
-    process = subprocess.Popen([sys.executable, "-c", COMPETITOR], stdout=subprocess.PIPE, text=True)
+def competitor(name: str | None = None) -> Iterator[subprocess.Popen[str]]:
+    """A real competing process, busy from the moment this yields until it ends; ``name``: what it calls itself."""
+    named = f"open('/proc/self/comm', 'w').write({name!r})\n" if name is not None else ""
+    process = subprocess.Popen([sys.executable, "-c", named + COMPETITOR], stdout=subprocess.PIPE, text=True)
     try:
         assert process.stdout is not None and process.stdout.readline().strip() == "running"
         yield process
@@ -100,6 +101,23 @@ def test_a_competing_process_is_named_with_its_share_of_a_core(reader: str) -> N
     assert named.get(busy.pid, 0.0) > 0, seen.processes
     assert stopped is not None and busy.pid not in {p.pid for p in stopped.processes}
     assert os.getpid() not in {*named, *(p.pid for p in stopped.processes)}  # the worker's own time is not another's
+
+
+@pytest.mark.parametrize("reader", ["_proc", "_psutil"], ids=["proc", "psutil"])
+def test_a_process_that_names_itself_with_escape_sequences_is_named_printably(
+        reader: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Any user may name a process (15 bytes of anything but NUL), and a noisy result's reason names the busiest.
+    if reader == "_psutil":
+        pytest.importorskip("psutil")
+    source = importlib.import_module(f"autotune._lab.load.{reader}")
+    monkeypatch.setattr(load, "PROCESSES_NAMED", 10**6)  # every process, however little of a core the machine's
+    monkeypatch.setattr(load, "PROCESS_FLOOR_CORES", 0.0)  # load leaves it: its name is the subject, not its share
+    with competitor(name="\x1b[2J\rbusy\x07") as busy:
+        window = Window(source, host=None)
+        threading.Event().wait(0.5)
+        seen = window.close()
+    assert seen is not None
+    assert {p.pid: p.name for p in seen.processes}.get(busy.pid) == "[2J busy", seen.processes
 
 
 def test_a_jobs_copies_of_the_timed_step_are_the_workers_own_time_not_another_process() -> None:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from samples import family, timed
+from samples import failed, family, timed
 
 import autotune
 from autotune._cache import demotions
@@ -18,7 +19,7 @@ from autotune._cache import lookup as _cached
 from autotune._cache.store import Store
 from autotune._cli import main
 from autotune._fingerprint import Fingerprint
-from autotune._records import Candidate, Demotion, Difference, FamilyResult
+from autotune._records import Candidate, Demotion, Difference, FamilyResult, MachineLoad, ProcessLoad
 
 
 def _measured() -> FamilyResult:
@@ -165,3 +166,67 @@ def test_a_similar_machines_answer_leaves_out_what_training_demoted_here(isolate
         model_kind="tiny_mlp", candidate=Candidate(device="cpu", precision="bf16-mixed"), seen="non_finite", step=10,
         detail="3 NaN losses", evidence=[float("nan")], at="2026-12-02", autotune_version="0"))
     assert autotune.best_config("tiny_mlp", wait=False).precision == "fp32"  # what guard.fallback() answers
+
+
+#: what a file may carry to a terminal: clear the screen, a carriage return over what precedes it, a C1 CSI, a
+#: window title (OSC ... BEL), and a claim of where the record came from
+HOSTILE = "\x1b[2J\rmeasured at ACME labs\x9b31m\x1b]0;owned\x07"
+#: any control character but the line feeds the output is made of
+RAW = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]")
+
+
+def _hostile_export(path: Path, cache: Path) -> None:
+    """An export of this machine's tiny_mlp, written by hand, whose free text all carries :data:`HOSTILE`, two
+    strings of it 10,000 characters long: the record's own claim of its origin, a failure's detail, backend and
+    search notes, a busy process's name."""
+    Store(cache).save(autotune.fingerprint(), family("tiny_mlp", timed("cpu", "fp32", 2.0),
+                                                     timed("cpu", "bf16-mixed", 1.0), noisy=True))
+    _exchange.export_results(Store(cache), path)
+    document = json.loads(path.read_bytes())
+    record = document["files"][0]["families"]["tiny_mlp"]
+    record["candidates"].append(failed("cpu", "fp16-mixed", "error", HOSTILE + "B" * 10_000).model_dump(mode="json"))
+    record.update(origin=HOSTILE + "A" * 10_000, backend_notes={"cuda": HOSTILE}, search_notes=[HOSTILE],
+                  noisy_because=["other_processes"], loads=[MachineLoad(window_s=1.0, other_cores=0.9, processes=[
+                      ProcessLoad(name=HOSTILE, pid=4242, cores=0.9)]).model_dump(mode="json")])
+    path.write_text(json.dumps(document))
+    assert "\\u001b[2J\\r" in path.read_text()  # JSON's escapes: the reader decodes them to the characters
+
+
+def _unsaid(text: str) -> None:
+    """Nothing of :data:`HOSTILE` reaches ``text`` raw, and no string from the file runs to 10,000 characters."""
+    assert RAW.search(text) is None, repr(RAW.search(text))
+    assert "A" * 1_000 not in text and "B" * 1_000 not in text
+
+
+def test_text_from_an_imported_file_reaches_the_terminal_printable_and_its_origin_is_the_files_name(
+        tmp_path: Path, isolated_autotune: Path, capsys: pytest.CaptureFixture[str],
+        caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "hostile.json"
+    _hostile_export(path, tmp_path / "elsewhere")
+    autotune.import_results(path)
+    config = autotune.best_config("tiny_mlp", wait=False)
+    assert config.source == "measured" and config.evidence is not None
+    assert config.evidence.origin is not None and config.evidence.origin.startswith(
+        "imported from hostile.json (exported 20")  # the file the user gave, not what the file says of itself
+    assert "imported from hostile.json" in config.reason and "ACME" not in config.reason
+    failure = next(r for r in config.evidence.rivals if r.failure is not None).failure
+    assert failure is not None and failure.detail.startswith("[2J measured at ACME labs31m]0;owned")
+    _unsaid(config.reason + config.model_dump_json())
+    assert main(["--explain", "tiny_mlp"]) == 0
+    assert main(["--family", "tiny_mlp"]) == 0  # the decisions table
+    out, err = capsys.readouterr()
+    assert "[2J measured at ACME labs31m]0;owned" in " ".join(out.split())  # said, but harmless
+    _unsaid(out + err + caplog.text)
+
+
+def test_a_shipped_files_origin_is_its_name_made_printable(tmp_path: Path, isolated_autotune: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    name = "vendor.json" if sys.platform == "win32" else "vendor\x1b[2J\r.json"  # Windows refuses such names
+    shipped = tmp_path / name
+    _hostile_export(shipped, tmp_path / "vendor")
+    monkeypatch.setenv("AUTOTUNE_DEFAULTS", str(shipped))
+    config = autotune.best_config("tiny_mlp", wait=False)
+    said = "vendor.json" if sys.platform == "win32" else "vendor[2J .json"
+    assert config.evidence is not None and config.evidence.origin == f"shipped in {said}"
+    assert config.reason.endswith(f"shipped in {said}")
+    _unsaid(config.reason + config.model_dump_json())

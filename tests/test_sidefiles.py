@@ -72,10 +72,14 @@ def test_a_change_that_cannot_be_written_holds_and_goes_with_the_next_write(
     assert files.read("abc") == {"first": 1, "second": 2}  # the file speaks now
 
 
+def _answer() -> MaxBatchReport:
+    return MaxBatchReport(model_kind="batched", candidate=FP32_CPU, batch_size=8, peak_bytes=1, limit_bytes=2,
+                          limit_from="memory_limit_mb", free_bytes=None, margin=0.15, target_bytes=1, line=None,
+                          probes=[], measured_at="2026-01-01T00:00:00+00:00", wall_s=1.0)
+
+
 def test_an_answer_this_version_cannot_read_costs_only_itself(caplog: pytest.LogCaptureFixture) -> None:
-    answer = MaxBatchReport(model_kind="batched", candidate=FP32_CPU, batch_size=8, peak_bytes=1, limit_bytes=2,
-                            limit_from="memory_limit_mb", free_bytes=None, margin=0.15, target_bytes=1, line=None,
-                            probes=[], measured_at="2026-01-01T00:00:00+00:00", wall_s=1.0)
+    answer = _answer()
     answers = batch_answers.Answers("abc")
     answers.put("good", answer)
     assert batch_answers.FILES.update("abc", _add("broken", {"batch_size": "many"}), "lost")
@@ -85,3 +89,10 @@ def test_an_answer_this_version_cannot_read_costs_only_itself(caplog: pytest.Log
     assert answers.get("good") == answer
     answers.put("new", answer)  # the unreadable one is written back as it was read
     assert json.loads(answers.path.read_text())["reports"]["broken"] == {"batch_size": "many"}
+
+
+def test_a_question_with_control_characters_or_of_any_length_is_found_again() -> None:
+    # A read of the file gives back printable text only; a question (a DataLoader's key=) may be anything.
+    question = "version 2\nof the photos\x1b[2J" + "x" * 2_000
+    batch_answers.Answers("abc").put(question, _answer())
+    assert batch_answers.Answers("abc").get(question) == _answer()

@@ -6,6 +6,8 @@ links, in a directory that is ours alone, pruned by last use.
   by the next writer of the same file.
 - ``read_regular``: a regular file's bytes (never a link, a directory, a named pipe, nor more than
   ``MAX_FILE_BYTES``), and its identity, to notice another process replacing it.
+- ``load_json``: a file's JSON with every string in it :func:`~autotune._wording.printable`: the one way text from a
+  file reaches reasons, ``--explain``, log lines and errors, whatever sink says it.
 - ``directory_problem``: a directory other users can write is refused (they could plant results or links).
 - Pruning keeps every file used in the last ``KEEP_USED_DAYS`` days (each use writes the time into
   ``<digest>.used``, so it depends neither on atime nor on another environment's writes), the
@@ -27,6 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from autotune._wording import printable
 
 log = logging.getLogger("autotune")
 
@@ -107,6 +111,22 @@ def read_regular(path: Path) -> tuple[bytes | None, tuple[int, ...]]:
         return b"".join(chunks), found
     finally:
         os.close(fd)
+
+
+def load_json(raw: bytes) -> Any:
+    """The JSON document in a file's bytes, every string in it (keys too) made printable: no control character, at
+    most ``TEXT_CHARS`` characters. Raises ValueError (not JSON, not UTF-8) or RecursionError (nested too deeply)."""
+    return _printable(json.loads(raw))
+
+
+def _printable(value: Any) -> Any:
+    if isinstance(value, str):
+        return printable(value)
+    if isinstance(value, dict):
+        return {printable(k): _printable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_printable(v) if isinstance(v, (str, dict, list)) else v for v in value]  # a number needs no call
+    return value
 
 
 def identity(st: os.stat_result) -> tuple[int, ...]:
@@ -243,7 +263,7 @@ def utc_stamp() -> str:
 
 __all__ = [
     "KEEP_FILES", "KEEP_QUARANTINED", "KEEP_USED_DAYS", "MAX_FILE_BYTES", "Refused", "directory_problem",
-    "identity", "mark_used", "os_reason", "prune", "read_regular", "refuse_link", "remove_stale_temps",
+    "identity", "load_json", "mark_used", "os_reason", "prune", "read_regular", "refuse_link", "remove_stale_temps",
     "strict_json", "unusable_directory",
     "utc_stamp", "write_atomic",
 ]

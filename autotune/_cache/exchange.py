@@ -1,10 +1,12 @@
 """Results an app can ship or share: export, import (untrusted input) and a read-only defaults layer.
 
 An export file holds whole results files (each with its fingerprint), so a reader knows exactly which machine
-configuration measured what. Reading one trusts nothing: the size is capped before parsing, the content is
-validated by the store's own pydantic models (no pickle, no eval), names that end up in file names are
-checked, and every record is validated before the first one is written. Writing goes through the store's
-locked, atomic save, one results file at a time; a family this machine measured itself is never replaced.
+configuration measured what. Reading one trusts nothing: the size is capped before parsing, every string in it is
+made printable (``_disk.load_json``), the content is validated by the store's own pydantic models (no pickle, no
+eval), names that end up in file names are checked, and every record is validated before the first one is written.
+Where a record came from is the file's name as the user gave it ("imported from results.json", "shipped in
+defaults.json"), never what the file says of itself. Writing goes through the store's locked, atomic save, one
+results file at a time; a family this machine measured itself is never replaced.
 
 The defaults layer (``AUTOTUNE_DEFAULTS=FILE`` or :func:`use_defaults`) is an export file shipped with an app
 and never written: a record whose fingerprint matches this machine exactly serves as measured when the user's
@@ -24,11 +26,13 @@ from typing import Literal
 
 from pydantic import ValidationError
 
+from autotune._cache import disk as _disk
 from autotune._cache.store import SCHEMA_VERSION, Store, StoreFile, write_atomic
 from autotune._env import DEFAULTS
 from autotune._errors import ImportFileError
 from autotune._records import FamilyResult, Record
 from autotune._version import __version__
+from autotune._wording import printable
 
 log = logging.getLogger("autotune")
 
@@ -80,12 +84,13 @@ def read_export(path: Path) -> ExportFile:
     if len(raw) > MAX_BYTES:
         raise ImportFileError(str(path), f"it is larger than {MAX_BYTES // 2**20} MiB, far more than results take")
     try:
-        export = ExportFile.model_validate_json(raw)
+        export = ExportFile.model_validate(_disk.load_json(raw))
+    except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, nested too deeply
+        raise ImportFileError(str(path), "not a valid autotune results file (truncated or not JSON)") from exc
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "the top level"
-        what = "truncated or not JSON" if first["type"] == "json_invalid" else f"{where}: {first['msg']}"
-        raise ImportFileError(str(path), f"not a valid autotune results file ({what})") from exc
+        raise ImportFileError(str(path), f"not a valid autotune results file ({where}: {first['msg']})") from exc
     if export.schema_version != SCHEMA_VERSION:
         raise ImportFileError(str(path), f"written with results schema {export.schema_version}; this autotune "
                               f"reads schema {SCHEMA_VERSION}")
@@ -101,7 +106,7 @@ def read_export(path: Path) -> ExportFile:
 def import_results(store: Store, path: Path) -> ImportSummary:
     """Merge an export file into ``store``; families measured here already are kept (local results win)."""
     export = read_export(path)  # everything validated before the first write
-    origin = f"imported from {path.name} (exported {export.exported_at[:10]})"
+    origin = f"imported from {printable(path.name)} (exported {export.exported_at[:10]})"
     imported: list[tuple[str, str]] = []
     kept: list[tuple[str, str]] = []
     for stored in export.files:
@@ -112,7 +117,7 @@ def import_results(store: Store, path: Path) -> ImportSummary:
             if mine is not None and mine.origin is None:
                 kept.append((digest, kind))
                 continue
-            store.save(stored.fingerprint, result.model_copy(update={"origin": result.origin or origin}))
+            store.save(stored.fingerprint, result.model_copy(update={"origin": origin}))
             imported.append((digest, kind))
     log.info("imported %d record(s) from %s; kept %d measured here", len(imported), path, len(kept))
     return ImportSummary(imported=imported, kept=kept)
@@ -158,9 +163,9 @@ def _load(path: Path) -> list[StoreFile]:
     key = (str(path), st.st_mtime_ns, st.st_size)
     files = _loaded.get(key)
     if files is None:
-        origin = f"shipped in {path.name}"
+        origin = f"shipped in {printable(path.name)}"
         files = [stored.model_copy(update={"families": {
-            k: r.model_copy(update={"origin": r.origin or origin}) for k, r in stored.families.items()}})
+            k: r.model_copy(update={"origin": origin}) for k, r in stored.families.items()}})
             for stored in read_export(path).files]
         _loaded.clear()
         _loaded[key] = files

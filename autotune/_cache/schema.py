@@ -6,7 +6,8 @@
   wrong types, NaN where a measured number belongs) is listed with why, and the other families still serve.
 - ``render`` writes back everything as it was read, fields this version does not know included, with one
   family replaced.
-- Nothing read is executed: JSON validated by pydantic, no pickle, no eval.
+- Nothing read is executed: JSON validated by pydantic, no pickle, no eval; every string in it is made printable
+  (``disk.load_json``) before anything can say it.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ class Newer:
 def parse(raw: bytes) -> Parsed | Unreadable | Newer:
     """A results file's bytes, judged as a whole and family by family."""
     try:
-        document = json.loads(raw)
+        document = _disk.load_json(raw)
     except (ValueError, RecursionError) as exc:  # RecursionError: JSON nested thousands deep
         return Unreadable(f"not JSON: {str(exc)[:120] or type(exc).__name__}")
     if not isinstance(document, dict):

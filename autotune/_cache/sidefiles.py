@@ -2,8 +2,9 @@
 ``<cache dir>/<room>/<digest>.json`` as ``{"schema_version": 1, <section>: {<key>: <entry>, ...}}`` (demotions,
 loop summaries, max-batch and DataLoader answers). One set of rules for all of them, the results files' (``store``):
 
-- Read without trusting it: never through a link nor more than ``MAX_FILE_BYTES``; each entry is its user's to
-  validate, one at a time, so one entry this version cannot read costs that entry alone.
+- Read without trusting it: never through a link nor more than ``MAX_FILE_BYTES``, every string in it printable
+  (``disk.load_json``); each entry is its user's to validate, one at a time, so one entry this version cannot read
+  costs that entry alone.
 - Written under a lock, read-merge-write, whole or not at all, in strict JSON; the other keys' entries and fields
   this version does not know are written back as they were read, so two processes that write two keys keep both.
 - A file that is no such document (not JSON, too large, another shape) is ignored and moved to ``*.corrupt-<utc>``
@@ -29,6 +30,7 @@ from autotune._cache import disk as _disk
 from autotune._cache.locks import lock_file
 from autotune._cache.store import default_root
 from autotune._env import LOCK_TIMEOUT_S
+from autotune._wording import printable
 
 log = logging.getLogger("autotune")
 
@@ -153,7 +155,7 @@ class SideFile:
         why = "larger than any such file" if raw is None else None
         if raw is not None:
             try:
-                document = json.loads(raw)
+                document = _disk.load_json(raw)
             except (ValueError, RecursionError) as exc:
                 why = f"not JSON: {str(exc)[:120] or type(exc).__name__}"
         version = document.get("schema_version") if isinstance(document, dict) else None
@@ -182,7 +184,7 @@ class Answers(Generic[R]):
         self.path = files.path(digest)
 
     def get(self, key: str) -> R | None:
-        entry = self.files.read(self.digest).get(key)
+        entry = self.files.read(self.digest).get(printable(key))  # the key as a read of the file gives it back
         if entry is None:
             return None
         try:
@@ -193,6 +195,7 @@ class Answers(Generic[R]):
 
     def put(self, key: str, answer: R) -> None:
         entry = json.loads(answer.model_dump_json())
+        key = printable(key)
 
         def change(section: Section) -> Section:
             answers = {**section, key: entry}

@@ -30,6 +30,7 @@ from collections.abc import Iterator, Sequence
 
 from autotune._lab.load.api import MachineTimes, Reader
 from autotune._records import MachineLoad, ProcessLoad
+from autotune._wording import printable
 
 #: the longest :func:`settle` waits for this process's threads to stop running: a spin counted in iterations
 #: lasts longer on a loaded machine; Intel's OpenMP spins 200 ms by default (``KMP_BLOCKTIME``), and the control
@@ -118,7 +119,9 @@ class Window:
             if self.host is not None and self.host in used:
                 host_cores = round(used[self.host][1] / elapsed, 3)
             busiest = sorted(used.items(), key=lambda item: -item[1][1])[:PROCESSES_NAMED]
-            processes = [ProcessLoad(name=name, pid=pid, cores=round(cpu_s / elapsed, 3), host=pid == self.host)
+            # A process's name is its owner's to choose (any user's, escape sequences included), and reasons name it.
+            processes = [ProcessLoad(name=printable(name), pid=pid, cores=round(cpu_s / elapsed, 3),
+                                     host=pid == self.host)
                          for pid, (name, cpu_s) in busiest if cpu_s / elapsed >= PROCESS_FLOOR_CORES]
         return MachineLoad(window_s=round(elapsed, 3), other_cores=other_cores, steal=steal, host_cores=host_cores,
                            processes=processes)
