@@ -8,7 +8,7 @@ import inspect
 import logging
 import sys
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, Literal, TypeVar, cast
+from typing import Any, Literal, TypeVar
 
 import torch
 from pydantic import Field
@@ -135,17 +135,13 @@ class Config(Choice):
         return apply.forward(self, model), built
 
     def prepare_batch(self, batch: Batch) -> Batch:
-        """A batch (tensor, or tuple / list / dict of them) on the device; images in the measured layout.
+        """A batch as the loader hands it on the device, as calibration moved it; images in the measured layout.
 
-        ``images, labels = cfg.prepare_batch((images, labels))``
+        ``images, labels = cfg.prepare_batch((images, labels))``; ``batch = cfg.prepare_batch(encoding)``. The
+        tensors of a tensor, tuple, list, dict or other mapping (a Hugging Face ``BatchEncoding``) or dataclass,
+        nested, are moved into new containers of the same types; other values (ints, strings, None) are kept.
         """
-        if isinstance(batch, torch.Tensor):
-            return cast(Batch, apply.move(batch, torch.device(self.device), apply.batch_keywords(self, batch)))
-        if isinstance(batch, dict):
-            return cast(Batch, {k: self.prepare_batch(v) for k, v in batch.items()})
-        if isinstance(batch, (list, tuple)):
-            return type(batch)(self.prepare_batch(v) for v in batch)
-        return batch
+        return apply.move_batch(self, batch)
 
     def apply_threads(self) -> None:
         """Set torch's CPU thread count (process-wide) when fewer threads measured faster; else a no-op."""

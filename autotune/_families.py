@@ -12,14 +12,16 @@ import re
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from autotune import _batch
 from autotune._errors import BatchSizeUnsupportedError, FamilyRegistrationError, UnknownFamilyError
 
-LossFn = Callable[[nn.Module, tuple[Tensor, ...]], Tensor]
+LossFn = Callable[[nn.Module, Any], Tensor]
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
 
 
@@ -30,10 +32,16 @@ def adamw(params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
 
 @dataclass(frozen=True)
 class Workload:
-    """One batch of one model's training: ``loss(model, inputs)`` is forward + loss, on CPU tensors."""
+    """One batch of one model's training: ``loss(model, inputs)`` is forward + loss, on CPU tensors.
+
+    ``inputs`` is the batch as the app's loader hands it: a tensor, or tensors in a tuple, list, dict or other
+    mapping (a Hugging Face ``BatchEncoding``) or dataclass, nested, e.g. ``{"input_ids": ids, "attention_mask":
+    mask, "labels": labels}``; ints, strings and None beside them are handed to ``loss`` as they are. Each step moves
+    its tensors to the device as ``Config.prepare_batch`` does, into containers of the same types.
+    """
 
     model: nn.Module
-    inputs: tuple[Tensor, ...]
+    inputs: Any
     loss: LossFn
     optimizer: OptimizerFactory = field(default=adamw)
 
@@ -74,6 +82,11 @@ class Family:
             raise FamilyRegistrationError(
                 self.name, f"{self.ref}() returned {type(workload).__name__}, expected autotune.Workload"
             )
+        if (problem := _batch.problem(workload.inputs)) is not None:
+            raise FamilyRegistrationError(self.name, (
+                f"{self.ref}() returned a Workload whose {problem}: calibration moves a batch's tensors to each "
+                "device, so hand tensors (torch.as_tensor) and plain values (int, float, str, None), in tuples, "
+                "lists, dicts or dataclasses, as a DataLoader hands them"))
         return workload
 
     def accepts_batch_size(self) -> bool:

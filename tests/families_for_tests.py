@@ -10,6 +10,9 @@ import ctypes
 import os
 import time
 import weakref
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -461,3 +464,72 @@ def _slow_in(model: nn.Module, inputs: tuple[Tensor, ...]) -> Tensor:
 
 def build_slow_in() -> Workload:
     return _failing(_slow_in)
+
+
+# -- batches as loaders hand them ------------------------------------------------------------------------------
+
+
+def _text_model_loss(model: nn.Module, batch: Mapping[str, Tensor]) -> Tensor:
+    loss: Tensor = model(**batch).loss  # a Hugging Face model computes it from batch["labels"]
+    return loss
+
+
+def build_bert_encoding(batch_size: int = 16) -> Workload:
+    """A BERT classifier built from a config (2 layers, hidden 32, no weights) on the ``BatchEncoding`` a tokenizer
+    hands, padded: input_ids, attention_mask and labels."""
+    from transformers import BatchEncoding, BertConfig, BertForSequenceClassification  # seconds: only where used
+
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=16, num_labels=3)
+    mask = torch.ones(batch_size, 12, dtype=torch.long)
+    mask[: batch_size // 2, 9:] = 0
+    encoding = BatchEncoding({"input_ids": torch.randint(0, 100, (batch_size, 12)), "attention_mask": mask,
+                              "labels": torch.randint(0, 3, (batch_size,))})
+    return Workload(BertForSequenceClassification(config), encoding, _text_model_loss)
+
+
+class Images(NamedTuple):
+    pixels: Tensor
+    weights: Tensor
+
+
+def _weighted_images_loss(model: nn.Module, batch: list[Any]) -> Tensor:
+    images, labels = batch
+    return (F.cross_entropy(model(images.pixels), labels, reduction="none") * images.weights).mean()
+
+
+def build_nested_batch(batch_size: int = 16) -> Workload:
+    """A small conv net on ``[Images(pixels, weights), labels]``: a list holding a named tuple and a tensor, with
+    4-D images (channels_last is tried)."""
+    torch.manual_seed(0)
+    images = Images(torch.randn(batch_size, 3, 8, 8), torch.rand(batch_size))
+    return Workload(build_tiny_cnn().model, [images, torch.randint(0, 4, (batch_size,))], _weighted_images_loss)
+
+
+@dataclass
+class TokenBatch:
+    """A loader's batch as a dataclass: tensors beside a string and an int it hands on."""
+
+    tokens: Tensor
+    labels: Tensor
+    split: str = "train"
+    epoch: int | None = None
+
+
+def _token_loss(model: nn.Module, batch: TokenBatch) -> Tensor:
+    return F.cross_entropy(model(batch.tokens), batch.labels)
+
+
+def build_dataclass_batch(batch_size: int = 16) -> Workload:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(50, 8), nn.Flatten(), nn.Linear(8 * 6, 4))
+    batch = TokenBatch(torch.randint(0, 50, (batch_size, 6)), torch.randint(0, 4, (batch_size,)), epoch=3)
+    return Workload(model, batch, _token_loss)
+
+
+def build_numpy_in_batch() -> Workload:
+    """A batch that holds an array a custom collate_fn left unconverted: nothing calibration can move."""
+    base = build_tiny()
+    features, labels = base.inputs
+    return Workload(base.model, {"features": features.numpy(), "labels": labels}, base.loss)

@@ -11,11 +11,12 @@ import pytest
 
 PACKAGE = Path(__file__).parent.parent / "autotune"
 
-#: room -> all it imports of autotune: the variant table, the errors and the statistics import nothing of it; the
-#: records, only the variant table (a Choice's fields are its rows); where a launcher put a process, only the errors;
-#: the job's group, no Config (the guard and the Config use it)
+#: room -> all it imports of autotune: the variant table, the errors, the statistics and the walk of a batch import
+#: nothing of it; the records, only the variant table (a Choice's fields are its rows); where a launcher put a
+#: process, only the errors; the job's group, no Config (the guard and the Config use it)
 ONLY = {
     "autotune._variants": set(),
+    "autotune._batch": set(),
     "autotune._errors": set(),
     "autotune._stats": set(),
     "autotune._records": {"autotune._variants"},

@@ -103,3 +103,27 @@ def test_prepare_batch_on_the_cpu_copies_blocking_and_keeps_values() -> None:
     batch = (torch.randn(2, 3, 4, 4), torch.arange(2))
     images, labels = _config().prepare_batch(batch)
     assert torch.equal(images, batch[0]) and torch.equal(labels, batch[1])
+
+
+def test_prepare_batch_moves_a_batch_encoding_and_keeps_its_type() -> None:
+    from transformers import BatchEncoding
+
+    encoding = BatchEncoding({"pixel_values": torch.randn(2, 3, 4, 4), "labels": torch.arange(2)})
+    moved = _config().model_copy(update={"memory_format": "channels_last"}).prepare_batch(encoding)
+    assert type(moved) is BatchEncoding and moved is not encoding
+    assert moved.pixel_values.is_contiguous(memory_format=torch.channels_last)
+    assert encoding["pixel_values"].is_contiguous()  # the loader's batch is left as it was
+    assert torch.equal(moved["labels"], encoding["labels"])
+
+
+def test_prepare_batch_keeps_nested_lists_named_tuples_and_dataclasses() -> None:
+    from families_for_tests import Images, TokenBatch
+
+    config = _config().model_copy(update={"memory_format": "channels_last"})
+    nested = config.prepare_batch([Images(torch.randn(2, 3, 4, 4), torch.rand(2)), torch.arange(2)])
+    assert type(nested) is list and type(nested[0]) is Images
+    assert nested[0].pixels.is_contiguous(memory_format=torch.channels_last)
+    batch = TokenBatch(torch.arange(12).view(2, 6), torch.arange(2), split="valid")
+    moved = config.prepare_batch(batch)
+    assert type(moved) is TokenBatch and moved is not batch
+    assert torch.equal(moved.tokens, batch.tokens) and moved.split is batch.split and moved.epoch is None

@@ -70,7 +70,7 @@ def _seen(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: tuple
 
 def _step_seen(candidate: Candidate) -> tuple[object, ...]:
     step = TrainStep(_FAMILY, candidate, backend_for("cpu"), seed=0, fp32_host=_fp32.current())
-    batch = tuple(apply.move(t, step.device, k) for t, k in zip(step.inputs, step.input_keywords, strict=True))
+    batch = step.batch()
     with step.selected():
         seen = _seen(step.model, step.optimizer, batch, step.forward)
         if step.forward is step.model:  # a compiled forward compiles in its first step: the extended search runs it

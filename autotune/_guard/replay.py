@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from autotune import _fp32
+from autotune import _batch, _fp32
 from autotune._precision import AUTOCAST_DTYPES
 from autotune._records import Candidate, Misbehaviour, Replay
 
@@ -44,21 +44,8 @@ REPLAY_BYTES = 128 * 2**20
 DIVERGED_RISE = 1.5
 
 
-def _tree(value: Any, leaf: Callable[[torch.Tensor], Any]) -> Any:
-    """``value`` with each tensor in its dicts, lists and tuples replaced by ``leaf(tensor)``."""
-    if isinstance(value, torch.Tensor):
-        return leaf(value)
-    if isinstance(value, dict):
-        return {k: _tree(v, leaf) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(_tree(v, leaf) for v in value)
-    return value
-
-
 def _bytes(value: Any) -> int:
-    total = [0]
-    _tree(value, lambda t: total.__setitem__(0, total[0] + t.numel() * t.element_size()))
-    return total[0]
+    return sum(t.numel() * t.element_size() for t in _batch.tensors(value))
 
 
 def _on_host(tensor: torch.Tensor) -> torch.Tensor:
@@ -120,7 +107,7 @@ class Tape:
         batches before it."""
         started = time.perf_counter()
         model = {name: _on_host(t) for name, t in self.model.state_dict().items()}
-        optimizer = _tree(self.optimizer.state_dict(), _on_host)
+        optimizer = _batch.map_tensors(self.optimizer.state_dict(), _on_host)
         kept = copy.deepcopy(scaler.state_dict()) if scaler is not None and scaler.is_enabled() else None
         self._taken_at = time.perf_counter()
         self.snapshot = Snapshot(step=step, model=model, optimizer=optimizer, scaler=kept,
@@ -178,7 +165,7 @@ class Tape:
                 if dtype is None:
                     _fp32.apply(on.precision)
                 for batch in batches:
-                    moved = _tree(batch, lambda t: t.to(device))  # the reference may run on the CPU
+                    moved = _batch.map_tensors(batch, lambda t: t.to(device))  # the reference may run on the CPU
                     with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
                         loss = self.loss_fn(model, moved)
                     optimizer.zero_grad(set_to_none=True)

@@ -15,9 +15,8 @@ import time
 from collections.abc import Iterator
 
 import torch
-from torch import Tensor
 
-from autotune import _fp32
+from autotune import _batch, _fp32
 from autotune._families import Family
 from autotune._lab.step import TrainStep
 from autotune._records import Candidate
@@ -59,13 +58,11 @@ def deadline(limit_s: float) -> Iterator[None]:
             handle.remove()
 
 
-def probe_batch(inputs: tuple[Tensor, ...]) -> int | None:
-    """The batch a probe uses for a family whose full batch is ``inputs``; None: no probe (no single batch
-    dimension, or under ``SHARE * MIN_BATCH`` samples, where two passes would cost about a step)."""
-    if not inputs or any(t.dim() == 0 for t in inputs) or len({t.shape[0] for t in inputs}) != 1:
-        return None
-    size = inputs[0].shape[0]
-    return size // SHARE if size >= SHARE * MIN_BATCH else None
+def probe_batch(inputs: object) -> int | None:
+    """The batch a probe uses for a family whose full batch is ``inputs``; None: no probe (no first dimension
+    all its tensors share, or under ``SHARE * MIN_BATCH`` samples, where two passes would cost about a step)."""
+    size = _batch.size(inputs)
+    return size // SHARE if size is not None and size >= SHARE * MIN_BATCH else None
 
 
 class TooSlow(Exception):
@@ -89,12 +86,12 @@ class Probe:
         #: probed once: a candidate built again (a later stage, a lower GradScaler scale) is not probed again
         self.probed: set[Candidate] = set()
 
-    def size(self, inputs: tuple[Tensor, ...]) -> None:
+    def size(self, inputs: object) -> None:
         """Learn the probe batch from the family's first built step (its full batch)."""
         if not self._sized:
             self._sized = True
             self.batch = probe_batch(inputs) if self.family.accepts_batch_size() else None
-            self.full_batch = inputs[0].shape[0] if self.batch is not None else 0
+            self.full_batch = _batch.size(inputs) or 0
 
     def check(self, candidate: Candidate, backend: Backend, reference: Candidate, step_limit_s: float) -> float:
         """Probe ``candidate`` against the device's reference pass (timed with ``reference``, the device's
@@ -132,7 +129,7 @@ class Probe:
     def _build(self, candidate: Candidate, backend: Backend) -> TrainStep:
         step = TrainStep(self.family, candidate, backend, seed=self.seed, fp32_host=self.fp32_host,
                          batch_size=self.batch)
-        if step.inputs[0].shape[0] != self.batch:
+        if _batch.size(step.inputs) != self.batch:  # every tensor of the batch at the probe's size
             raise ValueError(f"{self.family.name}'s build ignored batch_size={self.batch}")
         return step
 

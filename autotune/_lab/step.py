@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.overrides import TorchFunctionMode
 
-from autotune import _fp32
+from autotune import _batch, _fp32
 from autotune._families import Family
 from autotune._precision import AUTOCAST_DTYPES, DEFAULT_INIT_SCALE
 from autotune._records import Candidate
@@ -65,9 +65,9 @@ class TrainStep:
         start_device(backend, candidate.device)  # a no-op after the device's first candidate
         self.model = workload.model.to(self.device, **apply.model_keywords(candidate))
         self.model.train()
-        self.inputs = tuple(t.pin_memory() for t in workload.inputs) if pins_batches(backend) else workload.inputs
-        #: how each input is copied to the device (an image batch in the model's memory format)
-        self.input_keywords = [apply.batch_keywords(candidate, t) for t in self.inputs]
+        #: the batch on the host, its tensors pinned where a loop's would be
+        self.inputs = (_batch.map_tensors(workload.inputs, torch.Tensor.pin_memory) if pins_batches(backend)
+                       else workload.inputs)
         self.loss_fn = workload.loss
         self.optimizer = apply.make_optimizer(workload, self.model, candidate)
         self.forward = apply.forward(candidate, self.model)
@@ -80,9 +80,13 @@ class TrainStep:
         )
         self.build_s = time.perf_counter() - started
 
+    def batch(self) -> Any:
+        """The batch on the device, as each step copies it: as ``Config.prepare_batch`` does (an image batch in the
+        candidate's memory format)."""
+        return apply.move_batch(self.candidate, self.inputs)
+
     def _forward_backward(self, *, checked: bool = False) -> Tensor:
-        inputs = tuple(apply.move(t, self.device, keywords)
-                       for t, keywords in zip(self.inputs, self.input_keywords, strict=True))
+        inputs = self.batch()
         # Checked steps compare arithmetic with the CPU reference, whose random stream other devices lack.
         autocast = torch.autocast(self.backend.device_type, dtype=self.dtype or torch.float32,
                                   enabled=self.dtype is not None)

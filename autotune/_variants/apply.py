@@ -14,12 +14,14 @@ from typing import Any, Generic, TypeVar, get_args
 import torch
 from torch import nn
 
+from autotune import _batch
 from autotune._families import Workload, adamw
 from autotune._records import Choice
 from autotune._variants import AXES, COMPILED, MEMORY_FORMAT, NUM_THREADS, OPTIMIZER, Facts, MemoryFormat, OptimizerImpl
 from autotune.backends import all_backends
 
 V = TypeVar("V")
+B = TypeVar("B")
 
 MEMORY_FORMATS = {"contiguous": torch.contiguous_format, "channels_last": torch.channels_last}
 
@@ -148,7 +150,8 @@ def process(choice: Choice) -> Iterator[None]:
 
 def facts(workload: Workload) -> Facts:
     """What ``workload`` says about which variants are worth trying."""
-    return Facts(image_inputs=any(t.dim() == 4 for t in workload.inputs), default_optimizer=workload.optimizer is adamw)
+    return Facts(image_inputs=any(t.dim() == 4 for t in _batch.tensors(workload.inputs)),
+                 default_optimizer=workload.optimizer is adamw)
 
 
 def make_optimizer(workload: Workload, model: nn.Module, choice: Choice) -> torch.optim.Optimizer:
@@ -185,7 +188,14 @@ def move(tensor: torch.Tensor, device: torch.device, keywords: Mapping[str, Any]
     return tensor.to(device, non_blocking=copies_non_blocking(tensor.device, device, pinned=pinned), **keywords)
 
 
+def move_batch(choice: Choice, batch: B) -> B:
+    """``batch`` (a loader's, any shape :mod:`autotune._batch` walks) on ``choice``'s device: each tensor moved with
+    its :func:`batch_keywords`, the rest as it comes. The timed step and ``Config.prepare_batch`` both move so."""
+    device = torch.device(choice.device)
+    return _batch.map_tensors(batch, lambda tensor: move(tensor, device, batch_keywords(choice, tensor)))
+
+
 __all__ = [
     "APPLY", "MEMORY_FORMATS", "Apply", "batch_keywords", "copies_non_blocking", "facts", "forward", "make_optimizer",
-    "model_keywords", "move", "optimizer_requests", "process", "set_process",
+    "model_keywords", "move", "move_batch", "optimizer_requests", "process", "set_process",
 ]
