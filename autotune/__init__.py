@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import importlib as _importlib
+import sys as _sys
 import warnings as _warnings
 from typing import TYPE_CHECKING
 
@@ -105,7 +106,8 @@ else:  # type checkers see the imports above: a misspelt name stays an error the
         module = _WHERE.get(name)
         if module is None:
             raise AttributeError(f"module 'autotune' has no attribute {name!r}")
-        if name != "freeze_support":  # a frozen app started as the worker that skipped it exits here, and says why
+        if name != "freeze_support" and _sys.argv[1:2] == ["--autotune-worker"]:  # _lab.entry.WORKER_FLAG
+            # A frozen app started as autotune's worker that did not call freeze_support exits here, saying why.
             _importlib.import_module("autotune._lab.entry").not_a_worker()
         _quiet_numpy()
         if name in _ANSWERING_FIRST:
