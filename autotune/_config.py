@@ -295,10 +295,11 @@ class Config(Choice):
 
         Without workers first, then the most (the usable cores; in a job, ``ranks``, each of the machine's
         processes' share of them), then the counts between; on the CPU each with this config's training threads and
-        with fewer. The cheapest setting whose loop keeps within 10% of its training step wins, else the fastest. A
-        dataset that cannot be pickled for worker processes gets ``num_workers=0`` and the reason; a setting whose
-        worker dies or hangs is ruled out; one that is empty or raises is a :class:`DatasetError`, and nothing is
-        cached.
+        with fewer; workers start as your DataLoader starts them (the default start method, or your
+        ``multiprocessing_context``). The cheapest setting whose loop keeps within 10% of its training step wins,
+        else the fastest. A setting whose worker dies or hangs is ruled out, with the cause where one is found (a
+        dataset spawned workers cannot receive); where none with workers could run, ``num_workers=0`` with the
+        causes, not cached; a dataset that is empty or raises is a :class:`DatasetError`, and nothing is cached.
         """
         from autotune._tools import loader as _loader  # loads the training step's machinery: only when asked
 
