@@ -9,6 +9,7 @@ every bad input's clear answer.
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import os
 import subprocess
@@ -22,7 +23,15 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset, get_worker_info
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    Dataset,
+    IterableDataset,
+    SequentialSampler,
+    TensorDataset,
+    get_worker_info,
+)
 
 import autotune
 from autotune import Config, ConfigurationError, DatasetError, LoaderReport, LoaderTrial
@@ -100,6 +109,47 @@ class WorkersHang(Blurred):
             self.stalled = True  # in this worker's copy of the dataset
             time.sleep(2)
         return super().__getitem__(index)
+
+
+class Rescaled(Dataset[torch.Tensor]):
+    """Samples whose size changes each time the first is read, as a scale drawn at each epoch's start does (a
+    multi-scale augmentation): ``reads`` counts those reads."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+
+    def __len__(self) -> int:
+        return 32
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        if index == 0:
+            self.reads += 1
+        return torch.full((8 + self.reads,), float(index))
+
+
+class Vectors(Dataset[torch.Tensor]):
+    def __init__(self, length: int = 32) -> None:
+        self.length = length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return torch.full((8,), float(index))
+
+
+def shifted(batch: list[torch.Tensor], by: float = 0.0) -> torch.Tensor:
+    return torch.stack(batch) + by
+
+
+class Stacked:
+    def __call__(self, batch: list[torch.Tensor]) -> torch.Tensor:
+        return torch.stack(batch)
+
+
+class Summed:
+    def __call__(self, batch: list[torch.Tensor]) -> torch.Tensor:
+        return torch.stack(batch).sum(dim=1)
 
 
 class Stream(IterableDataset[torch.Tensor]):
@@ -338,10 +388,47 @@ def test_a_setting_whose_workers_hang_is_ruled_out_after_the_timeout(tiny_family
     ({"batch_size": 8, "num_worker": 2}, "num_worker=2 is invalid: expected a DataLoader keyword"),
     ({"batch_size": 8, "num_workers": -1}, "num_workers=-1"),
     ({"batch_size": 8, "key": 3}, "key=3"),
-], ids=["batch-size", "unknown-keyword", "negative-workers", "key"])
+    ({"batch_size": 4, "batch_sampler": BatchSampler(SequentialSampler(range(8)), 4, False), "shuffle": True},
+     "shuffle=True is invalid: expected no shuffle beside batch_sampler=, whose batches are the loader's"),
+], ids=["batch-size", "unknown-keyword", "negative-workers", "key", "shuffle-beside-a-batch-sampler"])
 def test_bad_arguments_are_named(tiny_family: str, arguments: dict[str, Any], named: str) -> None:
     with pytest.raises(ConfigurationError, match=named):
         _config(tiny_family).dataloader_kwargs(Blurred(length=8), **arguments)
+
+
+def test_a_dataset_whose_sample_size_changes_from_run_to_run_is_answered_from_the_cache(tiny_family: str) -> None:
+    dataset, config = Rescaled(), _config(tiny_family)
+    report = config.dataloader_report(dataset, batch_size=8, num_workers=0, budget_s=BUDGET_S)
+    assert report.dataset == "test_loader.Rescaled of 32 samples, each Tensor[float32, 9]"  # the first read's size
+    reads = dataset.reads
+    assert config.dataloader_report(dataset, batch_size=8, num_workers=0) == report
+    assert dataset.reads == reads + 1  # read once more, another size
+
+
+@pytest.mark.parametrize(("make", "make_other"), [
+    (lambda: functools.partial(shifted, by=1.0), lambda: functools.partial(shifted, by=2.0)),
+    (Stacked, Summed),
+], ids=["partials", "callable-instances"])
+def test_collate_functions_are_told_apart_by_what_they_are(tiny_family: str, make: Callable[[], Any],
+                                                           make_other: Callable[[], Any]) -> None:
+    dataset, config = Vectors(), _config(tiny_family)
+
+    def measured(collate_fn: Any) -> LoaderReport:
+        return config.dataloader_report(dataset, batch_size=8, num_workers=0, collate_fn=collate_fn,
+                                        budget_s=BUDGET_S)
+
+    first = measured(make())
+    assert measured(make()) == first  # another object, the same function: from the cache
+    assert measured(make_other()).wall_s != first.wall_s  # another function: measured
+
+
+def test_a_batch_sampler_makes_the_batches_and_is_returned_without_a_batch_size(tiny_family: str) -> None:
+    dataset = Vectors(length=30)
+    batches = BatchSampler(SequentialSampler(dataset), batch_size=7, drop_last=False)
+    # batch_size: the batches' usual size, the training step's; DataLoader takes the batch sampler's instead
+    kwargs = _config(tiny_family).dataloader_kwargs(dataset, batch_size=7, batch_sampler=batches)
+    assert "batch_size" not in kwargs and kwargs["batch_sampler"] is batches
+    assert [len(batch) for batch in DataLoader(dataset, **kwargs)] == [7, 7, 7, 7, 2]
 
 
 def _trial(workers: int, loop_ms: float | None, share: float = 0.0, prefetch: int | None = None) -> LoaderTrial:

@@ -15,13 +15,16 @@ A setting whose worker dies or stays silent for ``TIMEOUT_S`` is ruled out and r
 found (workers started by spawn or forkserver that cannot receive the dataset: the exception pickling or unpickling
 it); an answer without workers because none could run is not kept, so the next call measures again; a dataset that
 raises surfaces as a :class:`DatasetError` (its exception the cause) and nothing is cached. Answers are kept per
-machine configuration, family, candidate and question (``autotune._cache.loader_answers``).
+machine configuration, family, candidate and question (``autotune._cache.loader_answers``): the dataset by its
+type, length and first sample's structure without sizes (a random crop's size changes from run to run), the fixed
+arguments by what they are (a function or class by its name, a ``partial`` by its function and arguments).
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import functools
 import inspect
 import logging
 import math
@@ -29,6 +32,7 @@ import multiprocessing
 import os
 import pickle
 import time
+import types
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from multiprocessing.connection import Connection
@@ -64,7 +68,8 @@ KEEP_UP = 0.10
 TIMEOUT_S = 30.0
 #: a deeper prefetch tried for a winner that does not keep up: it absorbs uneven batches, not slow ones
 DEEP_PREFETCH = 4
-#: bumped when what a stored answer means changes (2: workers start as the user's DataLoader starts them)
+#: bumped when what a stored answer means changes (2: workers start as the user's DataLoader starts them; the
+#: dataset is keyed without its sample's sizes, the fixed arguments by what they are)
 MEASUREMENT_VERSION = 2
 
 #: the DataLoader keywords ``fixed`` may not hold: the dataset and the batch size are arguments of their own
@@ -79,11 +84,10 @@ def report(candidate: Candidate, model_kind: str, digest: str, dataset: Any, *, 
     the job's processes on this machine, each loading with its share of the cores (its workers and its training
     threads beside the others')."""
     _validate(batch_size, key, fixed, budget_s)
-    signature, length = dataset_signature(dataset)
+    signature, keyed, length = dataset_signature(dataset)
     family = get_family(model_kind)
     question = "|".join([family.name, family.ref, family.version or "", candidate.label,
-                         signature, f"batch {batch_size}", key or "", _described(fixed),
-                         f"v{MEASUREMENT_VERSION}"])
+                         keyed, f"batch {batch_size}", key or "", _described(fixed), f"v{MEASUREMENT_VERSION}"])
     answers = Answers(digest)
     if not force and (known := answers.get(question)) is not None:
         return known
@@ -122,10 +126,12 @@ def choose(trials: list[LoaderTrial], step_ms: float) -> LoaderTrial | None:
     return min(timed, key=lambda t: t.loop_ms or 0.0, default=None)
 
 
-def dataset_signature(dataset: Any) -> tuple[str, int]:
-    """What identifies a dataset across runs, e.g. ``"my_app.data.Photos of 50,000 samples, each (Tensor[float32,
-    3x64x64], int)"``, and its length. Raises :class:`DatasetError` for one that is empty, has no length, is
-    iterable-style, or raises on its first sample."""
+def dataset_signature(dataset: Any) -> tuple[str, str, int]:
+    """What describes a dataset, e.g. ``"my_app.data.Photos of 50,000 samples, each (Tensor[float32, 3x64x64],
+    int)"``; what identifies it across runs, its tensors by dtype and rank (``"... each (Tensor[float32, 3-d],
+    int)"``: a first sample's size may be random, as a random crop's is); and its length. Raises
+    :class:`DatasetError` for one that is empty, has no length, is iterable-style, or raises on its first
+    sample."""
     name = _named(dataset)
     if isinstance(dataset, IterableDataset):
         raise DatasetError(name, "it is an IterableDataset: each worker would iterate all of it unless it splits "
@@ -141,7 +147,9 @@ def dataset_signature(dataset: Any) -> tuple[str, int]:
         first = dataset[0]
     except Exception as exc:  # the dataset's own code: its exception, whatever it is, is the answer's cause
         raise DatasetError(name, f"dataset[0] raised {type(exc).__name__}: {exc}") from exc
-    return f"{name} of {length:,} samples, each {_structure(first)}"[:400], length
+    shown, keyed = (f"{name} of {length:,} samples, each {_structure(first, sized=sized)}"[:400]
+                    for sized in (True, False))
+    return shown, keyed, length
 
 
 # -- measuring ------------------------------------------------------------------------------------------------
@@ -246,7 +254,9 @@ def _trials(dataset: Any, step: TrainStep, workers: int, thread_counts: list[int
     """Time the loop with ``workers`` at each training thread count (the first, and the others before the
     ``deadline``), on one loader: its workers persist between them. Raises :class:`_Unreceivable` when workers
     started by ``method`` cannot be started with the dataset."""
-    kwargs: dict[str, Any] = {"batch_size": batch_size, "num_workers": workers, "pin_memory": pin}
+    kwargs: dict[str, Any] = {"num_workers": workers, "pin_memory": pin}
+    if fixed.get("batch_sampler") is None:  # DataLoader refuses a batch size beside a batch sampler's batches
+        kwargs["batch_size"] = batch_size
     if workers:
         kwargs.update(persistent_workers=True, prefetch_factor=prefetch, timeout=TIMEOUT_S)
     loader = DataLoader(dataset, **{**kwargs, **fixed})
@@ -453,6 +463,11 @@ def _validate(batch_size: object, key: object, fixed: Mapping[str, Any], budget_
     workers = fixed.get("num_workers")
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 0):
         raise ConfigurationError("num_workers", workers, "an int >= 0")
+    if fixed.get("batch_sampler") is not None:
+        for name in ("shuffle", "sampler", "drop_last"):
+            if fixed.get(name) not in (None, False):
+                raise ConfigurationError(name, fixed[name], f"no {name} beside batch_sampler=, whose batches are "
+                                         "the loader's (DataLoader's rule): set it in the batch sampler")
 
 
 def _named(dataset: Any) -> str:
@@ -460,34 +475,44 @@ def _named(dataset: Any) -> str:
     return f"{type(dataset).__module__}.{type(dataset).__qualname__}"
 
 
-def _structure(sample: Any, depth: int = 0) -> str:
-    """One sample's structure, e.g. ``'(Tensor[float32, 3x64x64], int)'``."""
+def _structure(sample: Any, depth: int = 0, *, sized: bool = True) -> str:
+    """One sample's structure, e.g. ``'(Tensor[float32, 3x64x64], int)'``; ``sized=False``: its arrays' ranks
+    instead of their sizes, e.g. ``'(Tensor[float32, 3-d], int)'``."""
     shape, dtype = getattr(sample, "shape", None), getattr(sample, "dtype", None)
     if shape is not None and dtype is not None:
-        dims = "x".join(str(d) for d in shape) or "scalar"
+        dims = ("x".join(str(d) for d in shape) if sized else f"{len(shape)}-d") if len(shape) else "scalar"
         return f"{type(sample).__name__}[{str(dtype).removeprefix('torch.')}, {dims}]"
     if depth >= 3:
         return type(sample).__name__
     if isinstance(sample, Mapping):
         items = sorted(sample.items(), key=lambda kv: str(kv[0]))
-        return "{" + ", ".join(f"{k}: {_structure(v, depth + 1)}" for k, v in items[:8]) + \
+        return "{" + ", ".join(f"{k}: {_structure(v, depth + 1, sized=sized)}" for k, v in items[:8]) + \
             (", ..." if len(items) > 8 else "") + "}"
     if isinstance(sample, (tuple, list)):
-        inner = ", ".join(_structure(v, depth + 1) for v in sample[:8]) + (", ..." if len(sample) > 8 else "")
+        inner = ", ".join(_structure(v, depth + 1, sized=sized) for v in sample[:8]) + \
+            (", ..." if len(sample) > 8 else "")
         return f"({inner})" if isinstance(sample, tuple) else f"[{inner}]"
     return type(sample).__name__
 
 
 def _described(fixed: Mapping[str, Any]) -> str:
-    """The fixed arguments as they identify a question across runs (a function by its name, not its address)."""
-    def value(v: Any) -> str:
-        if v is None or isinstance(v, (bool, int, float, str)):
-            return repr(v)
-        if callable(v) and hasattr(v, "__qualname__"):
-            return f"{getattr(v, '__module__', '')}.{v.__qualname__}"
-        return type(v).__qualname__
+    """The fixed arguments as they identify a question across runs, by what they are rather than their address, e.g.
+    ``"collate_fn=functools.partial(my_app.data.pad, value=0),shuffle=True"``."""
+    return ",".join(f"{name}={_what(fixed[name])}" for name in sorted(fixed))
 
-    return ",".join(f"{name}={value(fixed[name])}" for name in sorted(fixed))
+
+def _what(value: Any, depth: int = 0) -> str:
+    """A function, class or method by its name; a ``partial`` by its function and arguments; any other object (a
+    callable instance, a sampler) by its class."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return repr(value)
+    if isinstance(value, functools.partial) and depth < 3:
+        arguments = [_what(v, depth + 1) for v in value.args]
+        arguments += [f"{k}={_what(v, depth + 1)}" for k, v in sorted(value.keywords.items())]
+        return f"functools.partial({', '.join([_what(value.func, depth + 1), *arguments])})"
+    named = value if isinstance(value, (type, types.FunctionType, types.BuiltinFunctionType, types.MethodType)) \
+        else type(value)
+    return f"{named.__module__}.{named.__qualname__}"
 
 
 __all__ = [
