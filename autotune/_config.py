@@ -271,18 +271,21 @@ class Config(Choice):
 
         Measured for a few seconds (``_tools.loader.BUDGET_S``) in the loop as you run it, this config's training
         step fed by a DataLoader over ``dataset`` (see :meth:`dataloader_report`), then answered at once from the
-        cache for the same dataset signature (type, length, one sample's structure), batch size and ``key`` (name a
-        new version of your data with it). ``fixed`` DataLoader arguments (``shuffle=True``, ``collate_fn=...``,
-        ``num_workers=4``) are measured with and returned as given. On the CPU the choice is joint with the training
-        threads: where it was measured with fewer, this sets torch's thread count to them (process-wide, as
-        :meth:`apply_threads` does; an INFO log line says so).
+        cache for the same dataset signature (type, length, one sample's structure without its sizes), batch size
+        and ``key`` (name a new version of your data with it). ``fixed`` DataLoader arguments (``shuffle=True``,
+        ``collate_fn=...``, ``num_workers=4``) are measured with and returned as given; with ``batch_sampler=``,
+        whose batches DataLoader takes instead of a batch size, ``batch_size`` is your batches' usual size, the
+        training step's, and is not returned. On the CPU the choice is joint with the training threads: where it
+        was measured with fewer, this sets torch's thread count to them (process-wide, as :meth:`apply_threads`
+        does; an INFO log line says so).
         """
         report = self.dataloader_report(dataset, batch_size=batch_size, key=key, **fixed)
         if report.num_threads is not None and torch.get_num_threads() != report.num_threads:
             log.info("training with %d CPU threads beside %d DataLoader workers, as measured together",
                      report.num_threads, report.num_workers)
             torch.set_num_threads(report.num_threads)
-        return {**report.tuned(), "batch_size": batch_size, **fixed}
+        batching = {} if fixed.get("batch_sampler") is not None else {"batch_size": batch_size}
+        return {**report.tuned(), **batching, **fixed}
 
     def dataloader_report(self, dataset: Any, *, batch_size: int, key: str | None = None, budget_s: float | None = None,
                           force: bool = False, **fixed: Any) -> LoaderReport:
@@ -291,10 +294,11 @@ class Config(Choice):
 
         Without workers first, then the most (the usable cores; in a job, ``ranks``, each of the machine's
         processes' share of them), then the counts between; on the CPU each with this config's training threads and
-        with fewer. The cheapest setting whose loop keeps within 10% of its training step wins, else the fastest. A
-        dataset that cannot be pickled for worker processes gets ``num_workers=0`` and the reason; a setting whose
-        worker dies or hangs is ruled out; one that is empty or raises is a :class:`DatasetError`, and nothing is
-        cached.
+        with fewer; workers start as your DataLoader starts them (the default start method, or your
+        ``multiprocessing_context``). The cheapest setting whose loop keeps within 10% of its training step wins,
+        else the fastest. A setting whose worker dies or hangs is ruled out, with the cause where one is found (a
+        dataset spawned workers cannot receive); where none with workers could run, ``num_workers=0`` with the
+        causes, not cached; a dataset that is empty or raises is a :class:`DatasetError`, and nothing is cached.
         """
         from autotune._tools import loader as _loader  # loads the training step's machinery: only when asked
 

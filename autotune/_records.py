@@ -487,7 +487,8 @@ class LoaderTrial(Record):
     data_wait_share: float | None = None
     start_s: float | None = Field(default=None, description="until the first batch: the workers' start")
     batches: int = 0
-    failure: str | None = Field(default=None, description="why it was ruled out: a worker died, hung, or never started")
+    failure: str | None = Field(default=None, description=(
+        "why it was ruled out: a worker died, hung or never started, or workers cannot receive the dataset"))
 
 
 class LoaderReport(Record):
@@ -506,7 +507,9 @@ class LoaderReport(Record):
     pin_memory: bool
     persistent_workers: bool
     prefetch_factor: int | None
-    multiprocessing_context: str | None
+    start_method: str = Field(description=(
+        "how the measured workers started, as the user's DataLoader starts them, e.g. 'fork': the default start "
+        "method, or the multiprocessing_context fixed"))
     num_threads: int | None = Field(default=None, description=(
         "the training's CPU threads the choice was measured with, where it differs from the config's"))
     reason: str
@@ -525,8 +528,6 @@ class LoaderReport(Record):
                                      "persistent_workers": self.persistent_workers}
         if self.prefetch_factor is not None:
             chosen["prefetch_factor"] = self.prefetch_factor
-        if self.multiprocessing_context is not None:
-            chosen["multiprocessing_context"] = self.multiprocessing_context
         return chosen
 
 

@@ -253,10 +253,10 @@ def loop_words(summary: LoopSummary) -> str:
 
 
 def loader_reason(chosen: LoaderTrial, trials: Sequence[LoaderTrial], *, step_ms: float, kept_up: bool,
-                  unpicklable: str | None, method: str) -> str:
+                  workers_failed: bool) -> str:
     """Why ``dataloader_kwargs`` chose ``chosen``, per training step, e.g. ``'num_workers=2 with 1 training thread:
     the cheapest setting that kept up with the training step (52 ms per training step, the step alone 49 ms;
-    without workers 95 ms)'``"""
+    without workers 95 ms)'``; where no setting with workers could run (``workers_failed``), each one's cause."""
     setting = f"num_workers={chosen.num_workers}"
     if chosen.num_threads is not None:
         setting += f" with {chosen.num_threads} training thread{'s' if chosen.num_threads != 1 else ''}"
@@ -266,17 +266,18 @@ def loader_reason(chosen: LoaderTrial, trials: Sequence[LoaderTrial], *, step_ms
     without = next((t for t in trials if t.num_workers == 0 and t.loop_ms is not None), None)
     if without is not None and chosen.num_workers:
         loop += f"; without workers {time_words(without.loop_ms or 0.0)}"
-    if unpicklable is not None:
-        why = (f"{setting}: the dataset cannot be pickled for worker processes started by {method} ({unpicklable}); "
-               f"define what it holds at module level to use workers ({loop})")
-    elif kept_up:
+    ruled_out = [t for t in trials if t.failure is not None]
+    if workers_failed:
+        return (f"{setting}: no setting with workers could run, so this answer is not kept ({loop}, "
+                f"{chosen.data_wait_share or 0.0:.0%} of it waiting for data): "
+                + "; ".join(f"num_workers={t.num_workers}: {t.failure}" for t in ruled_out))
+    if kept_up:
         what = "the loop kept up with the training step without workers" if not chosen.num_workers else \
             "the cheapest setting that kept up with the training step"
         why = f"{setting}: {what} ({loop})"
     else:
         why = (f"{setting}: the fastest setting, though none kept up with the training step ({loop}, "
                f"{chosen.data_wait_share or 0.0:.0%} of it waiting for data)")
-    ruled_out = [t for t in trials if t.failure is not None]
     if ruled_out:
         why += "; ruled out: " + "; ".join(f"num_workers={t.num_workers} ({t.failure})" for t in ruled_out)
     return why

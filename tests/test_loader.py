@@ -9,22 +9,35 @@ every bad input's clear answer.
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import os
+import subprocess
+import sys
+import textwrap
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset, get_worker_info
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    Dataset,
+    IterableDataset,
+    SequentialSampler,
+    TensorDataset,
+    get_worker_info,
+)
 
 import autotune
-from autotune import Config, ConfigurationError, DatasetError, LoaderTrial
+from autotune import Config, ConfigurationError, DatasetError, LoaderReport, LoaderTrial
 from autotune._cache import loader_answers
 from autotune._records import Ranks
-from autotune._tools.loader import KEEP_UP, choose, keeps_up
+from autotune._tools.loader import KEEP_UP, choose, keeps_up, workers_failed
 
 #: a small budget: each setting's loop is timed over a tenth of it
 BUDGET_S = 1.0
@@ -96,6 +109,47 @@ class WorkersHang(Blurred):
             self.stalled = True  # in this worker's copy of the dataset
             time.sleep(2)
         return super().__getitem__(index)
+
+
+class Rescaled(Dataset[torch.Tensor]):
+    """Samples whose size changes each time the first is read, as a scale drawn at each epoch's start does (a
+    multi-scale augmentation): ``reads`` counts those reads."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+
+    def __len__(self) -> int:
+        return 32
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        if index == 0:
+            self.reads += 1
+        return torch.full((8 + self.reads,), float(index))
+
+
+class Vectors(Dataset[torch.Tensor]):
+    def __init__(self, length: int = 32) -> None:
+        self.length = length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return torch.full((8,), float(index))
+
+
+def shifted(batch: list[torch.Tensor], by: float = 0.0) -> torch.Tensor:
+    return torch.stack(batch) + by
+
+
+class Stacked:
+    def __call__(self, batch: list[torch.Tensor]) -> torch.Tensor:
+        return torch.stack(batch)
+
+
+class Summed:
+    def __call__(self, batch: list[torch.Tensor]) -> torch.Tensor:
+        return torch.stack(batch).sum(dim=1)
 
 
 class Stream(IterableDataset[torch.Tensor]):
@@ -185,16 +239,109 @@ def test_in_a_job_each_process_loads_with_its_share_of_the_cores(tiny_family: st
     assert max(t.num_workers for t in report.trials) == 1 and {t.num_threads for t in report.trials} == {1}
 
 
-def test_a_dataset_spawned_workers_cannot_receive_gets_none_and_the_reason(tiny_family: str, spawned: None) -> None:
+def test_a_dataset_spawned_workers_cannot_receive_gets_none_with_the_cause_and_is_not_kept(
+        tiny_family: str, spawned: None, caplog: pytest.LogCaptureFixture) -> None:
     report = _config(tiny_family).dataloader_report(WithLambda(), batch_size=8, budget_s=BUDGET_S)
     # the loop without workers is data-bound, so the workers were tried, and could not be started with it
-    assert report.num_workers == 0 and [t.num_workers for t in report.trials] == [0]
+    assert report.num_workers == 0 and report.start_method == "spawn"
     assert not keeps_up(report.trials[0], report.step_ms or 0.0)
-    assert "the dataset cannot be pickled for worker processes started by spawn" in report.reason
-    assert "<lambda>" in report.reason and "define what it holds at module level" in report.reason
-    with pytest.raises(DatasetError, match="cannot be pickled for worker processes started by spawn, which the fixed "
-                       "arguments need"):
+    (tried,) = [t for t in report.trials if t.num_workers]
+    assert tried.loop_ms is None and tried.failure is not None and workers_failed(report.trials)
+    assert tried.failure.startswith("worker processes started by spawn cannot receive the dataset (")
+    assert "<lambda>" in tried.failure and tried.failure.endswith("define its class and what it holds in a module "
+                                                                  "they can import, no lambdas or nested functions")
+    assert "no setting with workers could run, so this answer is not kept" in report.reason
+    assert tried.failure in report.reason
+    assert report.reason in caplog.text and "WARNING" in caplog.text
+    # not kept as the best: once the dataset is fixed its workers are measured, not a stored num_workers=0
+    assert _answers_kept() == []
+    with pytest.raises(DatasetError, match="the fixed arguments need workers, and worker processes started by spawn "
+                       "cannot receive the dataset"):
         _config(tiny_family).dataloader_report(WithLambda(), batch_size=8, num_workers=2, budget_s=BUDGET_S)
+
+
+#: A program run as ``python -c``, as a notebook runs one: its dataset is defined in ``__main__``, which a spawned
+#: worker cannot import, and holds a lambda (with ``lambda``), which cannot be pickled to one. Each sample waits 5 ms,
+#: as a read from a network disk does: workers wait side by side, so they make the loop faster however busy the
+#: machine. Arguments: the Config's device, the start method the program sets ("default": none), "lambda" or not.
+_MAIN_PROGRAM = textwrap.dedent("""
+    import multiprocessing, sys, time
+    import torch
+    from torch.utils.data import Dataset
+    import autotune
+
+    class Reads(Dataset):
+        def __init__(self, transform):
+            self.transform = transform
+
+        def __len__(self):
+            return 128
+
+        def __getitem__(self, index):
+            time.sleep(0.005)
+            return self.transform(torch.full((8,), float(index))), index % 4
+
+    device, start_method, transform = sys.argv[1], sys.argv[2], sys.argv[3]
+    if start_method != "default":
+        multiprocessing.set_start_method(start_method)
+    config = autotune.Config(model_kind="tiny_mlp", device=device, precision="fp32", num_threads=1,
+                             source="measured", reason="by hand", fingerprint_digest=autotune.fingerprint().digest)
+    dataset = Reads(lambda x: x * 2) if transform == "lambda" else Reads(torch.clone)
+    print(config.dataloader_report(dataset, batch_size=8, budget_s=1.0).model_dump_json())
+""")
+
+
+def _run_main_program(device: str, start_method: str, transform: str) -> tuple[LoaderReport, str]:
+    """The report the program printed, and what it wrote on stderr."""
+    done = subprocess.run([sys.executable, "-c", _MAIN_PROGRAM, device, start_method, transform], capture_output=True,
+                          text=True, timeout=300, cwd=Path(__file__).parent, env=os.environ)
+    assert done.returncode == 0, done.stderr
+    return LoaderReport.model_validate_json(done.stdout.strip().splitlines()[-1]), done.stderr
+
+
+@pytest.mark.skipif(multiprocessing.get_all_start_methods()[0] != "fork" or len(os.sched_getaffinity(0)) < 2,
+                    reason="workers fork by default on Linux before Python 3.14; one core allows one worker, which "
+                    "cannot load faster than the loop without workers")
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda:0", marks=[
+    pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")])])
+def test_a_dataset_defined_in_main_with_a_lambda_gets_workers_started_as_the_users_loader_starts_them(
+        device: str) -> None:
+    """On Linux the user's DataLoader forks its workers, whatever device trains (forked workers in a process that
+    trains on CUDA are PyTorch's normal case), and a forked worker has the dataset as it is: so do the measured
+    ones, and no start method of the measurement's own is passed to the user."""
+    report, _ = _run_main_program(device, "default", "lambda")
+    assert report.start_method == "fork"
+    assert all(t.failure is None and t.loop_ms is not None for t in report.trials)
+    assert report.num_workers > 0
+    assert "multiprocessing_context" not in report.tuned()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="here the CUDA config is measured: the test above")
+def test_a_config_for_a_device_this_process_cannot_use_is_named(tiny_family: str) -> None:
+    """The loop is measured with the Config's training step on its device: without it, the error says so (torch's
+    own, on a build without CUDA, is an AssertionError)."""
+    config = _config(tiny_family).model_copy(update={"device": "cuda:0"})
+    with pytest.raises(ConfigurationError, match=r"device='cuda:0' is invalid: cuda:0 is not usable \(.*\); this "
+                       "process can use: cpu; the DataLoader is measured with this Config's training step on its "
+                       "device: ask on the machine that trains"):
+        config.dataloader_report(Blurred(length=16), batch_size=8, budget_s=BUDGET_S)
+    assert _answers_kept() == []
+
+
+def test_workers_that_die_receiving_a_dataset_defined_in_main_are_its_cause_not_a_kept_answer() -> None:
+    """Where workers are spawned (macOS, Windows, a program that chose spawn), a class defined in ``__main__`` of
+    ``python -c`` or a notebook does not exist in them: they die before their first batch, DataLoader says only
+    that they exited, and the cause is found by receiving the dataset in one process started the same way."""
+    report, stderr = _run_main_program("cpu", "spawn", "clone")
+    assert report.num_workers == 0 and report.start_method == "spawn" and workers_failed(report.trials)
+    (died,) = [t for t in report.trials if t.num_workers]
+    assert died.failure == ("worker processes started by spawn cannot receive the dataset (AttributeError: Can't get "
+                            "attribute 'Reads' on <module '__main__' (built-in)>): define its class and what it holds "
+                            "in a module they can import, no lambdas or nested functions")
+    assert report.reason.startswith("num_workers=0 with 1 training thread: no setting with workers could run, so "
+                                    "this answer is not kept (")
+    assert report.reason in stderr  # a WARNING, on Python's last-resort handler where the app configured no logging
+    assert _answers_kept() == []
 
 
 def test_a_dataset_that_raises_surfaces_with_context_and_nothing_is_cached(tiny_family: str) -> None:
@@ -217,12 +364,15 @@ def test_a_dataset_that_cannot_be_measured_is_a_clear_error(tiny_family: str, da
     assert _answers_kept() == []
 
 
-def test_a_setting_whose_workers_exit_is_ruled_out(tiny_family: str) -> None:
+def test_a_setting_whose_workers_exit_is_ruled_out_and_the_answer_without_them_not_kept(tiny_family: str) -> None:
     report = _config(tiny_family).dataloader_report(WorkersExit(), batch_size=8, budget_s=BUDGET_S)
     assert report.num_workers == 0
     ruled_out = [t for t in report.trials if t.failure is not None]
-    assert ruled_out and all(t.num_workers > 0 and "exited unexpectedly" in (t.failure or "") for t in ruled_out)
-    assert "; ruled out: num_workers=" in report.reason
+    assert ruled_out and all(t.num_workers > 0 and "exited unexpectedly" in (t.failure or "")
+                             and (t.failure or "").endswith("; its own error, if any, is on stderr") for t in ruled_out)
+    assert "no setting with workers could run, so this answer is not kept" in report.reason
+    assert f"num_workers={ruled_out[0].num_workers}: DataLoader worker (pid" in report.reason
+    assert _answers_kept() == []
 
 
 def test_a_setting_whose_workers_hang_is_ruled_out_after_the_timeout(tiny_family: str) -> None:
@@ -238,10 +388,47 @@ def test_a_setting_whose_workers_hang_is_ruled_out_after_the_timeout(tiny_family
     ({"batch_size": 8, "num_worker": 2}, "num_worker=2 is invalid: expected a DataLoader keyword"),
     ({"batch_size": 8, "num_workers": -1}, "num_workers=-1"),
     ({"batch_size": 8, "key": 3}, "key=3"),
-], ids=["batch-size", "unknown-keyword", "negative-workers", "key"])
+    ({"batch_size": 4, "batch_sampler": BatchSampler(SequentialSampler(range(8)), 4, False), "shuffle": True},
+     "shuffle=True is invalid: expected no shuffle beside batch_sampler=, whose batches are the loader's"),
+], ids=["batch-size", "unknown-keyword", "negative-workers", "key", "shuffle-beside-a-batch-sampler"])
 def test_bad_arguments_are_named(tiny_family: str, arguments: dict[str, Any], named: str) -> None:
     with pytest.raises(ConfigurationError, match=named):
         _config(tiny_family).dataloader_kwargs(Blurred(length=8), **arguments)
+
+
+def test_a_dataset_whose_sample_size_changes_from_run_to_run_is_answered_from_the_cache(tiny_family: str) -> None:
+    dataset, config = Rescaled(), _config(tiny_family)
+    report = config.dataloader_report(dataset, batch_size=8, num_workers=0, budget_s=BUDGET_S)
+    assert report.dataset == "test_loader.Rescaled of 32 samples, each Tensor[float32, 9]"  # the first read's size
+    reads = dataset.reads
+    assert config.dataloader_report(dataset, batch_size=8, num_workers=0) == report
+    assert dataset.reads == reads + 1  # read once more, another size
+
+
+@pytest.mark.parametrize(("make", "make_other"), [
+    (lambda: functools.partial(shifted, by=1.0), lambda: functools.partial(shifted, by=2.0)),
+    (Stacked, Summed),
+], ids=["partials", "callable-instances"])
+def test_collate_functions_are_told_apart_by_what_they_are(tiny_family: str, make: Callable[[], Any],
+                                                           make_other: Callable[[], Any]) -> None:
+    dataset, config = Vectors(), _config(tiny_family)
+
+    def measured(collate_fn: Any) -> LoaderReport:
+        return config.dataloader_report(dataset, batch_size=8, num_workers=0, collate_fn=collate_fn,
+                                        budget_s=BUDGET_S)
+
+    first = measured(make())
+    assert measured(make()) == first  # another object, the same function: from the cache
+    assert measured(make_other()).wall_s != first.wall_s  # another function: measured
+
+
+def test_a_batch_sampler_makes_the_batches_and_is_returned_without_a_batch_size(tiny_family: str) -> None:
+    dataset = Vectors(length=30)
+    batches = BatchSampler(SequentialSampler(dataset), batch_size=7, drop_last=False)
+    # batch_size: the batches' usual size, the training step's; DataLoader takes the batch sampler's instead
+    kwargs = _config(tiny_family).dataloader_kwargs(dataset, batch_size=7, batch_sampler=batches)
+    assert "batch_size" not in kwargs and kwargs["batch_sampler"] is batches
+    assert [len(batch) for batch in DataLoader(dataset, **kwargs)] == [7, 7, 7, 7, 2]
 
 
 def _trial(workers: int, loop_ms: float | None, share: float = 0.0, prefetch: int | None = None) -> LoaderTrial:

@@ -8,29 +8,35 @@ a job of many processes, each process's share of them), then the counts between,
 worker count with the config's training threads and with fewer, leaving the workers their cores: workers and
 training threads share the cores, so they are measured together, never added up. A loop within ``KEEP_UP`` of its
 step keeps up: the cheapest setting that keeps up wins (costlier ones are not measured), else the fastest. Workers
-persist across epochs; memory is pinned where copies from it are asynchronous (CUDA, XPU); workers are spawned where
-fork is unsafe (macOS; a process that trains on an accelerator).
+persist across epochs; memory is pinned where copies from it are asynchronous (CUDA, XPU); workers start as the
+user's DataLoader starts them: by the platform's default start method, or the ``multiprocessing_context`` fixed.
 
-A dataset that cannot be pickled for worker processes gets none, with the reason; a setting whose worker dies or
-stays silent for ``TIMEOUT_S`` is ruled out and reported; a dataset that raises surfaces as a
-:class:`DatasetError` (its exception the cause) and nothing is cached. Answers are kept per machine configuration,
-family, candidate and question (``autotune._cache.loader_answers``).
+A setting whose worker dies or stays silent for ``TIMEOUT_S`` is ruled out and reported, with the cause where one is
+found (workers started by spawn or forkserver that cannot receive the dataset: the exception pickling or unpickling
+it); an answer without workers because none could run is not kept, so the next call measures again; a dataset that
+raises surfaces as a :class:`DatasetError` (its exception the cause) and nothing is cached. Answers are kept per
+machine configuration, family, candidate and question (``autotune._cache.loader_answers``): the dataset by its
+type, length and first sample's structure without sizes (a random crop's size changes from run to run), the fixed
+arguments by what they are (a function or class by its name, a ``partial`` by its function and arguments).
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import functools
 import inspect
 import logging
 import math
 import multiprocessing
 import os
 import pickle
-import sys
 import time
+import types
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
+from multiprocessing.connection import Connection
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 import torch
@@ -44,7 +50,7 @@ from autotune._lab.step import TrainStep
 from autotune._records import Candidate, LoaderReport, LoaderTrial
 from autotune._variants import threads_per_process
 from autotune._wording import loader_reason
-from autotune.backends import Backend, backend_for
+from autotune.backends import Backend, backend_for, resolve_device
 
 log = logging.getLogger("autotune")
 
@@ -62,8 +68,9 @@ KEEP_UP = 0.10
 TIMEOUT_S = 30.0
 #: a deeper prefetch tried for a winner that does not keep up: it absorbs uneven batches, not slow ones
 DEEP_PREFETCH = 4
-#: bumped when what a stored answer means changes
-MEASUREMENT_VERSION = 1
+#: bumped when what a stored answer means changes (2: workers start as the user's DataLoader starts them; the
+#: dataset is keyed without its sample's sizes, the fixed arguments by what they are)
+MEASUREMENT_VERSION = 2
 
 #: the DataLoader keywords ``fixed`` may not hold: the dataset and the batch size are arguments of their own
 _NOT_FIXED = ("dataset", "batch_size")
@@ -77,19 +84,28 @@ def report(candidate: Candidate, model_kind: str, digest: str, dataset: Any, *, 
     the job's processes on this machine, each loading with its share of the cores (its workers and its training
     threads beside the others')."""
     _validate(batch_size, key, fixed, budget_s)
-    signature, length = dataset_signature(dataset)
+    signature, keyed, length = dataset_signature(dataset)
     family = get_family(model_kind)
     question = "|".join([family.name, family.ref, family.version or "", candidate.label,
-                         signature, f"batch {batch_size}", key or "", _described(fixed),
-                         f"v{MEASUREMENT_VERSION}"])
+                         keyed, f"batch {batch_size}", key or "", _described(fixed), f"v{MEASUREMENT_VERSION}"])
     answers = Answers(digest)
     if not force and (known := answers.get(question)) is not None:
         return known
     measured = _measure(candidate, model_kind, dataset, signature, length, batch_size=batch_size, fixed=fixed,
                         init_scale=init_scale, budget_s=budget_s, cores=threads_per_process(_usable_cores(), processes))
+    if workers_failed(measured.trials):
+        # the user's loop would lose its workers the same way until the cause is fixed: not kept as the best
+        log.warning("%s: %s", model_kind, measured.reason)
+        return measured
     log.info("%s: %s (measured in %.1f s)", model_kind, measured.reason, measured.wall_s)
     answers.put(question, measured)
     return measured
+
+
+def workers_failed(trials: Sequence[LoaderTrial]) -> bool:
+    """Whether every setting with workers that was tried failed: the answer then has none, and is not kept."""
+    with_workers = [t for t in trials if t.num_workers]
+    return bool(with_workers) and all(t.failure is not None for t in with_workers)
 
 
 def keeps_up(trial: LoaderTrial, step_ms: float) -> bool:
@@ -110,10 +126,12 @@ def choose(trials: list[LoaderTrial], step_ms: float) -> LoaderTrial | None:
     return min(timed, key=lambda t: t.loop_ms or 0.0, default=None)
 
 
-def dataset_signature(dataset: Any) -> tuple[str, int]:
-    """What identifies a dataset across runs, e.g. ``"my_app.data.Photos of 50,000 samples, each (Tensor[float32,
-    3x64x64], int)"``, and its length. Raises :class:`DatasetError` for one that is empty, has no length, is
-    iterable-style, or raises on its first sample."""
+def dataset_signature(dataset: Any) -> tuple[str, str, int]:
+    """What describes a dataset, e.g. ``"my_app.data.Photos of 50,000 samples, each (Tensor[float32, 3x64x64],
+    int)"``; what identifies it across runs, its tensors by dtype and rank (``"... each (Tensor[float32, 3-d],
+    int)"``: a first sample's size may be random, as a random crop's is); and its length. Raises
+    :class:`DatasetError` for one that is empty, has no length, is iterable-style, or raises on its first
+    sample."""
     name = _named(dataset)
     if isinstance(dataset, IterableDataset):
         raise DatasetError(name, "it is an IterableDataset: each worker would iterate all of it unless it splits "
@@ -129,24 +147,32 @@ def dataset_signature(dataset: Any) -> tuple[str, int]:
         first = dataset[0]
     except Exception as exc:  # the dataset's own code: its exception, whatever it is, is the answer's cause
         raise DatasetError(name, f"dataset[0] raised {type(exc).__name__}: {exc}") from exc
-    return f"{name} of {length:,} samples, each {_structure(first)}"[:400], length
+    shown, keyed = (f"{name} of {length:,} samples, each {_structure(first, sized=sized)}"[:400]
+                    for sized in (True, False))
+    return shown, keyed, length
 
 
 # -- measuring ------------------------------------------------------------------------------------------------
 
 
-class _Unpicklable(Exception):
-    """The dataset could not be sent to a worker process."""
+class _Unreceivable(Exception):
+    """Worker processes cannot be started with the dataset: the message says why and what to do."""
 
 
 def _measure(candidate: Candidate, model_kind: str, dataset: Any, signature: str, length: int, *, batch_size: int,
              fixed: Mapping[str, Any], init_scale: float | None, budget_s: float, cores: int) -> LoaderReport:
     started = time.perf_counter()
     at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    try:
+        resolve_device(candidate.device)
+    except LookupError as exc:
+        raise ConfigurationError("device", candidate.device, "a device this process can use", why=(
+            f"{exc}; the DataLoader is measured with this Config's training step on its device: ask on the machine "
+            "that trains")) from exc
     backend = backend_for(candidate.device)
     on_cpu = backend.device_type == "cpu"
     threads = (candidate.num_threads or torch.get_num_threads()) if on_cpu else None
-    context, method = _start_method(backend, fixed)
+    method = _start_method(fixed)
     pin = bool(fixed.get("pin_memory", backend.async_copies))
     drop_last = bool(fixed.get("drop_last", False))
     batches = length // batch_size if drop_last else math.ceil(length / batch_size)
@@ -160,7 +186,6 @@ def _measure(candidate: Candidate, model_kind: str, dataset: Any, signature: str
     family = get_family(model_kind)
     uncompiled = candidate.model_copy(update={"compiled": False})  # compiling takes longer than the budget
     trials: list[LoaderTrial] = []
-    unpicklable: str | None = None
     with _isolated(backend, candidate.device), warnings.catch_warnings():
         # DataLoader's own warnings about the settings tried (worker counts, pickling): the report says what they would
         warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\.utils\.data")
@@ -179,14 +204,13 @@ def _measure(candidate: Candidate, model_kind: str, dataset: Any, signature: str
                     break
                 try:
                     trials += _trials(dataset, step, workers, _thread_counts(threads, workers, cores),
-                                      batch_size=batch_size, pin=pin, context=context, fixed=fixed, setting_s=setting_s,
+                                      batch_size=batch_size, pin=pin, method=method, fixed=fixed, setting_s=setting_s,
                                       prefetch=2 if workers else None, deadline=deadline)
-                except _Unpicklable as exc:
-                    unpicklable = f"{type(exc.__cause__).__name__}: {exc.__cause__}"[:300]
+                except _Unreceivable as exc:
                     if needs_workers:
-                        raise DatasetError(_named(dataset), f"it cannot be pickled for worker processes started by "
-                                           f"{method}, which the fixed arguments need ({unpicklable})") from exc
-                    remaining = [w for w in remaining if w == 0]
+                        raise DatasetError(_named(dataset), f"the fixed arguments need workers, and {exc}") from exc
+                    trials.append(LoaderTrial(num_workers=workers, failure=str(exc)))
+                    remaining = [w for w in remaining if w == 0]  # any other count's workers would fail the same way
                     continue
                 if any(keeps_up(t, step_ms) and t.num_workers <= min(remaining, default=t.num_workers)
                        for t in trials):
@@ -195,7 +219,7 @@ def _measure(candidate: Candidate, model_kind: str, dataset: Any, signature: str
             if (chosen is not None and chosen.num_workers and not keeps_up(chosen, step_ms)
                     and "prefetch_factor" not in fixed and time.perf_counter() < deadline):
                 trials += _trials(dataset, step, chosen.num_workers, [chosen.num_threads], batch_size=batch_size,
-                                  pin=pin, context=context, fixed=fixed, setting_s=setting_s,
+                                  pin=pin, method=method, fixed=fixed, setting_s=setting_s,
                                   prefetch=DEEP_PREFETCH, deadline=deadline)
                 chosen = choose(trials, step_ms)
     if chosen is None:
@@ -205,10 +229,10 @@ def _measure(candidate: Candidate, model_kind: str, dataset: Any, signature: str
     return LoaderReport(
         model_kind=model_kind, candidate=candidate, dataset=signature, batch_size=batch_size,
         num_workers=workers, pin_memory=pin, persistent_workers=bool(fixed.get("persistent_workers", workers > 0)),
-        prefetch_factor=chosen.prefetch_factor, multiprocessing_context=context if workers else None,
+        prefetch_factor=chosen.prefetch_factor, start_method=method,
         num_threads=chosen.num_threads if chosen.num_threads != threads else None,
         reason=loader_reason(chosen, trials, step_ms=step_ms, kept_up=keeps_up(chosen, step_ms),
-                             unpicklable=unpicklable, method=method),
+                             workers_failed=workers_failed(trials)),
         step_ms=step_ms, trials=trials, measured_at=at, wall_s=time.perf_counter() - started, budget_s=budget_s,
     )
 
@@ -225,30 +249,35 @@ def _step_alone(step: TrainStep, setting_s: float) -> float:
 
 
 def _trials(dataset: Any, step: TrainStep, workers: int, thread_counts: list[int | None], *, batch_size: int,
-            pin: bool, context: str | None, fixed: Mapping[str, Any], setting_s: float, prefetch: int | None,
+            pin: bool, method: str, fixed: Mapping[str, Any], setting_s: float, prefetch: int | None,
             deadline: float) -> list[LoaderTrial]:
     """Time the loop with ``workers`` at each training thread count (the first, and the others before the
-    ``deadline``), on one loader: its workers persist between them. Raises :class:`_Unpicklable` when the workers
-    cannot be started with the dataset."""
-    kwargs: dict[str, Any] = {"batch_size": batch_size, "num_workers": workers, "pin_memory": pin}
+    ``deadline``), on one loader: its workers persist between them. Raises :class:`_Unreceivable` when workers
+    started by ``method`` cannot be started with the dataset."""
+    kwargs: dict[str, Any] = {"num_workers": workers, "pin_memory": pin}
+    if fixed.get("batch_sampler") is None:  # DataLoader refuses a batch size beside a batch sampler's batches
+        kwargs["batch_size"] = batch_size
     if workers:
         kwargs.update(persistent_workers=True, prefetch_factor=prefetch, timeout=TIMEOUT_S)
-        if context is not None:
-            kwargs["multiprocessing_context"] = context
     loader = DataLoader(dataset, **{**kwargs, **fixed})
     found: list[LoaderTrial] = []
     for threads in thread_counts:
         if found and time.perf_counter() > deadline:
             break
-        trial = _trial(loader, step, workers, threads, setting_s=setting_s)
+        trial = _trial(loader, step, workers, threads, method=method, setting_s=setting_s)
         found.append(trial.model_copy(update={"prefetch_factor": prefetch}))
         if trial.failure is not None:
             break
     del loader  # its workers end with it
+    if found[-1].failure is not None and not found[-1].batches and method != "fork":
+        # workers that died before their first batch, started by a method that pickles the dataset to them
+        why = _unreceived(dataset, method)
+        if why is not None:
+            raise _Unreceivable(why)
     return found
 
 
-def _trial(loader: DataLoader[Any], step: TrainStep, workers: int, threads: int | None, *,
+def _trial(loader: DataLoader[Any], step: TrainStep, workers: int, threads: int | None, *, method: str,
            setting_s: float) -> LoaderTrial:
     """The loop over ``loader`` with ``threads`` training threads: ``workers`` batches to warm up (the first waits
     for the workers' start, the others were loaded meanwhile), then timed."""
@@ -260,7 +289,7 @@ def _trial(loader: DataLoader[Any], step: TrainStep, workers: int, threads: int 
         batches = iter(loader)
     except (TypeError, AttributeError, pickle.PicklingError) as exc:  # what DataLoader's worker start raises
         if workers:
-            raise _Unpicklable() from exc
+            raise _Unreceivable(_cannot_receive(method, f"{type(exc).__name__}: {exc}")) from exc
         raise
     start_s: float | None = None
     count = timed = 0
@@ -308,11 +337,53 @@ def _next(loader: DataLoader[Any], batches: Iterator[Any], workers: int, count: 
             return batches, next(batches)
     except RuntimeError as exc:
         first = str(exc).split("\n", 1)[0]
-        if workers and first.startswith(("DataLoader worker", "DataLoader timed out")):
+        if workers and first.startswith("DataLoader worker"):  # it died: what it said, if anything, is on stderr
+            raise _RuledOut(f"{first[:200]}; its own error, if any, is on stderr") from exc
+        if workers and first.startswith("DataLoader timed out"):
             raise _RuledOut(first[:200]) from exc
         raise _raised(loader, exc, workers, count) from exc
     except Exception as exc:  # the dataset's own code (or its collate_fn): surfaced with where it happened
         raise _raised(loader, exc, workers, count) from exc
+
+
+def _unreceived(dataset: Any, method: str) -> str | None:
+    """Why worker processes started by ``method`` cannot be started with ``dataset``, found by starting one process
+    the same way that unpickles it (spawned and forkserver workers import what its pickle names: a class defined in
+    ``__main__`` of ``python -c`` or a notebook is not there); None where that process receives it, or says nothing
+    within ``TIMEOUT_S``."""
+    context = multiprocessing.get_context(method)
+    receiving, sending = context.Pipe(duplex=False)
+    # every context has Process; typeshed's BaseContext, for a method named at run time, does not say so
+    process = context.Process(  # type: ignore[attr-defined]
+        target=_receive, args=(bytes(ForkingPickler.dumps(dataset)), sending), daemon=True)
+    process.start()
+    sending.close()
+    try:
+        if not receiving.poll(TIMEOUT_S):
+            return None  # still starting: the workers' death is not the dataset's to explain
+        unpickled: str | None = receiving.recv()
+    except EOFError:  # it exited before the dataset (in a script without a __main__ guard, Python says why on stderr)
+        return None
+    finally:
+        receiving.close()
+        process.kill()
+        process.join()
+    return None if unpickled is None else _cannot_receive(method, unpickled)
+
+
+def _receive(payload: bytes, sending: Connection) -> None:
+    """In a process started as a worker is: unpickle the dataset, and send back what that raised (None: nothing)."""
+    try:
+        pickle.loads(payload)
+    except Exception as exc:  # whatever unpickling the user's dataset raises is the workers' cause
+        sending.send(f"{type(exc).__name__}: {exc}"[:300])
+    else:
+        sending.send(None)
+
+
+def _cannot_receive(method: str, why: str) -> str:
+    return (f"worker processes started by {method} cannot receive the dataset ({why[:300]}): define its class and "
+            "what it holds in a module they can import, no lambdas or nested functions")
 
 
 def _raised(loader: DataLoader[Any], exc: BaseException, workers: int, count: int) -> DatasetError:
@@ -344,18 +415,16 @@ def _thread_counts(threads: int | None, workers: int, cores: int) -> list[int | 
     return [threads] if fewer == threads else [fewer, threads]
 
 
-def _start_method(backend: Backend, fixed: Mapping[str, Any]) -> tuple[str | None, str]:
-    """The ``multiprocessing_context`` to pass (None: the default, or the caller's), and the start method workers
-    will use. ``spawn`` where fork is the default but unsafe: macOS (system libraries are not fork-safe), and a
-    process that trains on an accelerator, whose runtime does not survive fork."""
+def _start_method(fixed: Mapping[str, Any]) -> str:
+    """How the user's DataLoader will start its workers, e.g. ``'fork'``: by the ``multiprocessing_context`` fixed,
+    else by this program's default. The measurement passes none of its own: forked workers in a process that
+    trains on CUDA are PyTorch's normal case (they do CPU work), and spawn would lose the datasets and transforms
+    defined in ``__main__`` that the user's loop loads."""
     given = fixed.get("multiprocessing_context")
     if given is not None:
-        return None, given if isinstance(given, str) else given.get_start_method()
+        return given if isinstance(given, str) else str(given.get_start_method())
     # the first of get_all_start_methods() is the platform's default; get_start_method() would fix it for good
-    default = multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_all_start_methods()[0]
-    if default == "fork" and (sys.platform == "darwin" or backend.device_type != "cpu"):
-        return "spawn", "spawn"
-    return None, default
+    return multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_all_start_methods()[0]
 
 
 def _usable_cores() -> int:
@@ -394,6 +463,11 @@ def _validate(batch_size: object, key: object, fixed: Mapping[str, Any], budget_
     workers = fixed.get("num_workers")
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 0):
         raise ConfigurationError("num_workers", workers, "an int >= 0")
+    if fixed.get("batch_sampler") is not None:
+        for name in ("shuffle", "sampler", "drop_last"):
+            if fixed.get(name) not in (None, False):
+                raise ConfigurationError(name, fixed[name], f"no {name} beside batch_sampler=, whose batches are "
+                                         "the loader's (DataLoader's rule): set it in the batch sampler")
 
 
 def _named(dataset: Any) -> str:
@@ -401,37 +475,47 @@ def _named(dataset: Any) -> str:
     return f"{type(dataset).__module__}.{type(dataset).__qualname__}"
 
 
-def _structure(sample: Any, depth: int = 0) -> str:
-    """One sample's structure, e.g. ``'(Tensor[float32, 3x64x64], int)'``."""
+def _structure(sample: Any, depth: int = 0, *, sized: bool = True) -> str:
+    """One sample's structure, e.g. ``'(Tensor[float32, 3x64x64], int)'``; ``sized=False``: its arrays' ranks
+    instead of their sizes, e.g. ``'(Tensor[float32, 3-d], int)'``."""
     shape, dtype = getattr(sample, "shape", None), getattr(sample, "dtype", None)
     if shape is not None and dtype is not None:
-        dims = "x".join(str(d) for d in shape) or "scalar"
+        dims = ("x".join(str(d) for d in shape) if sized else f"{len(shape)}-d") if len(shape) else "scalar"
         return f"{type(sample).__name__}[{str(dtype).removeprefix('torch.')}, {dims}]"
     if depth >= 3:
         return type(sample).__name__
     if isinstance(sample, Mapping):
         items = sorted(sample.items(), key=lambda kv: str(kv[0]))
-        return "{" + ", ".join(f"{k}: {_structure(v, depth + 1)}" for k, v in items[:8]) + \
+        return "{" + ", ".join(f"{k}: {_structure(v, depth + 1, sized=sized)}" for k, v in items[:8]) + \
             (", ..." if len(items) > 8 else "") + "}"
     if isinstance(sample, (tuple, list)):
-        inner = ", ".join(_structure(v, depth + 1) for v in sample[:8]) + (", ..." if len(sample) > 8 else "")
+        inner = ", ".join(_structure(v, depth + 1, sized=sized) for v in sample[:8]) + \
+            (", ..." if len(sample) > 8 else "")
         return f"({inner})" if isinstance(sample, tuple) else f"[{inner}]"
     return type(sample).__name__
 
 
 def _described(fixed: Mapping[str, Any]) -> str:
-    """The fixed arguments as they identify a question across runs (a function by its name, not its address)."""
-    def value(v: Any) -> str:
-        if v is None or isinstance(v, (bool, int, float, str)):
-            return repr(v)
-        if callable(v) and hasattr(v, "__qualname__"):
-            return f"{getattr(v, '__module__', '')}.{v.__qualname__}"
-        return type(v).__qualname__
+    """The fixed arguments as they identify a question across runs, by what they are rather than their address, e.g.
+    ``"collate_fn=functools.partial(my_app.data.pad, value=0),shuffle=True"``."""
+    return ",".join(f"{name}={_what(fixed[name])}" for name in sorted(fixed))
 
-    return ",".join(f"{name}={value(fixed[name])}" for name in sorted(fixed))
+
+def _what(value: Any, depth: int = 0) -> str:
+    """A function, class or method by its name; a ``partial`` by its function and arguments; any other object (a
+    callable instance, a sampler) by its class."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return repr(value)
+    if isinstance(value, functools.partial) and depth < 3:
+        arguments = [_what(v, depth + 1) for v in value.args]
+        arguments += [f"{k}={_what(v, depth + 1)}" for k, v in sorted(value.keywords.items())]
+        return f"functools.partial({', '.join([_what(value.func, depth + 1), *arguments])})"
+    named = value if isinstance(value, (type, types.FunctionType, types.BuiltinFunctionType, types.MethodType)) \
+        else type(value)
+    return f"{named.__module__}.{named.__qualname__}"
 
 
 __all__ = [
     "BUDGET_S", "DEEP_PREFETCH", "KEEP_UP", "MEASUREMENT_VERSION", "MIN_BATCHES", "SETTING_SHARE", "TIMEOUT_S",
-    "choose", "dataset_signature", "keeps_up", "report",
+    "choose", "dataset_signature", "keeps_up", "report", "workers_failed",
 ]
