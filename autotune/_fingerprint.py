@@ -2,8 +2,15 @@
 
 No hostname, user name, serial number, UUID or MAC address is stored (GPU UUIDs are read only to match
 ``CUDA_VISIBLE_DEVICES``). The digest is a hash of the canonical JSON of the fields, so any change in them (a
-GPU swap, a torch upgrade, a ``taskset`` with fewer cores, another ``CUDA_VISIBLE_DEVICES`` or
-``OMP_NUM_THREADS``) selects a different results file, and swapping back finds the old one again.
+GPU swap, a torch upgrade, a ``taskset`` with fewer cores, a container's CPU limit, another
+``CUDA_VISIBLE_DEVICES`` or ``OMP_NUM_THREADS``) selects a different results file, and swapping back finds the
+old one again.
+
+The machine and the budget a process starts with are read once per process: what the process then sets itself
+(``torch.set_num_threads``, which ``Config.apply_threads`` and ``dataloader_kwargs`` call too) never moves the
+digest, so an answer, its demotions and the guard's fallback stay on one results file for the whole run. A
+candidate without a thread count of its own is measured with torch's default for the environment
+(:func:`default_threads`), which the fields determine.
 
 Left out on purpose: the kernel's patch level (only major.minor is kept) and process settings the calibration
 worker does not apply, such as ``torch.set_float32_matmul_precision`` (the worker sets each candidate's own).
@@ -25,7 +32,7 @@ import torch
 from pydantic import computed_field
 
 from autotune._records import Record
-from autotune.backends import Accelerator, _windows, all_backends
+from autotune.backends import Accelerator, _cgroup, _windows, all_backends
 from autotune.backends.cpu import cpu_facts
 
 #: Environment variables that set the CPU thread pools of the worker (it inherits the environment).
@@ -33,6 +40,9 @@ THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 #: The processes of one job sharing this machine (torchrun's name), in ``environment`` when more than one: a CPU
 #: candidate is timed with that many copies of its step running at once, an answer no single process should read.
 PROCESSES_VARIABLE = "LOCAL_WORLD_SIZE"
+#: which fields the digest covers: 2 since torch's thread count of the moment was left out and the CPU quota came
+#: in (records written before hold none: 1), so an older record is never taken for this machine's own
+REVISION = 2
 
 
 @functools.cache
@@ -56,13 +66,17 @@ class Fingerprint(Record):
     cpu_brand: str
     cpu_isa: list[str]
     cpu_capability: str
+    #: the cores this process may run on (its affinity)
     usable_cores: int
-    torch_threads: int
+    #: cores' worth of CPU time its control groups allow, e.g. 1.5 (``docker run --cpus 1.5``); None: no limit
+    cpu_quota: float | None = None
     ram_gib: int
     accelerators: list[Accelerator]
     #: the set ones of device_variables() and THREAD_VARIABLES, e.g. ``{'OMP_NUM_THREADS': '1'}``, and in a job the
     #: processes sharing this machine (PROCESSES_VARIABLE), e.g. ``{'LOCAL_WORLD_SIZE': '2'}``
     environment: dict[str, str]
+    #: which fields the digest covers (REVISION); 1 in records written before it was kept
+    revision: int = 1
 
     @computed_field  # type: ignore[prop-decorator]
     @functools.cached_property
@@ -135,26 +149,47 @@ def _accelerators(device_environment: tuple[tuple[str, str], ...]) -> tuple[Acce
     return tuple(a for backend in all_backends() for a in backend.host_accelerators())
 
 
-def fingerprint(*, processes: int = 1) -> Fingerprint:
-    """This machine's fingerprint; hardware facts are read once per process, settings on every call.
+@functools.cache
+def default_threads() -> int:
+    """torch's intra-op thread count when this process first asked, e.g. 8: what a candidate without a count of its
+    own is measured with. The worker, a fresh process, asks before anything sets it: torch's default for the
+    environment (``OMP_NUM_THREADS``, ``MKL_NUM_THREADS``, the cores), which the fingerprint holds. This process
+    asks when it first reads its fingerprint, before ``apply_threads`` or ``dataloader_kwargs`` set their own."""
+    return torch.get_num_threads()
 
-    ``processes``: the processes of one job that share this machine, each running its own training steps (a
-    job's answer is measured for them, and kept apart from a single process's)."""
-    # Process-level settings that change speed are re-read: an app may set them at any time before calibrating.
-    values = [(name, os.environ.get(name)) for name in (*device_variables(), *THREAD_VARIABLES)]
-    if processes > 1:
-        values.append((PROCESSES_VARIABLE, str(processes)))
-    environment = tuple((name, value) for name, value in values if value is not None)
-    return _fingerprint(_usable_cores(), torch.get_num_threads(), environment)
+
+@functools.cache
+def _budget() -> tuple[int, float | None, tuple[tuple[str, str], ...]]:
+    """What this process started with: its usable cores, its CPU quota and the set device and thread variables."""
+    default_threads()
+    environment = tuple((name, value) for name in (*device_variables(), *THREAD_VARIABLES)
+                        if (value := os.environ.get(name)) is not None)
+    return _usable_cores(), _cgroup.cpu_quota(), environment
 
 
 @functools.lru_cache(maxsize=8)
-def _fingerprint(usable_cores: int, torch_threads: int, environment: tuple[tuple[str, str], ...]) -> Fingerprint:
+def fingerprint(*, processes: int = 1) -> Fingerprint:
+    """This machine's fingerprint, read once per process.
+
+    ``processes``: the processes of one job that share this machine, each running its own training steps (a
+    job's answer is measured for them, and kept apart from a single process's)."""
+    usable_cores, cpu_quota, environment = _budget()
+    if processes > 1:
+        environment = (*environment, (PROCESSES_VARIABLE, str(processes)))
     devices = tuple(pair for pair in environment if pair[0] in device_variables())
     return Fingerprint.model_validate({
-        **_static_fields(), "usable_cores": usable_cores, "torch_threads": torch_threads,
-        "accelerators": list(_accelerators(devices)), "environment": dict(environment),
+        **_static_fields(), "usable_cores": usable_cores, "cpu_quota": cpu_quota,
+        "accelerators": list(_accelerators(devices)), "environment": dict(environment), "revision": REVISION,
     })
 
 
-__all__ = ["PROCESSES_VARIABLE", "THREAD_VARIABLES", "Fingerprint", "device_variables", "fingerprint", "kernel_release"]
+def forget() -> None:
+    """Read the budget again at the next call, as a new process would (tests: ``autotune.testing.reset_state``);
+    the hardware stays as read."""
+    fingerprint.cache_clear()
+    _budget.cache_clear()
+    default_threads.cache_clear()
+
+
+__all__ = ["PROCESSES_VARIABLE", "REVISION", "THREAD_VARIABLES", "Fingerprint", "default_threads", "device_variables",
+           "fingerprint", "forget", "kernel_release"]

@@ -11,12 +11,24 @@ import pytest
 
 import autotune
 from autotune._fingerprint import (
+    REVISION,
     THREAD_VARIABLES,
     Fingerprint,
+    default_threads,
     device_variables,
     kernel_release,
 )
 from autotune.backends import Accelerator
+from autotune.testing import reset_state
+
+#: prints the digest of a new process, after ``before`` ran
+FRESH = "import torch; {before}; import autotune; print(autotune.fingerprint().digest)"
+
+
+def _digest_of_a_new_process(before: str = "pass", **environment: str) -> str:
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    return subprocess.run([sys.executable, "-c", FRESH.format(before=before)], capture_output=True, text=True,
+                          check=True, env={**env, **environment}).stdout.strip()
 
 
 def test_fingerprint_is_stable_within_a_process() -> None:
@@ -45,10 +57,11 @@ CHANGES = {
     "cpu_isa": ["neon"],
     "cpu_capability": "DEFAULT",
     "usable_cores": 1,
-    "torch_threads": 64,
+    "cpu_quota": 0.25,
     "ram_gib": 16,
     "accelerators": [Accelerator(backend="cuda", name="NVIDIA GeForce RTX 2070", driver="550.54")],
     "environment": {"OMP_NUM_THREADS": "3"},
+    "revision": REVISION - 1,
 }
 
 
@@ -82,22 +95,29 @@ def test_the_device_variables_are_the_backends_in_their_order() -> None:
 def test_each_device_and_thread_variable_alone_changes_the_digest(
     variable: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # Each read after reset_state() is a new process's: the budget is read once per process.
     for name in (*device_variables(), *THREAD_VARIABLES):
         monkeypatch.delenv(name, raising=False)
+    reset_state()
     unset = autotune.fingerprint().digest
     monkeypatch.setenv(variable, "1")
+    reset_state()
     one = autotune.fingerprint()
     assert one.digest != unset and one.environment == {variable: "1"}
     monkeypatch.setenv(variable, "0")
+    reset_state()
     assert autotune.fingerprint().digest not in (unset, one.digest)
     monkeypatch.delenv(variable)
+    reset_state()
     assert autotune.fingerprint().digest == unset
 
 
 def test_an_empty_cuda_visible_devices_is_not_unset(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    reset_state()
     unset = autotune.fingerprint().digest
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # hides every GPU
+    reset_state()
     assert autotune.fingerprint().digest != unset
 
 
@@ -105,37 +125,72 @@ def test_an_empty_cuda_visible_devices_is_not_unset(monkeypatch: pytest.MonkeyPa
 def test_unrelated_environment_changes_keep_the_digest(variable: str, monkeypatch: pytest.MonkeyPatch) -> None:
     before = autotune.fingerprint().digest
     monkeypatch.setenv(variable, "something-else")
+    reset_state()
     assert autotune.fingerprint().digest == before
 
 
-def test_torch_thread_count_set_by_the_app_changes_the_digest() -> None:
+def test_fewer_usable_cores_are_another_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    before = autotune.fingerprint()
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)  # what `taskset -c 0` leaves
+    assert autotune.fingerprint() == before  # read once per process
+    reset_state()
+    assert autotune.fingerprint().usable_cores == 1
+    assert (autotune.fingerprint().digest != before.digest) == (before.usable_cores != 1)
+
+
+def test_the_budget_is_read_once_per_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    before = autotune.fingerprint(), autotune.fingerprint(processes=2)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # set too late: torch's pools are sized
+    assert (autotune.fingerprint(), autotune.fingerprint(processes=2)) == before
+
+
+def test_the_apps_thread_count_is_not_in_the_digest() -> None:
     import torch
 
-    threads = torch.get_num_threads()
-    before = autotune.fingerprint().digest
-    torch.set_num_threads(1 if threads != 1 else 2)
-    try:
-        assert autotune.fingerprint().digest != before
-    finally:
-        torch.set_num_threads(threads)
+    before, threads = autotune.fingerprint().digest, torch.get_num_threads()
+    torch.set_num_threads(threads + 1)  # the conftest puts the count back
     assert autotune.fingerprint().digest == before
+    reset_state()  # as a process that set its count before its first read
+    assert autotune.fingerprint().digest == before
+    assert "torch_threads" not in autotune.fingerprint().model_dump()
 
 
-def test_omp_num_threads_1_unset_and_set_num_threads_1_are_three_digests() -> None:
-    import torch
-
-    code = "import autotune; print(autotune.fingerprint().digest)"
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
-    omp_1 = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                           env={**env, "OMP_NUM_THREADS": "1"}).stdout.strip()
+def test_omp_num_threads_1_is_another_budget_and_set_num_threads_1_is_not() -> None:
     unset = autotune.fingerprint().digest
+    assert _digest_of_a_new_process(OMP_NUM_THREADS="1") != unset
+    assert _digest_of_a_new_process("torch.set_num_threads(1)") == unset
+
+
+@pytest.mark.usefixtures("in_process")
+def test_a_measured_answer_holds_after_the_app_changes_its_thread_count(
+    tiny_family: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch
+
+    monkeypatch.setenv("AUTOTUNE_SEARCH", "precision")
+    measured = autotune.best_config(tiny_family)
+    assert measured.source == "measured"
+    torch.set_num_threads(torch.get_num_threads() + 1)  # the conftest puts the count back
+    for answer in (autotune.best_config(tiny_family, wait=False), autotune.best_config(tiny_family)):
+        assert answer == measured and answer.fingerprint_digest == autotune.fingerprint().digest
+
+
+def test_torchs_default_thread_count_is_read_before_the_app_changes_it() -> None:
+    import torch
+
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        set_1 = autotune.fingerprint().digest
-    finally:
-        torch.set_num_threads(threads)
-    assert len({omp_1, unset, set_1}) == 3
+    autotune.fingerprint()
+    torch.set_num_threads(threads + 1)  # the conftest puts the count back
+    assert default_threads() == threads
+
+
+def test_a_record_from_before_the_revision_is_not_this_machines_own() -> None:
+    """A record written when the digest held torch's thread count of the moment: loaded now, it is another
+    machine configuration (a similar one), never the file this machine answers from."""
+    here = autotune.fingerprint()
+    old = {**here.model_dump(exclude={"digest", "cpu_quota", "revision"}), "torch_threads": 2}
+    loaded = Fingerprint.model_validate(old)
+    assert loaded.revision == 1 and loaded.digest != here.digest
 
 
 def test_matmul_precision_of_the_host_is_not_in_the_digest() -> None:

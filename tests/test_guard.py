@@ -30,10 +30,11 @@ import torch.nn.functional as F
 from families_for_tests import build_tiny
 from samples import family, timed
 from torch import nn
+from torch.utils.data import TensorDataset
 
 import autotune
 from autotune import Config, ConfigMisbehaved, _answer
-from autotune._cache import demotions
+from autotune._cache import demotions, loader_answers
 from autotune._cache import lookup as _cached
 from autotune._cli import main
 from autotune._guard.watch import NON_FINITE_LOSSES, SKIPPED_STEPS, model_signature
@@ -565,6 +566,46 @@ def test_a_demotion_that_cannot_be_written_holds_in_this_process(
     assert "No space left" in caplog.text and "it holds for this process only" in caplog.text
     assert not demotions.path(autotune.fingerprint().digest).exists()
     assert guard.fallback().precision == "bf16-mixed" and "demoted" in guard.fallback().reason
+
+
+def _loader_sets_threads(config: Config, count: int) -> None:
+    """``config.dataloader_kwargs`` where its answer trains with ``count`` CPU threads beside its workers: measured
+    once (real loop, no workers), then the count as a measurement that found fewer threads faster stores it."""
+    dataset = TensorDataset(torch.randn(32, 8), torch.randint(0, 4, (32,)))
+    measured = config.dataloader_report(dataset, batch_size=8, budget_s=0.2, num_workers=0)
+    answers = loader_answers.Answers(config.fingerprint_digest)
+    [question] = loader_answers.FILES.read(config.fingerprint_digest)
+    answers.put(question, measured.model_copy(update={"num_threads": count}))
+    config.dataloader_kwargs(dataset, batch_size=8, num_workers=0)
+
+
+@pytest.mark.parametrize("how", ["set_num_threads", "apply_threads", "dataloader_kwargs"])
+def test_the_apps_thread_count_keeps_the_answer_its_demotion_and_the_fallback(tiny_family: str, how: str) -> None:
+    """The count the app trains with moves (its own call, the count the answer measured, the DataLoader's): the
+    answer, its demotion and the guard's fallback stay on the machine configuration they were answered under."""
+    other = torch.get_num_threads() + 1  # the conftest puts the count back
+    bf16 = timed("cpu", "bf16-mixed", 70.0)
+    bf16 = bf16.model_copy(update={"candidate": bf16.candidate.model_copy(update={"num_threads": other})})
+    _cached.store().save(autotune.fingerprint(), family(tiny_family, timed("cpu", "fp16-mixed", 50.0), bf16,
+                                                        timed("cpu", "fp32", 100.0)))
+    config = autotune.best_config(tiny_family)
+    assert config.precision == "fp16-mixed"
+    with pytest.warns(ConfigMisbehaved, match="it is demoted"):
+        guard, _ = _classifier(config, 50, huge_inputs_at=range(10, 50))
+    demoted = autotune.best_config(tiny_family)
+    assert demoted.reason.startswith("fp16-mixed was demoted after NaN losses at step 10 of training")
+    assert demoted.precision == "bf16-mixed" and demoted.num_threads == other and demoted.source == "measured"
+    if how == "set_num_threads":
+        torch.set_num_threads(other)
+    elif how == "apply_threads":
+        demoted.apply_threads()
+    else:
+        _loader_sets_threads(config, other)
+    assert torch.get_num_threads() == other
+    model = build_tiny().model  # the family's own, as the guard's run trained it
+    for answer in (autotune.best_config(tiny_family), autotune.best_config(tiny_family, wait=False),
+                   autotune.best_config(tiny_family, model=model), guard.fallback()):
+        assert answer == demoted
 
 
 @pytest.mark.usefixtures("in_process")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.backends import _darwin, _windows, cuda, xpu
+from autotune.backends import _cgroup, _darwin, _windows, cuda, xpu
 
 PLATFORMS = Path(__file__).parent.parent / "fixtures" / "platforms"
 
@@ -156,3 +156,56 @@ def test_intel_gpus_from_sysfs_without_the_runtime(tmp_path: Path) -> None:
 )
 def test_ze_affinity_mask(mask: str | None, indices: list[int]) -> None:
     assert xpu.visible_indices(2, mask) == indices
+
+
+def _cgroups(tmp_path: Path, groups: str, mounts: list[tuple[str, str, str, str]],
+             files: dict[str, str]) -> str:
+    """A /proc/self (its ``cgroup`` text, a ``mountinfo`` line per (root, mount point under tmp_path, type,
+    super options)) and the cgroup files, each path under tmp_path; returns the /proc/self directory."""
+    proc = tmp_path / "proc"
+    proc.mkdir()
+    (proc / "cgroup").write_text(groups)
+    (proc / "mountinfo").write_text("".join(
+        f"{30 + i} 25 0:{26 + i} {root} {tmp_path / point} rw,nosuid,nodev,noexec,relatime shared:{i} - {kind} "
+        f"{kind} {options}\n" for i, (root, point, kind, options) in enumerate(mounts)))
+    for path, text in files.items():
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(text)
+    return str(proc)
+
+
+V2 = [("/", "sys/fs/cgroup", "cgroup2", "rw,nsdelegate,memory_recursiveprot")]
+
+
+@pytest.mark.parametrize(
+    ("groups", "mounts", "files", "quota"),
+    [
+        pytest.param("0::/\n", V2, {"sys/fs/cgroup/cgroup.controllers": "cpu memory\n"}, None,
+                     id="v2-root-no-limit"),
+        pytest.param("0::/kubepods/pod1/c1\n", V2,
+                     {"sys/fs/cgroup/kubepods/pod1/c1/cpu.max": "max 100000\n",
+                      "sys/fs/cgroup/kubepods/pod1/cpu.max": "150000 100000\n",
+                      "sys/fs/cgroup/kubepods/cpu.max": "400000 100000\n"}, 1.5, id="v2-a-parents-limit-holds"),
+        pytest.param("0::/\n", V2, {"sys/fs/cgroup/cpu.max": "50000 100000\n"}, 0.5,
+                     id="v2-a-containers-own-group-at-the-mount"),
+        pytest.param("0::/user.slice\n", V2, {"sys/fs/cgroup/user.slice/cpu.max": "max 100000\n"}, None,
+                     id="v2-max-is-no-limit"),
+        pytest.param("12:cpu,cpuacct:/docker/abc\n11:memory:/docker/abc\n",
+                     [("/docker/abc", "sys/fs/cgroup/cpu,cpuacct", "cgroup", "rw,cpu,cpuacct")],
+                     {"sys/fs/cgroup/cpu,cpuacct/cpu.cfs_quota_us": "200000\n",
+                      "sys/fs/cgroup/cpu,cpuacct/cpu.cfs_period_us": "100000\n"}, 2.0,
+                     id="v1-docker-cpus-2"),
+        pytest.param("4:memory:/a\n1:cpu:/\n0::/\n",
+                     [("/", "sys/fs/cgroup/cpu", "cgroup", "rw,cpu"), ("/", "sys/fs/cgroup/memory", "cgroup",
+                                                                         "rw,memory")],
+                     {"sys/fs/cgroup/cpu/cpu.cfs_quota_us": "-1\n", "sys/fs/cgroup/cpu/cpu.cfs_period_us": "100000\n",
+                      "sys/fs/cgroup/memory/a/memory.limit_in_bytes": "1\n"}, None, id="v1-unlimited"),
+    ],
+)
+def test_the_cpu_quota_of_control_groups(tmp_path: Path, groups: str, mounts: list[tuple[str, str, str, str]],
+                                         files: dict[str, str], quota: float | None) -> None:
+    assert _cgroup.cpu_quota(_cgroups(tmp_path, groups, mounts, files)) == quota
+
+
+def test_no_control_groups_to_read_is_no_limit(tmp_path: Path) -> None:
+    assert _cgroup.cpu_quota(str(tmp_path / "no-proc")) is None

@@ -18,6 +18,7 @@ from typing import IO
 import torch
 
 from autotune import _fp32
+from autotune._fingerprint import default_threads
 from autotune._lab import load
 from autotune._lab.copies import Load, LoadSetup
 from autotune._lab.memory import pin_allocator, probe_memory
@@ -80,13 +81,14 @@ def calibrate(job: Job, emit: Callable[[Planned | Begin | Failed | Checkpoint | 
         emit(event)
 
     threads = torch.get_num_threads()
-    torch.set_num_threads(job.threads)  # in-process, the host's own count: put back after
+    count = job.threads or default_threads()
+    torch.set_num_threads(count)  # in-process, the host's own count: put back after
     try:
         with contextlib.ExitStack() as stack:
             copies = None
             if job.processes > 1:  # the job's other processes on this machine, as copies of each CPU step
                 copies = stack.enter_context(Load(job.processes - 1, LoadSetup(
-                    family=job.family, seed=job.settings.seed, fp32=job.fp32, threads=job.threads,
+                    family=job.family, seed=job.settings.seed, fp32=job.fp32, threads=count,
                     sys_path=job.sys_path)))
             session = Session(TorchLab(job.family, job.settings, copies=copies), job.settings, tracking,
                               clock=time.perf_counter, control=Control(), settle=load.settle,
@@ -109,6 +111,7 @@ def main(protocol: IO[str]) -> int:
     def emit(event: Ready | Planned | Begin | Failed | Checkpoint | Done | Traced | Checked | MemoryProbed) -> None:
         protocol.write(event.model_dump_json() + "\n")
 
+    default_threads()  # torch's own count for this environment, read before any job sets one
     warm_process()
     emit(Ready(pid=os.getpid()))
     watch = load.Watch(host=os.getppid())  # one per worker: it waits for its host's start-up once
@@ -116,7 +119,7 @@ def main(protocol: IO[str]) -> int:
         job = REQUEST.validate_json(line)
         sys.path[:0] = [p for p in job.sys_path if p not in sys.path]
         if isinstance(job, (Job, CheckJob, MemoryProbeJob)):  # a clean slate for each job, with the host's settings
-            torch.set_num_threads(job.threads)
+            torch.set_num_threads(job.threads or default_threads())
         _fp32.ensure(job.fp32)
         if isinstance(job, TraceJob):
             trace(job, emit)

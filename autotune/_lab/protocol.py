@@ -87,9 +87,10 @@ class Job(_Message):
     #: the host's fp32 settings: mixed precisions run with them, as they will in the app (fp32 and tf32 set
     #: their own)
     fp32: Fp32Settings
-    #: the host's intra-op thread count (part of the fingerprint): candidates without their own run with it; in a
-    #: job, each process's share of the cores
-    threads: int
+    #: the intra-op thread count candidates without their own run with: in a job, each process's share of the
+    #: cores; else None, the worker's :func:`~autotune._fingerprint.default_threads` (torch's default for the
+    #: environment the fingerprint holds, whatever the host's own count is now)
+    threads: int | None = None
     #: the processes of one job sharing this machine: a CPU candidate is timed while ``processes - 1`` copies of its
     #: step run alongside it (``copies``)
     processes: int = Field(default=1, ge=1)
@@ -123,8 +124,8 @@ class CheckJob(_Message):
     pick: Candidate
     settings: CalibrationSettings
     fp32: Fp32Settings
-    #: the host's torch thread count, as for a Job
-    threads: int
+    #: as for a Job
+    threads: int | None = None
     sys_path: list[str]
 
 
@@ -140,7 +141,8 @@ class MemoryProbeJob(_Message):
     #: through its forward pass
     steps: int = Field(default=2, ge=1)
     fp32: Fp32Settings
-    threads: int
+    #: as for a Job
+    threads: int | None = None
     sys_path: list[str]
 
 

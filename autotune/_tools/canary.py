@@ -17,8 +17,6 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Literal
 
-import torch
-
 from autotune import _env, _fp32, _stats
 from autotune._answer import cached_families
 from autotune._cache.locks import measuring
@@ -89,7 +87,7 @@ def check(measured: dict[Family, FamilyResult]) -> list[CheckResult]:
             against = _against(record, pick)
             job = CheckJob(family=family, candidates=[*against[:1], pick,
                            *against[1:]], pick=pick, settings=settings, fp32=_fp32.current(),
-                           threads=torch.get_num_threads(), sys_path=[p for p in sys.path if p])
+                           sys_path=[p for p in sys.path if p])
             checked, failed, ended = worker.run_check(job)
             verdict, detail = _judge(pick, against, checked.series if checked is not None else None, failed,
                                      ended.detail if ended is not None else None)

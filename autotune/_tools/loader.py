@@ -46,6 +46,7 @@ from autotune import _fp32
 from autotune._cache.loader_answers import Answers
 from autotune._errors import ConfigurationError, DatasetError
 from autotune._families import get_family
+from autotune._fingerprint import default_threads
 from autotune._lab.step import TrainStep
 from autotune._records import Candidate, LoaderReport, LoaderTrial
 from autotune._variants import threads_per_process
@@ -171,7 +172,7 @@ def _measure(candidate: Candidate, model_kind: str, dataset: Any, signature: str
             "that trains")) from exc
     backend = backend_for(candidate.device)
     on_cpu = backend.device_type == "cpu"
-    threads = (candidate.num_threads or torch.get_num_threads()) if on_cpu else None
+    threads = (candidate.num_threads or default_threads()) if on_cpu else None  # as calibration measured it
     method = _start_method(fixed)
     pin = bool(fixed.get("pin_memory", backend.async_copies))
     drop_last = bool(fixed.get("drop_last", False))

@@ -81,7 +81,7 @@ def max_batch_report(
     def probe(batch_size: int) -> MemoryProbed:
         job = MemoryProbeJob(family=family, candidate=candidate,
                              init_scale=init_scale, batch_size=batch_size, fp32=_fp32.current(),
-                             threads=torch.get_num_threads(), sys_path=[p for p in sys.path if p])
+                             sys_path=[p for p in sys.path if p])
         return worker.run_memory_probe(job)
 
     log.info("measuring the largest batch of %s on %s", model_kind, candidate.label)

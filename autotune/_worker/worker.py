@@ -20,8 +20,6 @@ import threading
 import time
 from types import TracebackType
 
-import torch
-
 from autotune import _fp32
 from autotune._errors import CalibrationCancelled, CalibrationError, TraceError, WorkerStartError
 from autotune._families import Family
@@ -124,7 +122,8 @@ class Worker:
         """Calibrate ``family``, restarting the worker after each crash, until every candidate has an answer.
 
         ``processes``: of one job, sharing this machine (each CPU candidate is timed with that many running its
-        step); ``threads``: what a candidate without a count of its own runs with (default: this process's)."""
+        step); ``threads``: what a candidate without a count of its own runs with (default: torch's default for
+        this environment, whatever this process set, see ``Job.threads``)."""
         started = time.perf_counter()
         planned: list[Candidate] | None = None
         backend_notes: dict[str, str] = {}
@@ -144,7 +143,7 @@ class Worker:
             # A restarted worker goes on from the last stage finished, without the candidates that failed.
             job = Job(family=family, failed=list(failed.values()),
                       resume=checkpoint, settings=settings, fp32=_fp32.current(),
-                      threads=threads or torch.get_num_threads(), processes=processes,
+                      threads=threads, processes=processes,
                       sys_path=[p for p in sys.path if p])
             start_s += self._attempt(job, attempt, progress, since=started)
             for event in attempt.events:

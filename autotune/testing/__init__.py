@@ -4,17 +4,19 @@ here (:mod:`autotune.testing.simulate`) drive the real measurement, search and d
 
 from __future__ import annotations
 
-from autotune import _answer, _background
+from autotune import _answer, _background, _fingerprint
 from autotune._cache import demotions, exchange, lookup
 from autotune._families import reset_registry
 
 
 def reset_state() -> None:
     """Forget what this process keeps between calls: its background calibrations (cancelled, waited for), the
-    decision memo and the stores, demotions it could not write, families it registered, and ``use_defaults``.
+    decision memo and the stores, demotions it could not write, families it registered, ``use_defaults``, and the
+    budget its fingerprint read (environment, affinity, CPU quota, torch's thread count).
     Tests call it around each test, which runs in a cache directory of its own."""
     _background.cancel_all(timeout_s=60)
     _answer.forget()
+    _fingerprint.forget()
     lookup.reset()
     demotions.reset()
     exchange.reset()
