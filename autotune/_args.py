@@ -1,5 +1,6 @@
 """The command line's arguments: parsed before anything heavy loads, so that ``python -m autotune`` can start its
-calibration worker first (:func:`may_measure`); the rest of the command line is ``autotune._cli``."""
+calibration worker first (:func:`may_measure`); the rest of the command line is ``autotune._cli``. This module
+imports nothing of autotune, so its callers hand it the package's version."""
 
 from __future__ import annotations
 
@@ -40,7 +41,8 @@ AUTOTUNE_LOCK_TIMEOUT_S, AUTOTUNE_BUDGET_S, AUTOTUNE_SEARCH, AUTOTUNE_DEFAULTS (
 PREFERENCES = ("auto", "gpu", "cpu", "cuda", "mps", "xpu")
 
 
-def parser() -> argparse.ArgumentParser:
+def parser(version: str) -> argparse.ArgumentParser:
+    """The command line's parser; ``version`` is what ``--version`` prints after the name, e.g. ``'0.1.0'``."""
     parser = argparse.ArgumentParser(
         prog="python -m autotune",
         description="Measure which device and precision train each model kind fastest, correctly, on this machine.",
@@ -79,13 +81,14 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--clear", action="store_true", help="delete all stored measurements and demotions and exit")
     parser.add_argument("--doctor", action="store_true", help="diagnose GPUs this torch build cannot use")
     parser.add_argument("-v", "--verbose", action="store_true", help="log decisions and calibration steps")
+    parser.add_argument("--version", action="version", version=f"autotune {version} (torch-autotune-device)")
     return parser
 
 
-def may_measure(argv: Sequence[str] | None = None) -> bool:
+def may_measure(version: str, argv: Sequence[str] | None = None) -> bool:
     """Whether these arguments may measure anything (``python -m autotune`` then starts its worker before it
-    imports torch). A usage error or ``--help`` exits here, as in :func:`main`."""
-    args = parser().parse_args(argv)
+    imports torch). A usage error, ``--help`` or ``--version`` exits here, as in ``autotune._cli.main``."""
+    args = parser(version).parse_args(argv)
     return not (args.clear or args.doctor or args.export or args.import_file or args.forget_demotion)
 
 

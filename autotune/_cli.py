@@ -33,6 +33,7 @@ from autotune._errors import AutotuneError, CalibrationError, UnknownFamilyError
 from autotune._families import builtin_family_names, family_names, register_family
 from autotune._fingerprint import fingerprint
 from autotune._records import FP32_CPU, Candidate, CandidateResult, FamilyResult, Prefer, Rival
+from autotune._version import __version__
 from autotune._wording import (
     demotion_words,
     loop_words,
@@ -53,13 +54,14 @@ if TYPE_CHECKING:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    command_line = parser(__version__)
+    args = command_line.parse_args(argv)
     if args.steps is not None and args.steps < 1:
-        parser().error("--steps must be a positive integer")
+        command_line.error("--steps must be a positive integer")
     if args.trace is None and (args.out is not None or args.candidate is not None):
-        parser().error("--out and --candidate go with --trace")
+        command_line.error("--out and --candidate go with --trace")
     if args.max_batch is None and (args.memory_limit_mb is not None or args.margin != 0.15):
-        parser().error("--memory-limit-mb and --margin go with --max-batch")
+        command_line.error("--memory-limit-mb and --margin go with --max-batch")
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING, format="autotune: %(message)s", stream=sys.stderr
     )

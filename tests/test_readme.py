@@ -14,7 +14,8 @@ from torch.utils.data import TensorDataset
 import autotune
 from autotune._tools import loader as loader_tuner
 
-README = Path(__file__).parent.parent / "README.md"
+ROOT = Path(__file__).parent.parent
+README = ROOT / "README.md"
 
 
 def _blocks() -> list[str]:
@@ -46,3 +47,17 @@ def test_the_first_example_runs_as_written(tmp_path: Path, monkeypatch: pytest.M
     assert isinstance(cfg, autotune.Config) and cfg.source == "measured" and cfg.model_kind == "classifier"
     assert isinstance(guard, autotune.Guard) and guard.steps == 3 and guard.finding is None
     assert guard.summary().batches == 3
+
+
+def test_ci_runs_the_readmes_test_command() -> None:
+    command = next(line for line in README.read_text().splitlines() if line.startswith("pip install torch==2.13.0 && "))
+    steps = command.split(" && ")
+    assert steps[-1] == "python -m pytest -q"
+    # .ci/run: every step, in order (pip quietly)
+    ci = [re.sub(r"^pip install -q ", "pip install ", line) for line in (ROOT / ".ci" / "run").read_text().splitlines()]
+    assert all(step in ci for step in steps), [step for step in steps if step not in ci]
+    at = [ci.index(step) for step in steps]
+    assert at == sorted(at)
+    # the hosted workflow: every step after the installs (its torch comes from the matrix)
+    workflow = (ROOT / ".github" / "workflows" / "ci.yml").read_text()
+    assert all(re.search(rf"^ +(- )?(run: )?{re.escape(step)}$", workflow, re.MULTILINE) for step in steps[2:])
