@@ -2,8 +2,9 @@
 
 No hostname, user name, serial number, UUID or MAC address is stored (GPU UUIDs are read only to match
 ``CUDA_VISIBLE_DEVICES``). The digest is a hash of the canonical JSON of the fields, so any change in them (a
-GPU swap, a torch upgrade, a ``taskset`` with fewer cores, another ``CUDA_VISIBLE_DEVICES`` or
-``OMP_NUM_THREADS``) selects a different results file, and swapping back finds the old one again.
+GPU swap, a torch upgrade, a ``taskset`` or a container's CPU quota with fewer cores, another
+``CUDA_VISIBLE_DEVICES`` or ``OMP_NUM_THREADS``) selects a different results file, and swapping back finds the old
+one again.
 
 Left out on purpose: the kernel's patch level (only major.minor is kept) and process settings the calibration
 worker does not apply, such as ``torch.set_float32_matmul_precision`` (the worker sets each candidate's own).
@@ -24,6 +25,7 @@ import sys
 import torch
 from pydantic import computed_field
 
+from autotune._quota import usable_cores
 from autotune._records import Record
 from autotune.backends import Accelerator, _windows, all_backends
 from autotune.backends.cpu import cpu_facts
@@ -56,6 +58,7 @@ class Fingerprint(Record):
     cpu_brand: str
     cpu_isa: list[str]
     cpu_capability: str
+    #: the cores this process may keep busy: its affinity, fewer where its cgroup's CPU quota allows fewer
     usable_cores: int
     torch_threads: int
     ram_gib: int
@@ -88,12 +91,6 @@ def kernel_release(release: str) -> str:
     """Major.minor of an OS release: ``'6.8.0-45-generic'`` -> ``'6.8'``; ``'10'`` (Windows) stays ``'10'``."""
     match = re.match(r"(\d+)\.(\d+)", release)
     return f"{match[1]}.{match[2]}" if match else release
-
-
-def _usable_cores() -> int:
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
 
 
 def _ram_gib() -> int:
@@ -145,7 +142,7 @@ def fingerprint(*, processes: int = 1) -> Fingerprint:
     if processes > 1:
         values.append((PROCESSES_VARIABLE, str(processes)))
     environment = tuple((name, value) for name, value in values if value is not None)
-    return _fingerprint(_usable_cores(), torch.get_num_threads(), environment)
+    return _fingerprint(usable_cores(), torch.get_num_threads(), environment)
 
 
 @functools.lru_cache(maxsize=8)

@@ -1,0 +1,125 @@
+"""What of the machine this process may use, read from the OS's files as text: its affinity, its cgroup's CPU quota
+(v2 ``cpu.max``, v1 ``cpu.cfs_quota_us``) and memory limit, the tightest along a nested cgroup path.
+
+Only the OS boundary is replaced: the affinity, and the files under a temporary root (``autotune._quota.ROOT``).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+import autotune
+from autotune import _quota
+from autotune._worker import launch
+
+#: a v1 host's mounts: cpu and cpuacct mounted together, as Docker, Kubernetes and systemd mount them
+V1_MOUNTS = (
+    "30 25 0:26 / /sys/fs/cgroup ro,nosuid,nodev,noexec - tmpfs tmpfs ro,mode=755\n"
+    "33 30 0:29 {root} /sys/fs/cgroup/cpu,cpuacct rw,nosuid,nodev,noexec,relatime shared:10 - cgroup cgroup "
+    "rw,cpu,cpuacct\n"
+    "35 30 0:31 {root} /sys/fs/cgroup/memory rw,nosuid,nodev,noexec,relatime shared:12 - cgroup cgroup rw,memory\n"
+)
+#: a v2 host's mount, without a cgroup namespace: the process sees the whole hierarchy
+V2_MOUNTS = "27 22 0:26 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:4 - cgroup2 cgroup2 rw,nsdelegate\n"
+GIB = 2**30
+
+
+def _files(root: Path, files: dict[str, str], monkeypatch: pytest.MonkeyPatch, cpus: int = 96) -> None:
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    monkeypatch.setattr(_quota, "ROOT", str(root))
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cpus)), raising=False)
+
+
+POD = "sys/fs/cgroup/kubepods.slice/pod1"
+
+
+@pytest.mark.parametrize(("files", "cores", "usage_s"), [
+    pytest.param({"proc/self/cgroup": "0::/\n"}, None, None, id="no-cgroup-files"),
+    pytest.param({}, None, None, id="not-linux"),
+    pytest.param({"proc/self/cgroup": "0::/kubepods.slice/pod1/ctr\n", "proc/self/mountinfo": V2_MOUNTS,
+                  f"{POD}/ctr/cpu.max": "max 100000\n", f"{POD}/cpu.max": "max 100000\n"},
+                 None, None, id="v2-unlimited"),
+    pytest.param({"proc/self/cgroup": "0::/kubepods.slice/pod1/ctr\n", "proc/self/mountinfo": V2_MOUNTS,
+                  f"{POD}/ctr/cpu.max": "max 100000\n", f"{POD}/cpu.max": "150000 100000\n",
+                  f"{POD}/cpu.stat": "usage_usec 2500000\nuser_usec 2000000\n"},
+                 1.5, 2.5, id="v2-a-parents-quota"),
+    pytest.param({"proc/self/cgroup": "0::/kubepods.slice/pod1/ctr\n", "proc/self/mountinfo": V2_MOUNTS,
+                  f"{POD}/ctr/cpu.max": "100000 100000\n", f"{POD}/cpu.max": "400000 100000\n"},
+                 1.0, None, id="v2-the-tighter-own-quota"),
+    pytest.param({"proc/self/cgroup": "12:memory:/docker/abc\n4:cpu,cpuacct:/docker/abc\n0::/\n",
+                  "proc/self/mountinfo": V1_MOUNTS.format(root="/") + V2_MOUNTS,
+                  "sys/fs/cgroup/cpu,cpuacct/docker/abc/cpu.cfs_quota_us": "50000\n",
+                  "sys/fs/cgroup/cpu,cpuacct/docker/abc/cpu.cfs_period_us": "100000\n",
+                  "sys/fs/cgroup/cpu,cpuacct/docker/abc/cpuacct.usage": "1500000000\n",
+                  "sys/fs/cgroup/cpu,cpuacct/cpu.cfs_quota_us": "-1\n",
+                  "sys/fs/cgroup/cpu,cpuacct/cpu.cfs_period_us": "100000\n"},
+                 0.5, 1.5, id="v1-hybrid"),
+    pytest.param({"proc/self/cgroup": "4:cpu,cpuacct:/docker/abc\n",
+                  "proc/self/mountinfo": V1_MOUNTS.format(root="/docker/abc"),
+                  "sys/fs/cgroup/cpu,cpuacct/cpu.cfs_quota_us": "200000\n",
+                  "sys/fs/cgroup/cpu,cpuacct/cpu.cfs_period_us": "100000\n"},
+                 2.0, None, id="v1-its-own-cgroup-mounted"),
+    pytest.param({"proc/self/cgroup": "4:cpu,cpuacct:/docker/abc\n",
+                  "proc/self/mountinfo": V1_MOUNTS.format(root="/docker/abc"),
+                  "sys/fs/cgroup/cpu,cpuacct/cpu.cfs_quota_us": "-1\n",
+                  "sys/fs/cgroup/cpu,cpuacct/cpu.cfs_period_us": "100000\n"},
+                 None, None, id="v1-unlimited"),
+    pytest.param({"proc/self/cgroup": "0::/../other\n", "proc/self/mountinfo": V2_MOUNTS,
+                  "sys/fs/cgroup/cpu.max": "100000 100000\n"},
+                 None, None, id="a-path-outside-the-mount"),
+])
+def test_the_cpu_quota_is_the_tightest_along_the_cgroups_path(
+        files: dict[str, str], cores: float | None, usage_s: float | None, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    _files(tmp_path, files, monkeypatch)
+    quota = _quota.cpu_quota()
+    assert (quota.cores if quota is not None else None) == cores
+    assert (quota.used_s() if quota is not None else None) == usage_s
+    allows = _quota.allowance()
+    assert allows.count == 96 and allows.cpus == frozenset(range(96))
+    assert allows.cores == (96 if cores is None else math.ceil(cores))  # a quota of 1.5: 2 cores
+
+
+def test_every_reader_of_the_usable_cores_reads_the_quota(container: Callable[..., Path]) -> None:
+    container(cpus=96, **{"cpu.max": "200000 100000\n"})
+    assert _quota.usable_cores() == 2
+    assert autotune.fingerprint().usable_cores == 2  # the machine's budget the answers are kept under
+    container(cpus=96, **{"cpu.max": "max 100000\n"})
+    assert autotune.fingerprint().usable_cores == 96
+    container(cpus=96, **{"cpu.max": "100000 100000\n"})
+    try:
+        launch.start_early()  # one core's worth: a worker started early would slow the host's own imports
+        assert launch._early == []
+    finally:
+        launch.discard()
+
+
+@pytest.mark.parametrize(("files", "headroom"), [
+    pytest.param({"proc/self/cgroup": "0::/app\n", "proc/self/mountinfo": V2_MOUNTS,
+                  "sys/fs/cgroup/app/memory.max": f"{4 * GIB}\n", "sys/fs/cgroup/app/memory.current": f"{3 * GIB}\n",
+                  "sys/fs/cgroup/app/memory.stat": f"anon 1024\ninactive_file {GIB}\n",
+                  "sys/fs/cgroup/memory.max": "max\n", "sys/fs/cgroup/memory.current": f"{5 * GIB}\n"},
+                 2 * GIB, id="v2-page-cache-can-go"),
+    pytest.param({"proc/self/cgroup": "12:memory:/docker/abc\n",
+                  "proc/self/mountinfo": V1_MOUNTS.format(root="/"),
+                  "sys/fs/cgroup/memory/docker/abc/memory.limit_in_bytes": "9223372036854771712\n",
+                  "sys/fs/cgroup/memory/docker/abc/memory.usage_in_bytes": f"{GIB}\n",
+                  "sys/fs/cgroup/memory/docker/memory.limit_in_bytes": f"{2 * GIB}\n",
+                  "sys/fs/cgroup/memory/docker/memory.usage_in_bytes": f"{GIB}\n"},
+                 GIB, id="v1-a-parents-limit"),
+    pytest.param({"proc/self/cgroup": "0::/\n", "proc/self/mountinfo": V2_MOUNTS,
+                  "sys/fs/cgroup/memory.max": "max\n", "sys/fs/cgroup/memory.current": f"{GIB}\n"},
+                 None, id="v2-unlimited"),
+])
+def test_the_memory_headroom_is_the_least_along_the_cgroups_path(
+        files: dict[str, str], headroom: int | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _files(tmp_path, files, monkeypatch)
+    assert _quota.memory_headroom_bytes() == headroom
