@@ -1,5 +1,6 @@
 """What of the machine this process may use, read from the OS's files as text: its affinity, its cgroup's CPU quota
-(v2 ``cpu.max``, v1 ``cpu.cfs_quota_us``) and memory limit, the tightest along a nested cgroup path.
+(v2 ``cpu.max``, v1 ``cpu.cfs_quota_us``) and memory limit, the tightest along a nested cgroup path; and the busy
+flag weighed against it, on a 96-core host's ``/proc/stat``.
 
 Only the OS boundary is replaced: the affinity, and the files under a temporary root (``autotune._quota.ROOT``).
 """
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,6 +17,9 @@ import pytest
 
 import autotune
 from autotune import _quota
+from autotune._lab.load import MachineTimes, others
+from autotune._lab.measure import MeasureSettings, noise
+from autotune._records import MachineLoad
 from autotune._worker import launch
 
 #: a v1 host's mounts: cpu and cpuacct mounted together, as Docker, Kubernetes and systemd mount them
@@ -123,3 +128,87 @@ def test_the_memory_headroom_is_the_least_along_the_cgroups_path(
         files: dict[str, str], headroom: int | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _files(tmp_path, files, monkeypatch)
     assert _quota.memory_headroom_bytes() == headroom
+
+
+# -- the busy flag, weighed against what this process may use -----------------------------------------------------
+
+needs_proc_parser = pytest.mark.skipif(sys.platform == "win32", reason="the /proc/stat parser is POSIX only")
+
+
+def _stat(busy_ticks: dict[int, int], cpus: int) -> MachineTimes:
+    """``/proc/stat`` of a machine of ``cpus`` CPUs after a window of 100 clock ticks, each CPU busy for
+    ``busy_ticks`` of them (none where not given), as the parser reads it."""
+    from autotune._lab.load import _proc
+
+    lines = [f"cpu{cpu} {busy_ticks.get(cpu, 0)} 0 0 {100 - busy_ticks.get(cpu, 0)} 0 0 0 0 0 0"
+             for cpu in range(cpus)]
+    busy = sum(busy_ticks.values())
+    times = _proc.parse_machine("\n".join([f"cpu  {busy} 0 0 {100 * cpus - busy} 0 0 0 0 0 0", *lines, "intr 1"]))
+    assert times is not None
+    return times
+
+
+#: the window: 100 clock ticks (a second at Linux's 100 a second)
+WINDOW_S = 100 / os.sysconf("SC_CLK_TCK") if sys.platform != "win32" else 1.0
+
+
+def _busy(seen: tuple[float, float]) -> bool:
+    """Whether ``noise`` flags a window of one second with ``seen`` (cores, share) and a steady control."""
+    cores, share = seen
+    load = MachineLoad(window_s=1.0, other_cores=cores, other_share=share, steal=0.0)
+    return "other_processes" in noise([1.0] * 8, [load], MeasureSettings())
+
+
+@needs_proc_parser
+def test_half_a_core_elsewhere_on_a_96_core_host_does_not_make_a_2_cpu_container_busy(
+        container: Callable[..., Path]) -> None:
+    # /proc/stat is the host's: 96 CPUs. The worker ran all along on CPU 0 (its own time), another process half of
+    # CPU 50. The container may run on all 96 CPUs for two cores' worth: the host's CPUs were 0.5% busy with others,
+    # and none of it came out of the container's quota, whose cgroup counted the worker's own time alone.
+    group = container(cpus=96, **{"cpu.max": "200000 100000\n", "cpu.stat": "usage_usec 10000000\n"})
+    allows = _quota.allowance()
+    assert allows.quota is not None and allows.quota.cores == 2.0 and allows.cores == 2
+    start_s = allows.quota.used_s()
+    assert start_s == 10.0
+    before, after = _stat({}, 96), _stat({0: 100, 50: 50}, 96)
+
+    def seen(cgroup_s: float) -> tuple[float, float]:
+        assert allows.quota is not None
+        (group / "cpu.stat").write_text(f"usage_usec {round((start_s + cgroup_s) * 1e6)}\n")
+        used_s = allows.quota.used_s()
+        assert used_s is not None
+        return others(before, after, own_s=WINDOW_S, elapsed_s=WINDOW_S, allows=allows, quota_used_s=used_s - start_s)
+
+    elsewhere = seen(WINDOW_S)
+    assert elsewhere == (0.5, round(0.5 / 96, 3)) and not _busy(elsewhere)
+    # the same half core taken by another process in the container: a quarter of its quota
+    inside = seen(1.5 * WINDOW_S)
+    assert inside == (0.5, 0.25) and _busy(inside)
+
+
+@needs_proc_parser
+@pytest.mark.parametrize(("host", "affinity", "busy_ticks", "cores", "share", "busy"), [
+    pytest.param(2, range(2), {1: 50}, 0.5, 0.25, True, id="a-2-core-machine-half-a-core-as-before"),
+    pytest.param(2, range(2), {1: 20}, 0.2, 0.1, False, id="a-2-core-machine-a-fifth-of-a-core"),
+    pytest.param(96, range(96), {5: 30, 17: 30}, 0.6, 0.006, False, id="a-96-core-machine-its-daemons"),
+    pytest.param(96, range(96), dict.fromkeys(range(30), 100), 30.0, 0.312, True, id="a-96-core-machine-a-third-busy"),
+    pytest.param(96, range(2), {1: 50, 50: 100, 60: 100}, 0.5, 0.25, True, id="a-cpuset-of-2-the-hosts-counters"),
+    pytest.param(96, range(2), {50: 100, 60: 100}, 0.0, 0.0, False, id="a-cpuset-of-2-the-host-busy-elsewhere"),
+])
+def test_the_others_share_is_of_the_cpus_this_process_may_run_on(
+        host: int, affinity: range, busy_ticks: dict[int, int], cores: float, share: float, busy: bool,
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _files(tmp_path, {}, monkeypatch, cpus=host)  # no cgroup: no quota
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(affinity), raising=False)
+    seen = others(_stat({}, host), _stat(busy_ticks, host), own_s=0.0, elapsed_s=WINDOW_S, allows=_quota.allowance())
+    assert seen == (cores, share) and _busy(seen) == busy
+
+
+@needs_proc_parser
+def test_counters_numbered_apart_from_the_affinity_are_read_whole(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    # lxcfs writes a container's /proc/stat with its own CPUs renumbered from 0: CPUs 10 and 11 show as cpu0, cpu1
+    _files(tmp_path, {}, monkeypatch)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {10, 11}, raising=False)
+    seen = others(_stat({}, 2), _stat({1: 60}, 2), own_s=0.0, elapsed_s=WINDOW_S, allows=_quota.allowance())
+    assert seen == (0.6, 0.3) and _busy(seen)
