@@ -2,9 +2,9 @@
 
 No hostname, user name, serial number, UUID or MAC address is stored (GPU UUIDs are read only to match
 ``CUDA_VISIBLE_DEVICES``). The digest is a hash of the canonical JSON of the fields, so any change in them (a
-GPU swap, a torch upgrade, a ``taskset`` with fewer cores, a container's CPU limit, another
-``CUDA_VISIBLE_DEVICES`` or ``OMP_NUM_THREADS``) selects a different results file, and swapping back finds the
-old one again.
+GPU swap, a torch upgrade, a ``taskset`` or a container's CPU quota with fewer cores, another
+``CUDA_VISIBLE_DEVICES`` or ``OMP_NUM_THREADS``) selects a different results file, and swapping back finds the old
+one again.
 
 The machine and the budget a process starts with are read once per process: what the process then sets itself
 (``torch.set_num_threads``, which ``Config.apply_threads`` and ``dataloader_kwargs`` call too) never moves the
@@ -31,8 +31,9 @@ import sys
 import torch
 from pydantic import computed_field
 
+from autotune._quota import allowance
 from autotune._records import Record
-from autotune.backends import Accelerator, _cgroup, _windows, all_backends
+from autotune.backends import Accelerator, _windows, all_backends
 from autotune.backends.cpu import cpu_facts
 
 #: Environment variables that set the CPU thread pools of the worker (it inherits the environment).
@@ -66,7 +67,7 @@ class Fingerprint(Record):
     cpu_brand: str
     cpu_isa: list[str]
     cpu_capability: str
-    #: the cores this process may run on (its affinity)
+    #: the cores this process may keep busy: its affinity, fewer where its cgroup's CPU quota allows fewer
     usable_cores: int
     #: cores' worth of CPU time its control groups allow, e.g. 1.5 (``docker run --cpus 1.5``); None: no limit
     cpu_quota: float | None = None
@@ -102,12 +103,6 @@ def kernel_release(release: str) -> str:
     """Major.minor of an OS release: ``'6.8.0-45-generic'`` -> ``'6.8'``; ``'10'`` (Windows) stays ``'10'``."""
     match = re.match(r"(\d+)\.(\d+)", release)
     return f"{match[1]}.{match[2]}" if match else release
-
-
-def _usable_cores() -> int:
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
 
 
 def _ram_gib() -> int:
@@ -160,11 +155,13 @@ def default_threads() -> int:
 
 @functools.cache
 def _budget() -> tuple[int, float | None, tuple[tuple[str, str], ...]]:
-    """What this process started with: its usable cores, its CPU quota and the set device and thread variables."""
+    """What this process started with: the cores it may keep busy, its CPU quota in cores' worth of time, and the
+    set device and thread variables."""
     default_threads()
     environment = tuple((name, value) for name in (*device_variables(), *THREAD_VARIABLES)
                         if (value := os.environ.get(name)) is not None)
-    return _usable_cores(), _cgroup.cpu_quota(), environment
+    allowed = allowance()
+    return allowed.cores, allowed.quota.cores if allowed.quota is not None else None, environment
 
 
 @functools.lru_cache(maxsize=8)

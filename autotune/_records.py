@@ -217,7 +217,10 @@ class MachineLoad(Record):
     stage: int = 0
     window_s: float
     other_cores: float | None = Field(default=None, description=(
-        "CPU time every process but the worker took, in cores; None where the operating system does not tell"))
+        "CPU time every process but the worker took of what the worker may use (the CPUs of its affinity, or its "
+        "cgroup's CPU quota), in cores; None where the operating system does not tell"))
+    other_share: float | None = Field(default=None, description=(
+        "``other_cores`` as a share of what the worker may use: 0.25 for half a core of 2 (None: not read)"))
     steal: float | None = Field(default=None, description=(
         "share of the machine's CPU time its hypervisor took for other machines (steal time)"))
     host_cores: float | None = Field(default=None, description="of ``other_cores``, what the worker's host took")

@@ -105,7 +105,8 @@ def idle_window(seconds: float, controls: int) -> dict[str, Any]:
     load = window.close()
     shift, own = level_shift(control_ms)
     return {"flagged": control_shifted(control_ms, settings), "shift": round(shift, 3), "own_noise": round(own, 3),
-            "other_cores": load.other_cores if load else None, "steal": load.steal if load else None,
+            "other_cores": load.other_cores if load else None, "other_share": load.other_share if load else None,
+            "steal": load.steal if load else None,
             "control_ms": [round(ms, 3) for ms in control_ms]}
 
 
@@ -131,7 +132,7 @@ def main(argv: list[str] | None = None) -> None:
         fast = min(every)
         emit({"benchmark": "busy_flag", "phase": "idle", "windows": args.windows, "window_s": args.window_s,
               "flagged": sum(result["flagged"] for result in results),
-              "with_os_evidence": sum((result["other_cores"] or 0) >= MeasureSettings().busy_other_cores
+              "with_os_evidence": sum((result["other_share"] or 0) >= MeasureSettings().busy_other_share
                                       or (result["steal"] or 0) >= MeasureSettings().busy_steal
                                       for result in results),
               "controls_over_1.4x_fastest": round(sum(ms > 1.4 * fast for ms in every) / len(every), 3),

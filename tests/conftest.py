@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -72,3 +72,29 @@ def reasons(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     yield worded
     wrong = {reason: problem for reason in worded if (problem := one_sentence_problem(reason)) is not None}
     assert not wrong, f"reasons that are not one sentence of at most {_wording.REASON_CHARS} characters: {wrong}"
+
+
+@pytest.fixture
+def container(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[..., Path]:
+    """``container(cpus=96, **{"cpu.max": "200000 100000"})``: this process as a ``docker run --cpus=2`` on a
+    96-core host sees itself, a cgroup v2 namespace of its own mounted at /sys/fs/cgroup. Only the OS boundary is
+    replaced: the affinity (every one of the host's ``cpus``) and the files ``autotune._quota`` reads, as text under
+    tmp_path. Returns the cgroup's directory."""
+    from autotune import _quota
+
+    root = tmp_path / "root"
+    group = root / "sys/fs/cgroup"
+
+    def build(cpus: int = 96, **files: str) -> Path:
+        group.mkdir(parents=True, exist_ok=True)
+        (root / "proc/self").mkdir(parents=True, exist_ok=True)
+        (root / "proc/self/cgroup").write_text("0::/\n")
+        (root / "proc/self/mountinfo").write_text(
+            "27 22 0:26 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime - cgroup2 cgroup2 rw,nsdelegate\n")
+        for name, text in files.items():
+            (group / name).write_text(text)
+        monkeypatch.setattr(_quota, "ROOT", str(root))
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cpus)), raising=False)
+        return group
+
+    return build

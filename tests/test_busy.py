@@ -74,9 +74,10 @@ def test_proc_is_read_whatever_a_process_calls_itself() -> None:
     tick_s = 1 / os.sysconf("SC_CLK_TCK")
     # user nice system idle iowait irq softirq steal guest guest_nice: busy is neither idle, iowait nor steal
     stat = "cpu  200 100 100 1000 50 30 20 50 0 0\ncpu0 100 50 50 500 25 15 10 25 0 0\nintr 12345\n"
-    assert _proc.parse_machine(stat) == MachineTimes(busy_s=450 * tick_s, steal_s=50 * tick_s, total_s=1550 * tick_s)
-    assert _proc.parse_machine("cpu  200 100 100 1000\n") == MachineTimes(  # an old kernel: no steal column
-        busy_s=400 * tick_s, steal_s=0.0, total_s=1400 * tick_s)
+    assert _proc.parse_machine(stat) == MachineTimes(steal_s=50 * tick_s, total_s=1550 * tick_s,
+                                                     cpu_busy_s={0: 225 * tick_s})
+    assert _proc.parse_machine("cpu  200 100 100 1000\ncpu0 200 100 100 1000\n") == MachineTimes(  # no steal column
+        steal_s=0.0, total_s=1400 * tick_s, cpu_busy_s={0: 400 * tick_s})
     assert _proc.parse_machine("intr 12345\n") is None
     # The name sits between the first "(" and the last ")"; utime and stime are the 14th and 15th fields.
     line = b"4242 (tmux: (server) 1) S 1 4242 4242 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 1 0 1661182 3133440 362"

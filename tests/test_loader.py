@@ -38,6 +38,7 @@ from autotune import Config, ConfigurationError, DatasetError, LoaderReport, Loa
 from autotune._cache import loader_answers
 from autotune._records import Ranks
 from autotune._tools.loader import KEEP_UP, choose, keeps_up, workers_failed
+from autotune.backends import _linux
 
 #: a small budget: each setting's loop is timed over a tenth of it
 BUDGET_S = 1.0
@@ -237,6 +238,28 @@ def test_in_a_job_each_process_loads_with_its_share_of_the_cores(tiny_family: st
     assert not keeps_up(report.trials[0], report.step_ms or 0.0)  # data-bound without workers: workers were tried
     assert [t.num_workers for t in report.trials][:2] == [0, 1]  # the most is the process's share, not every core
     assert max(t.num_workers for t in report.trials) == 1 and {t.num_threads for t in report.trials} == {1}
+
+
+def test_in_a_container_held_to_2_cpus_of_96_the_most_workers_are_2(tiny_family: str,
+                                                                      container: Callable[..., Path]) -> None:
+    container(cpus=96, **{"cpu.max": "200000 100000\n"})  # docker run --cpus=2 on a 96-core host
+    report = _config(tiny_family).dataloader_report(Blurred(), batch_size=8, budget_s=BUDGET_S)
+    assert not keeps_up(report.trials[0], report.step_ms or 0.0)  # data-bound without workers: workers were tried
+    assert [t.num_workers for t in report.trials][:2] == [0, 2]  # the most: the quota's, not the affinity's 96
+    assert max(t.num_workers for t in report.trials) == 2
+
+
+def test_the_most_workers_fit_in_half_the_memory_available(tiny_family: str, container: Callable[..., Path],
+                                                            tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # 96 cores and no CPU quota, but a memory limit with 3 GiB to spare, and this process holding 1 GiB of its own:
+    # a worker counts as much, and the workers get half the 3 GiB
+    container(cpus=96, **{"memory.max": f"{3 * 2**30}\n", "memory.current": "0\n"})
+    status = tmp_path / "status"
+    status.write_text(Path("/proc/self/status").read_text().replace("RssAnon:", "Old:") + "RssAnon:\t1048576 kB\n")
+    monkeypatch.setattr(_linux, "_STATUS", str(status))
+    report = _config(tiny_family).dataloader_report(Blurred(), batch_size=8, budget_s=BUDGET_S)
+    assert not keeps_up(report.trials[0], report.step_ms or 0.0)
+    assert [t.num_workers for t in report.trials][:2] == [0, 1] and max(t.num_workers for t in report.trials) == 1
 
 
 def test_a_dataset_spawned_workers_cannot_receive_gets_none_with_the_cause_and_is_not_kept(

@@ -226,9 +226,9 @@ class Reported:
 ], ids=["another-process", "a-little-cpu-time-elsewhere", "the-hypervisor"])
 def test_what_the_operating_system_saw_flags_the_result_and_doubles_the_budget(
         other_cores: float, steal: float, causes: list[str]) -> None:
-    # A steady control: only the operating system's evidence can say the machine was busy.
+    # A steady control: only the operating system's evidence can say the machine was busy (of 2 cores here).
     settings = MeasureSettings(budget_s=1.0, round_min_s=0.0)
-    seen = MachineLoad(window_s=1.0, other_cores=other_cores, steal=steal)
+    seen = MachineLoad(window_s=1.0, other_cores=other_cores, other_share=other_cores / 2, steal=steal)
     result, _ = _run({"fp32": jittered(0.1, 0.05), "bf16": jittered(0.1, 0.05, phase=3)}, settings=settings,
                      watch=Reported(seen))
     assert result.load == seen

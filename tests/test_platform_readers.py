@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from autotune.backends import _cgroup, _darwin, _windows, cuda, xpu
+from autotune import _quota
+from autotune.backends import _darwin, _windows, cuda, xpu
 
 PLATFORMS = Path(__file__).parent.parent / "fixtures" / "platforms"
 
@@ -160,18 +161,18 @@ def test_ze_affinity_mask(mask: str | None, indices: list[int]) -> None:
 
 def _cgroups(tmp_path: Path, groups: str, mounts: list[tuple[str, str, str, str]],
              files: dict[str, str]) -> str:
-    """A /proc/self (its ``cgroup`` text, a ``mountinfo`` line per (root, mount point under tmp_path, type,
-    super options)) and the cgroup files, each path under tmp_path; returns the /proc/self directory."""
-    proc = tmp_path / "proc"
-    proc.mkdir()
+    """A machine under tmp_path, as ``autotune._quota`` reads one from its ROOT: /proc/self's ``cgroup`` text, a
+    ``mountinfo`` line per (root, mount point, type, super options), and the cgroup files; returns the ROOT."""
+    proc = tmp_path / "proc/self"
+    proc.mkdir(parents=True)
     (proc / "cgroup").write_text(groups)
     (proc / "mountinfo").write_text("".join(
-        f"{30 + i} 25 0:{26 + i} {root} {tmp_path / point} rw,nosuid,nodev,noexec,relatime shared:{i} - {kind} "
+        f"{30 + i} 25 0:{26 + i} {root} /{point} rw,nosuid,nodev,noexec,relatime shared:{i} - {kind} "
         f"{kind} {options}\n" for i, (root, point, kind, options) in enumerate(mounts)))
     for path, text in files.items():
         (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / path).write_text(text)
-    return str(proc)
+    return str(tmp_path)
 
 
 V2 = [("/", "sys/fs/cgroup", "cgroup2", "rw,nsdelegate,memory_recursiveprot")]
@@ -202,10 +203,14 @@ V2 = [("/", "sys/fs/cgroup", "cgroup2", "rw,nsdelegate,memory_recursiveprot")]
                       "sys/fs/cgroup/memory/a/memory.limit_in_bytes": "1\n"}, None, id="v1-unlimited"),
     ],
 )
-def test_the_cpu_quota_of_control_groups(tmp_path: Path, groups: str, mounts: list[tuple[str, str, str, str]],
-                                         files: dict[str, str], quota: float | None) -> None:
-    assert _cgroup.cpu_quota(_cgroups(tmp_path, groups, mounts, files)) == quota
+def test_the_cpu_quota_of_control_groups(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, groups: str,
+                                         mounts: list[tuple[str, str, str, str]], files: dict[str, str],
+                                         quota: float | None) -> None:
+    monkeypatch.setattr(_quota, "ROOT", _cgroups(tmp_path, groups, mounts, files))
+    found = _quota.cpu_quota()
+    assert (found.cores if found is not None else None) == quota
 
 
-def test_no_control_groups_to_read_is_no_limit(tmp_path: Path) -> None:
-    assert _cgroup.cpu_quota(str(tmp_path / "no-proc")) is None
+def test_no_control_groups_to_read_is_no_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_quota, "ROOT", str(tmp_path / "no-proc"))
+    assert _quota.cpu_quota() is None

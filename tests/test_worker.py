@@ -10,7 +10,7 @@ import sys
 import tempfile
 import textwrap
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -241,12 +241,12 @@ def _worker_in_a_hung_step(host_pid: int) -> int:
 
 
 @pytest.fixture
-def early(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
+def early(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, container: Callable[..., Path]) -> Iterator[None]:
     """``launch`` as on a machine of several cores where nothing else measures (a temporary directory of its own,
     where the machine's measuring lock lives), and nothing started early left for the next test."""
     from autotune._worker import launch
 
-    monkeypatch.setattr(launch, "_cores", lambda: 2)
+    container(cpus=2)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     yield
     launch.discard()

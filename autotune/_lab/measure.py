@@ -102,9 +102,9 @@ class MeasureSettings(BaseModel):
     #: ``shift_noises`` times its own round-to-round noise, before the machine counts as busy
     shift_floor: float = 0.10
     shift_noises: float = 4.0
-    #: ... as it does once other processes took this much CPU time during a timing window (in cores), or the
-    #: hypervisor this share of the machine's
-    busy_other_cores: float = 0.5
+    #: ... as it does once other processes took this share of what the worker may use during a timing window (its
+    #: CPUs, or its CPU quota: ``load.others``; half a core of 2), or the hypervisor this share of the machine's
+    busy_other_share: float = 0.25
     busy_steal: float = 0.05
     #: a candidate this many times slower than its group's leader is dropped after a single round
     far_behind: float = 4.0
@@ -158,10 +158,11 @@ class Interleaved(Generic[K]):
 
 def noise(control_ms: list[float], loads: list[MachineLoad], settings: MeasureSettings) -> list[NoiseCause]:
     """Why timings taken beside this control and these windows are not the machine's own: other processes took
-    ``busy_other_cores`` or more in a window, the hypervisor ``busy_steal`` of it, or the control's level moved
-    past ``shift_floor`` and ``shift_noises`` times its own noise. Empty on a quiet machine."""
+    ``busy_other_share`` or more of what the worker may use in a window, the hypervisor ``busy_steal`` of it, or
+    the control's level moved past ``shift_floor`` and ``shift_noises`` times its own noise. Empty on a quiet
+    machine."""
     causes: list[NoiseCause] = []
-    if any(load.other_cores is not None and load.other_cores >= settings.busy_other_cores for load in loads):
+    if any(load.other_share is not None and load.other_share >= settings.busy_other_share for load in loads):
         causes.append("other_processes")
     if any(load.steal is not None and load.steal >= settings.busy_steal for load in loads):
         causes.append("steal")

@@ -3,13 +3,14 @@ batch_size=64)``.
 
 For about ``BUDGET_S`` seconds it runs the loop as the user runs it: the config's own training step (its family's
 model at the loader's batch size, on its device, in its precision and variants, uncompiled) fed by a DataLoader over
-the user's dataset, one setting after another. Without workers first, then the most workers (the usable cores; in
-a job of many processes, each process's share of them), then the counts between, fewest first; on the CPU each
-worker count with the config's training threads and with fewer, leaving the workers their cores: workers and
-training threads share the cores, so they are measured together, never added up. A loop within ``KEEP_UP`` of its
-step keeps up: the cheapest setting that keeps up wins (costlier ones are not measured), else the fastest. Workers
-persist across epochs; memory is pinned where copies from it are asynchronous (CUDA, XPU); workers start as the
-user's DataLoader starts them: by the platform's default start method, or the ``multiprocessing_context`` fixed.
+the user's dataset, one setting after another. Without workers first, then the most workers (the cores this process
+may use, its CPU quota included, or in a job of many processes its share of them; no more than fit in
+``MEMORY_SHARE`` of the available memory), then the counts between, fewest first; on the CPU each worker count with
+the config's training threads and with fewer, leaving the workers their cores: workers and training threads share
+the cores, so they are measured together, never added up. A loop within ``KEEP_UP`` of its step keeps up: the
+cheapest setting that keeps up wins (costlier ones are not measured), else the fastest. Workers persist across
+epochs; memory is pinned where copies from it are asynchronous (CUDA, XPU); workers start as the user's DataLoader
+starts them: by the platform's default start method, or the ``multiprocessing_context`` fixed.
 
 A setting whose worker dies or stays silent for ``TIMEOUT_S`` is ruled out and reported, with the cause where one is
 found (workers started by spawn or forkserver that cannot receive the dataset: the exception pickling or unpickling
@@ -29,7 +30,6 @@ import inspect
 import logging
 import math
 import multiprocessing
-import os
 import pickle
 import time
 import types
@@ -48,10 +48,11 @@ from autotune._errors import ConfigurationError, DatasetError
 from autotune._families import get_family
 from autotune._fingerprint import default_threads
 from autotune._lab.step import TrainStep
+from autotune._quota import usable_cores
 from autotune._records import Candidate, LoaderReport, LoaderTrial
 from autotune._variants import threads_per_process
 from autotune._wording import loader_reason
-from autotune.backends import Backend, backend_for, resolve_device
+from autotune.backends import Backend, _linux, backend_for, resolve_device
 
 log = logging.getLogger("autotune")
 
@@ -69,6 +70,9 @@ KEEP_UP = 0.10
 TIMEOUT_S = 30.0
 #: a deeper prefetch tried for a winner that does not keep up: it absorbs uneven batches, not slow ones
 DEEP_PREFETCH = 4
+#: the workers together are measured within this share of the memory available: the training, its batches and the
+#: page cache need the rest
+MEMORY_SHARE = 0.5
 #: bumped when what a stored answer means changes (2: workers start as the user's DataLoader starts them; the
 #: dataset is keyed without its sample's sizes, the fixed arguments by what they are)
 MEASUREMENT_VERSION = 2
@@ -92,8 +96,10 @@ def report(candidate: Candidate, model_kind: str, digest: str, dataset: Any, *, 
     answers = Answers(digest)
     if not force and (known := answers.get(question)) is not None:
         return known
+    cores = threads_per_process(usable_cores(), processes)
     measured = _measure(candidate, model_kind, dataset, signature, length, batch_size=batch_size, fixed=fixed,
-                        init_scale=init_scale, budget_s=budget_s, cores=threads_per_process(_usable_cores(), processes))
+                        init_scale=init_scale, budget_s=budget_s, cores=cores,
+                        most_workers=_most_workers(cores, processes))
     if workers_failed(measured.trials):
         # the user's loop would lose its workers the same way until the cause is fixed: not kept as the best
         log.warning("%s: %s", model_kind, measured.reason)
@@ -161,7 +167,8 @@ class _Unreceivable(Exception):
 
 
 def _measure(candidate: Candidate, model_kind: str, dataset: Any, signature: str, length: int, *, batch_size: int,
-             fixed: Mapping[str, Any], init_scale: float | None, budget_s: float, cores: int) -> LoaderReport:
+             fixed: Mapping[str, Any], init_scale: float | None, budget_s: float, cores: int,
+             most_workers: int) -> LoaderReport:
     started = time.perf_counter()
     at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     try:
@@ -182,7 +189,7 @@ def _measure(candidate: Candidate, model_kind: str, dataset: Any, signature: str
     needs_workers = fixed.get("num_workers", 0) > 0 or any(
         fixed.get(name) not in (None, False) for name in ("multiprocessing_context", "persistent_workers",
                                                           "prefetch_factor"))
-    counts = _worker_counts(cores, batches, fixed.get("num_workers"), zero=not needs_workers)
+    counts = _worker_counts(most_workers, batches, fixed.get("num_workers"), zero=not needs_workers)
     setting_s = budget_s * SETTING_SHARE
     family = get_family(model_kind)
     uncompiled = candidate.model_copy(update={"compiled": False})  # compiling takes longer than the budget
@@ -397,11 +404,25 @@ def _raised(loader: DataLoader[Any], exc: BaseException, workers: int, count: in
 # -- the settings ---------------------------------------------------------------------------------------------
 
 
-def _worker_counts(cores: int, batches: int, fixed: int | None, *, zero: bool) -> list[int]:
-    """The worker counts in the order they are measured: none, the most, then the ones between, fewest first."""
+def _most_workers(cores: int, processes: int) -> int:
+    """The most workers measured, e.g. 2 in a ``--cpus=2`` container on a 96-core host: one per core this process
+    may use (``cores``: its affinity, its CPU quota, its share in a job of ``processes``), no more than fit in
+    ``MEMORY_SHARE`` of the memory available to its share, each counted at this process's own resident memory (a
+    forked worker comes to hold what it writes of it, Python's reference counts included; a spawned one imports
+    torch and the dataset again); at least one. Where the memory is not known (not Linux), the cores alone."""
+    available = backend_for("cpu").free_memory_bytes("cpu")
+    worker_bytes = _linux.anonymous_bytes()
+    if available is None or not worker_bytes:
+        return max(1, cores)
+    return max(1, min(cores, int(available * MEMORY_SHARE / processes) // worker_bytes))
+
+
+def _worker_counts(most: int, batches: int, fixed: int | None, *, zero: bool) -> list[int]:
+    """The worker counts in the order they are measured: none, the most (``most``, fewer where there are fewer
+    batches), then the ones between, fewest first."""
     if fixed is not None:
         return [fixed]
-    most = max(1, min(cores, batches))
+    most = max(1, min(most, batches))
     between = sorted({2**i for i in range(most.bit_length()) if 2**i < most})
     return [*([0] if zero else []), most, *between]
 
@@ -426,12 +447,6 @@ def _start_method(fixed: Mapping[str, Any]) -> str:
         return given if isinstance(given, str) else str(given.get_start_method())
     # the first of get_all_start_methods() is the platform's default; get_start_method() would fix it for good
     return multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_all_start_methods()[0]
-
-
-def _usable_cores() -> int:
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
 
 
 @contextlib.contextmanager
@@ -517,6 +532,6 @@ def _what(value: Any, depth: int = 0) -> str:
 
 
 __all__ = [
-    "BUDGET_S", "DEEP_PREFETCH", "KEEP_UP", "MEASUREMENT_VERSION", "MIN_BATCHES", "SETTING_SHARE", "TIMEOUT_S",
-    "choose", "dataset_signature", "keeps_up", "report", "workers_failed",
+    "BUDGET_S", "DEEP_PREFETCH", "KEEP_UP", "MEASUREMENT_VERSION", "MEMORY_SHARE", "MIN_BATCHES", "SETTING_SHARE",
+    "TIMEOUT_S", "choose", "dataset_signature", "keeps_up", "report", "workers_failed",
 ]

@@ -28,6 +28,7 @@ from autotune import _env
 from autotune._cache.locks import held_elsewhere, measuring_lock
 from autotune._errors import ConfigurationError
 from autotune._lab import entry
+from autotune._quota import usable_cores
 
 if sys.platform == "win32":
     from autotune._worker._windows import ProcessTree
@@ -74,7 +75,7 @@ def start_early() -> None:
     turn comes) or when a process cannot be started (the worker then starts, and says why it cannot, when it is
     needed)."""
     try:
-        if _early or _env.ISOLATION.get() != "subprocess" or _cores() < 2 or held_elsewhere(measuring_lock()):
+        if _early or _env.ISOLATION.get() != "subprocess" or usable_cores() < 2 or held_elsewhere(measuring_lock()):
             return
         argv = worker_argv()
     except ConfigurationError:
@@ -108,12 +109,6 @@ def discard(owner: int | None = None) -> None:
     with contextlib.suppress(IndexError):
         while True:
             _stop(_early.pop())
-
-
-def _cores() -> int:
-    """The cores this process may run on (its affinity where the OS has one: a container's share)."""
-    affinity = getattr(os, "sched_getaffinity", None)
-    return len(affinity(0)) if affinity is not None else os.cpu_count() or 1
 
 
 def _pump(stream: TextIO | None, sink: Callable[[str], object], at_end: Callable[[], object]) -> None:

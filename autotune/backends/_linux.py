@@ -44,6 +44,12 @@ def resident_bytes() -> tuple[int, int] | None:
     return fields["VmRSS"], fields["VmHWM"]
 
 
+def anonymous_bytes() -> int | None:
+    """``RssAnon``: this process's resident memory that is its own, not mapped files or shared libraries (which
+    any number of processes share), e.g. 400 MiB; None without /proc."""
+    return _read_fields(_STATUS).get("RssAnon")
+
+
 def reset_peak_resident() -> bool:
     """Reset ``VmHWM`` to the current resident size; False where the kernel refuses (old kernel, no /proc)."""
     try:
@@ -100,6 +106,6 @@ def _malloc_trim() -> Callable[[int], object] | None:
 
 
 __all__ = [
-    "MMAP_THRESHOLD_BYTES", "available_bytes", "parse_kib_fields", "pin_mmap_threshold", "reset_peak_resident",
-    "resident_bytes", "return_free_heap",
+    "MMAP_THRESHOLD_BYTES", "anonymous_bytes", "available_bytes", "parse_kib_fields", "pin_mmap_threshold",
+    "reset_peak_resident", "resident_bytes", "return_free_heap",
 ]

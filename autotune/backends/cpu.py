@@ -13,6 +13,7 @@ import warnings
 
 import torch
 
+from autotune._quota import memory_headroom_bytes
 from autotune._records import Precision
 from autotune.backends import _darwin, _linux, _windows
 from autotune.backends.api import Accelerator, Backend
@@ -125,5 +126,9 @@ class CpuBackend(Backend):
         return None if resident is None else max(0, resident[1] - self._baseline_bytes)
 
     def free_memory_bytes(self, device: str) -> int | None:
-        """The RAM new allocations can get without swapping (``MemAvailable``); None off Linux."""
-        return _linux.available_bytes() if sys.platform == "linux" else None
+        """The RAM new allocations can get without swapping (``MemAvailable``), or less where the process's
+        cgroup holds it to less (a container's memory limit: its ``/proc/meminfo`` is the host's); None off Linux."""
+        if sys.platform != "linux":
+            return None
+        known = [b for b in (_linux.available_bytes(), memory_headroom_bytes()) if b is not None]
+        return min(known, default=None)

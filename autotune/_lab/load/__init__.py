@@ -2,9 +2,9 @@
 its own threads and its host do not pass for a busy machine.
 
 - A timing window (:meth:`Watch.open`) reads the machine's CPU time, the worker's own and every process's at its
-  start and its end: the CPU time the other processes took (in cores), which ones took the most, and the share
-  the hypervisor took for other machines (steal). A result is flagged noisy on that evidence, or on a control
-  workload that moved well past its own noise (``measure.noise``).
+  start and its end: the CPU time the other processes took of what the worker may use (:func:`others`), which
+  ones took the most, and the share the hypervisor took for other machines (steal). A result is flagged noisy on
+  that evidence, or on a control workload that moved well past its own noise (``measure.noise``).
 - :func:`settle` pauses, on the CPU, until this process's other threads stop running. OpenMP's thread pool
   spin-waits after every parallel region (GNU libgomp, which torch's CPU wheels use: ``GOMP_SPINCOUNT``, by
   default 300,000 spins, a few milliseconds), and a pool thread spinning on the same physical core (a
@@ -29,6 +29,7 @@ import time
 from collections.abc import Iterator, Sequence
 
 from autotune._lab.load.api import MachineTimes, Reader
+from autotune._quota import Allowance, allowance
 from autotune._records import MachineLoad, ProcessLoad
 from autotune._wording import printable
 
@@ -76,17 +77,24 @@ def settle(seconds: float) -> None:
 
 
 class Window:
-    """One timing window: what the machine, the worker and every other process had used at its start. ``mine``:
-    processes whose CPU time counts as the worker's own (a job's copies of the timed step)."""
+    """One timing window: what the machine, the worker's cgroup, the worker and every other process had used at
+    its start. ``mine``: processes whose CPU time counts as the worker's own (a job's copies of the timed step);
+    ``allows``: what the worker may use (read at the start when not given)."""
 
-    def __init__(self, source: Reader | None, host: int | None, mine: Sequence[int] = ()) -> None:
+    def __init__(self, source: Reader | None, host: int | None, mine: Sequence[int] = (),
+                 allows: Allowance | None = None) -> None:
         self.source = source
         self.host = host
         self.mine = tuple(mine)
+        self.allows = allows if allows is not None else allowance()
         self.started = time.perf_counter()
         self.own_s = self._own_s()
         self.machine = source.machine() if source is not None else None
+        self.quota_s = self._quota_s()
         self.processes = source.processes() if source is not None else {}
+
+    def _quota_s(self) -> float | None:
+        return self.allows.quota.used_s() if self.allows.quota is not None else None
 
     def _own_s(self) -> float:
         mine = [self.source.cpu_s(pid) for pid in self.mine] if self.source is not None else []
@@ -106,9 +114,13 @@ class Window:
             return None
         own_s = self._own_s() - self.own_s
         machine = self.source.machine()
-        other_cores = steal = None
+        other_cores = other_share = steal = None
         if machine is not None and self.machine is not None:
-            other_cores, steal = _shares(self.machine, machine, own_s, elapsed)
+            quota_s = self._quota_s()
+            other_cores, other_share = others(
+                self.machine, machine, own_s=own_s, elapsed_s=elapsed, allows=self.allows,
+                quota_used_s=quota_s - self.quota_s if quota_s is not None and self.quota_s is not None else None)
+            steal = _steal(self.machine, machine)
         processes: list[ProcessLoad] = []
         host_cores = None
         if named:
@@ -123,16 +135,41 @@ class Window:
             processes = [ProcessLoad(name=printable(name), pid=pid, cores=round(cpu_s / elapsed, 3),
                                      host=pid == self.host)
                          for pid, (name, cpu_s) in busiest if cpu_s / elapsed >= PROCESS_FLOOR_CORES]
-        return MachineLoad(window_s=round(elapsed, 3), other_cores=other_cores, steal=steal, host_cores=host_cores,
-                           processes=processes)
+        return MachineLoad(window_s=round(elapsed, 3), other_cores=other_cores, other_share=other_share, steal=steal,
+                           host_cores=host_cores, processes=processes)
 
 
-def _shares(before: MachineTimes, after: MachineTimes, own_s: float, elapsed: float) -> tuple[float, float]:
-    """(the other processes' CPU time in cores, the hypervisor's share) between two readings."""
+def others(before: MachineTimes, after: MachineTimes, *, own_s: float, elapsed_s: float, allows: Allowance,
+           quota_used_s: float | None = None) -> tuple[float, float]:
+    """(cores, share): the CPU time other processes took between two readings of what this process may use, in
+    cores and as a share of it; the larger of two shares is the evidence:
+
+    - of the CPUs it may run on: those of its affinity where the counters number them alike (the machine's own, or
+      a container's whose ``/proc/stat`` is the host's: only its own CPUs are read), else all the counters count
+      (a ``/proc/stat`` numbered apart, as lxcfs writes one); the CPU time on them less its own, over how many;
+    - of its CPU quota, where one holds it to fewer cores than those CPUs and its cgroup's usage is read
+      (``quota_used_s``): the cgroup's CPU time less its own, over the quota. A process in the same ``--cpus=2``
+      container takes from the same two cores' worth; one elsewhere on the host's other cores does not.
+
+    E.g. half a core of a 2-core machine: a share of 0.25; in a container held to 2 CPUs on a 96-core host whose
+    counters it reads, half a core taken elsewhere on the host: 0.005, taken in its own cgroup: 0.25."""
+    counted = before.cpu_busy_s.keys() & after.cpu_busy_s.keys()
+    cpus = allows.cpus if allows.cpus is not None and allows.cpus <= counted else counted
+    busy_s = sum(after.cpu_busy_s[cpu] - before.cpu_busy_s[cpu] for cpu in cpus)
+    cores = max(0.0, busy_s - own_s) / elapsed_s
+    share = cores / max(1, len(cpus))
+    quota = allows.quota
+    if quota is not None and quota_used_s is not None and quota.cores < len(cpus):
+        quota_cores = max(0.0, quota_used_s - own_s) / elapsed_s
+        if quota_cores / quota.cores > share:
+            cores, share = quota_cores, quota_cores / quota.cores
+    return round(cores, 3), round(share, 3)
+
+
+def _steal(before: MachineTimes, after: MachineTimes) -> float:
+    """The hypervisor's share of the machine's CPU time between two readings."""
     total = after.total_s - before.total_s
-    others = max(0.0, (after.busy_s - before.busy_s) - own_s) / elapsed
-    steal = (after.steal_s - before.steal_s) / total if total > 0 else 0.0
-    return round(others, 3), round(steal, 4)
+    return round((after.steal_s - before.steal_s) / total, 4) if total > 0 else 0.0
 
 
 class Watch:
@@ -143,9 +180,10 @@ class Watch:
         self.host = host
         self._waited = False
         self._mine: tuple[int, ...] = ()
+        self._allows = allowance()
 
     def open(self) -> Window:
-        return Window(reader(), self.host, self._mine)
+        return Window(reader(), self.host, self._mine, self._allows)
 
     @contextlib.contextmanager
     def counting(self, pids: Sequence[int]) -> Iterator[Watch]:
@@ -178,5 +216,5 @@ class Watch:
 
 __all__ = [
     "HOST_QUIET_CORES", "HOST_SAMPLE_S", "HOST_WAIT_MAX_S", "MIN_WINDOW_S", "PROCESSES_NAMED", "PROCESS_FLOOR_CORES",
-    "SETTLE_MAX_S", "MachineTimes", "Reader", "Watch", "Window", "reader", "settle",
+    "SETTLE_MAX_S", "MachineTimes", "Reader", "Watch", "Window", "others", "reader", "settle",
 ]

@@ -19,16 +19,22 @@ _TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 
 
 def parse_machine(text: str) -> MachineTimes | None:
-    """The ``cpu`` line of ``/proc/stat`` (user nice system idle iowait irq softirq steal ...), summed over the
-    CPUs, in seconds: busy (not idle, iowait or steal), steal, and all of it; None if it is not there."""
+    """``/proc/stat``'s ``cpu`` line (user nice system idle iowait irq softirq steal ...), summed over the CPUs,
+    in seconds: steal and all of it; and each ``cpuN`` line's busy seconds (not idle, iowait or steal). None if
+    the ``cpu`` line is not there."""
+    summed: tuple[float, float] | None = None
+    per_cpu: dict[int, float] = {}
     for line in text.splitlines():
         fields = line.split()
-        if fields and fields[0] == "cpu":
-            ticks = ([int(v) for v in fields[1:9]] + [0] * 8)[:8]
-            user, nice, system, _, _, irq, softirq, steal = ticks
-            return MachineTimes(busy_s=(user + nice + system + irq + softirq) * _TICK_S, steal_s=steal * _TICK_S,
-                                total_s=sum(ticks) * _TICK_S)
-    return None
+        if not fields or not fields[0].startswith("cpu"):
+            continue
+        ticks = ([int(v) for v in fields[1:9]] + [0] * 8)[:8]
+        user, nice, system, _, _, irq, softirq, steal = ticks
+        if fields[0] == "cpu":
+            summed = steal * _TICK_S, sum(ticks) * _TICK_S
+        elif fields[0][3:].isdigit():
+            per_cpu[int(fields[0][3:])] = (user + nice + system + irq + softirq) * _TICK_S
+    return MachineTimes(steal_s=summed[0], total_s=summed[1], cpu_busy_s=per_cpu) if summed is not None else None
 
 
 def parse_process(text: bytes) -> tuple[str, str, float]:

@@ -16,9 +16,16 @@ _COUNTED_TWICE = ("guest", "guest_nice")
 
 def machine() -> MachineTimes | None:
     times = psutil.cpu_times()._asdict()
-    total = sum(v for k, v in times.items() if k not in _COUNTED_TWICE)
-    idle = sum(times.get(k, 0.0) for k in _IDLE)
-    return MachineTimes(busy_s=total - idle, steal_s=times.get("steal", 0.0), total_s=total)
+    per_cpu = {index: _busy(cpu._asdict()) for index, cpu in enumerate(psutil.cpu_times(percpu=True))}
+    return MachineTimes(steal_s=times.get("steal", 0.0), total_s=_total(times), cpu_busy_s=per_cpu)
+
+
+def _total(times: dict[str, float]) -> float:
+    return sum(v for k, v in times.items() if k not in _COUNTED_TWICE)
+
+
+def _busy(times: dict[str, float]) -> float:
+    return _total(times) - sum(times.get(k, 0.0) for k in _IDLE)
 
 
 def processes() -> dict[int, tuple[str, float]]:

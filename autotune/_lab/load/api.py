@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
 
 @dataclass(frozen=True)
 class MachineTimes:
-    """The machine's CPU seconds since boot, summed over its CPUs: busy (not idle, waiting for I/O or stolen),
-    stolen by the hypervisor, and all of it."""
+    """The machine's CPU seconds since boot, summed over its CPUs: stolen by the hypervisor, and all of it; and
+    each CPU's busy seconds (not idle, waiting for I/O or stolen), by the id the counters give it (in a container
+    whose counters are the host's, the host's CPUs, numbered as the container's affinity numbers them)."""
 
-    busy_s: float
     steal_s: float
     total_s: float
+    cpu_busy_s: Mapping[int, float]
 
 
 class Reader(Protocol):
