@@ -132,7 +132,7 @@ FROZEN_APP = '''#!{python}
 """A frozen app, as far as autotune can tell: sys.frozen, and sys.executable is the app itself."""
 import json, os, sys
 sys.frozen = True
-sys.executable = os.path.abspath(__file__)
+sys.executable = os.environ.get("APP_EXECUTABLE") or os.path.abspath(__file__)
 import autotune
 {freeze_support}
 with open(os.environ["APP_MAINS"], "a") as f:
@@ -148,9 +148,10 @@ else:
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="a script is no executable there; the PyInstaller test is")
-@pytest.mark.parametrize("calls_freeze_support", [True, False], ids=["freeze_support", "no-call"])
+@pytest.mark.parametrize(("calls_freeze_support", "bootloader"), [(True, False), (False, False), (True, True)],
+                         ids=["freeze_support", "no-call", "one-file-bootloader"])
 def test_a_frozen_app_is_its_own_worker_once_it_calls_freeze_support(
-    tmp_path: Path, isolated_autotune: Path, calls_freeze_support: bool,
+    tmp_path: Path, isolated_autotune: Path, calls_freeze_support: bool, bootloader: bool,
 ) -> None:
     app = tmp_path / "app"
     app.write_text(FROZEN_APP.format(python=sys.executable, freeze_support=(
@@ -159,7 +160,12 @@ def test_a_frozen_app_is_its_own_worker_once_it_calls_freeze_support(
     mains = tmp_path / "mains"
     env = {**os.environ, "APP_MAINS": str(mains),
            "PYTHONPATH": os.pathsep.join([str(TESTS), *filter(None, [os.environ.get("PYTHONPATH")])])}
-    run = subprocess.run([str(app)], capture_output=True, text=True, env=env, timeout=300)
+    if bootloader:  # a one-file app's executable unpacks the app, then runs it as its child: the host is a grandparent
+        launcher = tmp_path / "launcher"
+        launcher.write_text(f'#!/bin/sh\n"{app}" "$@"\nexit $?\n')  # a command after it: the shell stays
+        launcher.chmod(0o755)
+        env["APP_EXECUTABLE"] = str(launcher)
+    run = subprocess.run([env.get("APP_EXECUTABLE", str(app))], capture_output=True, text=True, env=env, timeout=300)
     assert run.returncode == 0, run.stderr
     answer = json.loads(run.stdout.splitlines()[-1])
     if calls_freeze_support:
