@@ -317,7 +317,9 @@ def test_lock_wait_timeout_answers_heuristically(isolated_autotune: Path, tiny_f
     assert seen == set()
 
 
-def test_a_worker_that_cannot_start_is_a_calibration_error(tiny_family: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_worker_that_cannot_start_is_said_as_such_not_blamed_on_the_family(
+    tiny_family: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setattr(sys, "executable", "/nonexistent/python")  # the OS boundary: no interpreter to start
-    with pytest.raises(CalibrationError, match="cannot start a worker process.*AUTOTUNE_ISOLATION=inprocess"):
+    with pytest.raises(autotune.WorkerStartError, match="no process could be started.*AUTOTUNE_ISOLATION=inprocess"):
         autotune.best_config(tiny_family)

@@ -118,7 +118,7 @@ class Process:
                 break
             if line is None:
                 if self.ready_at is None:
-                    raise self._unstarted("it stopped before it was ready")
+                    raise self._unstarted("it stopped before it was ready", ended=True)
                 break
             last_event = time.monotonic()
             if not self.said_hello:
@@ -155,10 +155,14 @@ class Process:
                                   f"{entry.HELLO.removeprefix('autotune-worker ')}")
         raise self._unstarted(f"it wrote {said[:200]!r} where autotune's worker says {entry.HELLO!r} first")
 
-    def _unstarted(self, why: str) -> WorkerStartError:
+    def _unstarted(self, why: str, *, ended: bool = False) -> WorkerStartError:
         """The error for a worker that never became ready, once it is gone: its exit status (None when it was
-        still running and killed) and the last lines of its stderr."""
+        still running and killed) and the last lines of its stderr. One whose output ``ended`` is exiting: it gets
+        a few seconds to say its status."""
         status = self.proc.poll()
+        if status is None and ended:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                status = self.proc.wait(timeout=5)
         if status is None:
             self.tree.kill()
         self.proc.wait()
