@@ -12,6 +12,7 @@ one-time work per node waits the same way (a gloo group with a timeout of its ow
 
 from __future__ import annotations
 
+import atexit
 import datetime as dt
 import logging
 import os
@@ -213,6 +214,11 @@ def _from_environment(launch: Launch, timeout: dt.timedelta) -> Group:
 def leave() -> None:
     """Forget this process's job (a test's next job is another)."""
     _joined.clear()
+
+
+# Released while the interpreter still runs: a gloo group left to the interpreter's final teardown can abort the
+# process as it exits ("terminate called without an active exception").
+atexit.register(leave)
 
 
 __all__ = ["JobGroup", "Member", "joined", "leave"]
