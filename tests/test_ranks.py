@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+from torch._C._distributed_c10d import AllgatherOptions
 
 import autotune
 from autotune import CalibrationError, Config, ConfigMisbehaved, ConfigurationError, FrameworkError, RanksError
@@ -221,6 +222,33 @@ def test_ranks_that_ask_for_other_families_or_options_raise_on_every_rank_naming
         assert "rank 1 asked for 'cnn' with prefer='cpu', model='Sequential 5c3e2a09d1f4' but rank 0 with " \
             "prefer='auto', model=None" in str(result)
     assert all(isinstance(result, Config) for result in asking(["cnn", "cnn"], [auto, dict(auto)]))
+
+
+def test_ranks_at_other_exchanges_raise_naming_both_and_an_older_autotune_is_named() -> None:
+    def act(job: JobGroup) -> object:
+        return job.allgather("{}", at="best_config" if job.launch.rank == 0 else "the answers for 'cnn'",
+                             waiting_for="the others")
+
+    for result in in_ranks(["0", "0"], act):
+        assert isinstance(result, RanksError)
+        assert "was at the answers for 'cnn' while rank 0 was at best_config" in str(result) \
+            or "rank 0 was at best_config while rank 1 was at the answers for 'cnn'" in str(result)
+
+    def older(job: JobGroup) -> object:
+        if job.launch.rank == 0:
+            return job.allgather("{}", at="best_config", waiting_for="the others")
+        # an older autotune's allgather: the lengths, then the payloads padded to the longest, without a name
+        data = torch.tensor(list(b"{}"), dtype=torch.uint8)
+        lengths = [torch.empty(1, dtype=torch.int64) for _ in range(2)]
+        job.group.allgather([lengths], [torch.tensor([len(data)])], AllgatherOptions()).wait()
+        padded = [torch.empty(int(max(lengths)), dtype=torch.uint8) for _ in range(2)]
+        job.group.allgather([padded], [torch.cat([data, torch.zeros(len(padded[0]) - len(data), dtype=torch.uint8)])],
+                            AllgatherOptions()).wait()
+        return None
+
+    first, _ = in_ranks(["0", "0"], older)
+    assert isinstance(first, RanksError)
+    assert "rank 1 runs an autotune that does not name its exchanges (an older one than rank 0's" in str(first)
 
 
 def test_configs_that_differ_raise_on_every_rank_naming_both() -> None:

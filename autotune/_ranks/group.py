@@ -140,6 +140,9 @@ class JobGroup:
         self._wait(lambda: self.group.allgather([padded], [mine], options), waiting_for, model_kind, in_loop)
         said = [bytes(p[:int(n)].tolist()).decode().partition("\n") for p, n in zip(padded, lengths, strict=True)]
         other = next((rank for rank, (where, _, _) in enumerate(said) if where != at), None)
+        if other is not None and not said[other][1]:
+            raise RanksError(model_kind, f"rank {other} runs an autotune that does not name its exchanges (an older "
+                             f"one than rank {self.launch.rank}'s {__version__}): install one version on every rank")
         if other is not None:
             raise RanksError(model_kind, f"rank {other} was at {said[other][0]} while rank {self.launch.rank} was at "
                              f"{at}: every rank must make autotune's calls in a job (best_config, guard.step, "
