@@ -72,7 +72,8 @@ def best_config(
 
     In a job of many processes (torchrun, ``accelerate launch``, Lightning under torchrun: the launcher's
     ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE`` and ``LOCAL_WORLD_SIZE``, or torch.distributed's default group of
-    more than one) every rank must call it, with the same arguments, in the same order: each machine's first rank
+    more than one) every rank must call it, with the same arguments, in the same order (a rank that asks for another
+    family or other options makes every rank raise :class:`RanksError`, naming both): each machine's first rank
     measures, with a CPU candidate timed while as many copies of its step run as the machine has processes, and
     every rank gets rank 0's machine's choice on its own device (``cuda:LOCAL_RANK``), its CPU thread count
     measured for its machine (``Config.ranks`` says where it stands). ``distributed=False`` answers for this
@@ -98,7 +99,8 @@ def answer(family: Family, *, prefer: Prefer = "auto", expected_steps: int | Non
             return _machine(job, family, prefer=prefer, expected_steps=expected_steps, may_measure=may_measure,
                             unmeasured=unmeasured, model=model)
 
-        return agreed(job, family.name, (prefer, expected_steps, may_measure, model, _env.DEVICE.get()), machine)
+        return agreed(job, family.name, {"prefer": prefer, "expected_steps": expected_steps, "wait": may_measure,
+                                         "model": model, "AUTOTUNE_DEVICE": _env.DEVICE.get()}, machine)
     fp = fingerprint()
     store = _lookup.store()
     forced = _env.DEVICE.get()

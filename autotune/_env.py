@@ -109,8 +109,13 @@ LOCK_TIMEOUT_S: Knob[float] = Knob(
 )
 RANKS_TIMEOUT_S: Knob[float] = Knob(
     "AUTOTUNE_RANKS_TIMEOUT_S", 1800.0, _positive_float, "seconds > 0",
-    "in a job of many processes, how long a rank waits for the others (a machine's calibration, rank 0's answer) "
-    "before it raises, naming the rank it waited for",
+    "in a job of many processes, how long a rank waits for the others where the wait may cover a calibration "
+    "(best_config: a machine's calibration, rank 0's answer) before it raises, naming the rank it waited for",
+)
+RANKS_LOOP_TIMEOUT_S: Knob[float] = Knob(
+    "AUTOTUNE_RANKS_LOOP_TIMEOUT_S", 300.0, _positive_float, "seconds > 0",
+    "in a job of many processes, how long a rank waits for the others inside the training loop (the guard's "
+    "reads and replay, guard.fallback) before it raises, naming what it waited for",
 )
 WORKER_PYTHON: Knob[Path | None] = Knob(
     "AUTOTUNE_WORKER_PYTHON", None, _interpreter, "the path of a Python interpreter that can import autotune and torch",
@@ -135,8 +140,8 @@ DEFAULTS: Knob[Path | None] = Knob(
 
 KNOBS: tuple[Knob[object], ...] = cast(
     "tuple[Knob[object], ...]",
-    (CACHE_DIR, DEVICE, ISOLATION, WORKER_PYTHON, CANDIDATE_TIMEOUT_S, LOCK_TIMEOUT_S, RANKS_TIMEOUT_S, BUDGET_S,
-     SEARCH, DEFAULTS),
+    (CACHE_DIR, DEVICE, ISOLATION, WORKER_PYTHON, CANDIDATE_TIMEOUT_S, LOCK_TIMEOUT_S, RANKS_TIMEOUT_S,
+     RANKS_LOOP_TIMEOUT_S, BUDGET_S, SEARCH, DEFAULTS),
 )
 
 #: the settings a context reads instead of the environment (a background job's thread: those at its start)

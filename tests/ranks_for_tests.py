@@ -4,7 +4,8 @@ rank answers, trains a little, and prints ``RESULT {json}`` lines for the test t
 ``python ranks_for_tests.py MODE``: ``answer`` (best_config only), ``lightning`` (then a Lightning DDP fit with
 the Config's keywords and the guard callback; rank 1's loss reads NaN from batch 10 in mixed precision, not in fp32),
 ``lightning-own`` (the same fit, two processes started by Lightning's own launcher), ``accelerate`` (then a few
-steps through Accelerate, the guard in the loop).
+steps through Accelerate, the guard in the loop), ``kinds`` (rank 0 asks for ``tiny_mlp``, the others for
+``mlp``: the RanksError each rank gets).
 """
 
 from __future__ import annotations
@@ -113,6 +114,12 @@ def accelerate_steps(config: autotune.Config) -> None:
 
 
 def main(mode: str) -> None:
+    if mode == "kinds":
+        try:
+            autotune.best_config("tiny_mlp" if os.environ["RANK"] == "0" else "mlp")
+        except autotune.RanksError as exc:
+            emit(error=str(exc))
+        return
     autotune.register_family("slow_in", "families_for_tests:build_slow_in")
     config = autotune.best_config("slow_in")
     config.apply_threads()

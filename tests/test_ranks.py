@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+from torch._C._distributed_c10d import AllgatherOptions
 
 import autotune
 from autotune import CalibrationError, Config, ConfigMisbehaved, ConfigurationError, FrameworkError, RanksError
@@ -109,7 +110,8 @@ def _machine(name: str, kind: str, *, gpus: int = 1, share: int = 4) -> Callable
     return machine
 
 
-def in_ranks(nodes: Sequence[str], act: Callable[[JobGroup], object], *, timeout_s: float = 60.0) -> list[object]:
+def in_ranks(nodes: Sequence[str], act: Callable[[JobGroup], object], *, timeout_s: float = 60.0,
+             loop_timeout_s: float = 30.0) -> list[object]:
     """``act`` on each rank of a job whose rank ``i`` runs on machine ``nodes[i]``, one thread per rank, over a real
     gloo group on loopback: what each returned, or the exception it raised."""
     store = dist.HashStore()
@@ -121,7 +123,7 @@ def in_ranks(nodes: Sequence[str], act: Callable[[JobGroup], object], *, timeout
         try:
             group = dist.ProcessGroupGloo(dist.PrefixStore("job/", store), index, len(nodes),
                                           dt.timedelta(seconds=timeout_s))
-            results[index] = act(JobGroup(launch, group, timeout_s))
+            results[index] = act(JobGroup(launch, group, timeout_s, loop_timeout_s=loop_timeout_s))
         except Exception as exc:
             results[index] = exc
 
@@ -136,7 +138,7 @@ def in_ranks(nodes: Sequence[str], act: Callable[[JobGroup], object], *, timeout
 
 def test_on_a_two_gpu_machine_rank_1_trains_on_cuda_1_with_rank_0s_settings() -> None:
     machine = _machine("rtx-3090-i9", "cnn", gpus=2)
-    first, second = in_ranks(["0", "0"], lambda job: agreed(job, "cnn", (), machine))
+    first, second = in_ranks(["0", "0"], lambda job: agreed(job, "cnn", {}, machine))
     assert isinstance(first, Config) and isinstance(second, Config)
     assert (first.device, second.device) == ("cuda:0", "cuda:1")
     assert digest(first) == digest(second)
@@ -150,7 +152,7 @@ def test_on_a_two_gpu_machine_rank_1_trains_on_cuda_1_with_rank_0s_settings() ->
 def test_two_machines_that_disagree_train_with_rank_0s_choice_and_say_what_it_costs_the_other() -> None:
     # An RTX 3090 (native bf16) and an RTX 2070 (emulated bf16: fp16 measured fastest there).
     machines = {"0": _machine("rtx-3090-i9", "cnn"), "1": _machine("rtx-2070", "cnn")}
-    first, second = in_ranks(["0", "1"], lambda job: agreed(job, "cnn", (), machines[job.launch.node or ""]))
+    first, second = in_ranks(["0", "1"], lambda job: agreed(job, "cnn", {}, machines[job.launch.node or ""]))
     assert isinstance(first, Config) and isinstance(second, Config)
     assert digest(first) == digest(second) and (first.precision, second.precision) == ("bf16-mixed", "bf16-mixed")
     assert first.reason.startswith("bf16 mixed precision with channels_last and the fused optimizer on cuda:0: ")
@@ -180,7 +182,7 @@ def test_a_machine_that_cannot_answer_makes_every_rank_raise() -> None:
         raise CalibrationError("cnn", [("cpu fp32", "error: the reference diverged")])
 
     machines = {"0": _machine("rtx-3090-i9", "cnn"), "1": failing}
-    first, second = in_ranks(["0", "1"], lambda job: agreed(job, "cnn", (), machines[job.launch.node or ""]))
+    first, second = in_ranks(["0", "1"], lambda job: agreed(job, "cnn", {}, machines[job.launch.node or ""]))
     assert isinstance(second, CalibrationError)
     assert isinstance(first, RanksError)
     assert "rank 1's machine could not answer: CalibrationError" in str(first)
@@ -193,12 +195,60 @@ def test_a_rank_that_does_not_come_leaves_the_others_an_error_within_the_timeout
         if job.launch.rank == 1:
             time.sleep(6)  # alive, its group open, never asking: a rank stuck elsewhere
             return None
-        return agreed(job, "cnn", (), machine)
+        return agreed(job, "cnn", {}, machine)
 
     first, _ = in_ranks(["0", "1"], act, timeout_s=2.0)
     assert isinstance(first, RanksError)
-    assert "rank 0 waited for the other ranks to take its answer for 'cnn' (at most AUTOTUNE_RANKS_TIMEOUT_S=2 s) " \
+    assert "rank 0 waited for the other ranks to ask for 'cnn' too (at most AUTOTUNE_RANKS_TIMEOUT_S=2 s) " \
         "and got: Timed out" in str(first)
+
+
+def test_ranks_that_ask_for_other_families_or_options_raise_on_every_rank_naming_both() -> None:
+    machine = _machine("rtx-3090-i9", "cnn")
+
+    def asking(kinds: Sequence[str], options: Sequence[dict[str, object]]) -> list[object]:
+        def act(job: JobGroup) -> object:  # the recorded machine measured 'cnn': what is measured for the job
+            rank = job.launch.rank
+            return agreed(job, kinds[rank], options[rank], machine)
+
+        return in_ranks(["0", "0"], act)
+
+    auto: dict[str, object] = {"prefer": "auto", "model": None}
+    for result in asking(["tiny_mlp", "mlp"], [auto, auto]):
+        assert isinstance(result, RanksError)
+        assert "rank 1 asked for 'mlp' but rank 0 for 'tiny_mlp'" in str(result)
+    for result in asking(["cnn", "cnn"], [auto, {"prefer": "cpu", "model": "Sequential 5c3e2a09d1f4"}]):
+        assert isinstance(result, RanksError)
+        assert "rank 1 asked for 'cnn' with prefer='cpu', model='Sequential 5c3e2a09d1f4' but rank 0 with " \
+            "prefer='auto', model=None" in str(result)
+    assert all(isinstance(result, Config) for result in asking(["cnn", "cnn"], [auto, dict(auto)]))
+
+
+def test_ranks_at_other_exchanges_raise_naming_both_and_an_older_autotune_is_named() -> None:
+    def act(job: JobGroup) -> object:
+        return job.allgather("{}", at="best_config" if job.launch.rank == 0 else "the answers for 'cnn'",
+                             waiting_for="the others")
+
+    for result in in_ranks(["0", "0"], act):
+        assert isinstance(result, RanksError)
+        assert "was at the answers for 'cnn' while rank 0 was at best_config" in str(result) \
+            or "rank 0 was at best_config while rank 1 was at the answers for 'cnn'" in str(result)
+
+    def older(job: JobGroup) -> object:
+        if job.launch.rank == 0:
+            return job.allgather("{}", at="best_config", waiting_for="the others")
+        # an older autotune's allgather: the lengths, then the payloads padded to the longest, without a name
+        data = torch.tensor(list(b"{}"), dtype=torch.uint8)
+        lengths = [torch.empty(1, dtype=torch.int64) for _ in range(2)]
+        job.group.allgather([lengths], [torch.tensor([len(data)])], AllgatherOptions()).wait()
+        padded = [torch.empty(int(max(lengths)), dtype=torch.uint8) for _ in range(2)]
+        job.group.allgather([padded], [torch.cat([data, torch.zeros(len(padded[0]) - len(data), dtype=torch.uint8)])],
+                            AllgatherOptions()).wait()
+        return None
+
+    first, _ = in_ranks(["0", "0"], older)
+    assert isinstance(first, RanksError)
+    assert "rank 1 runs an autotune that does not name its exchanges (an older one than rank 0's" in str(first)
 
 
 def test_configs_that_differ_raise_on_every_rank_naming_both() -> None:
@@ -256,6 +306,36 @@ def test_a_guard_finding_on_one_rank_is_the_jobs(caplog: pytest.LogCaptureFixtur
     assert len(demotions.of("digest", "tiny")) == 1  # one demotion: the machine's first rank records it
     assert sum(isinstance(w.message, ConfigMisbehaved) for w in warned) == 2  # every rank warned
     assert sum("misbehaved at step 6" in record.getMessage() for record in caplog.records) == 2
+
+
+def test_guard_fallback_is_a_collective_a_rank_calling_it_alone_raises_within_the_loops_timeout() -> None:
+    fp32 = Candidate(device="cpu", precision="fp32")
+
+    def alone(job: JobGroup) -> object:
+        if job.launch.rank == 1:
+            time.sleep(6)  # alive, its group open, training on: it never calls guard.fallback()
+            return None
+        return Guard("tiny_mlp", fp32, "digest", job=job).fallback()
+
+    first, _ = in_ranks(["0", "0"], alone, loop_timeout_s=2.0)
+    assert isinstance(first, RanksError)
+    assert "rank 0 waited for the other ranks to call guard.fallback() too (in a job every rank calls it, as every " \
+        "rank calls best_config) (at most AUTOTUNE_RANKS_LOOP_TIMEOUT_S=2 s) and got: " in str(first)
+
+    def reading(job: JobGroup) -> object:
+        guard = Guard("tiny_mlp", fp32, "digest", read_every=1, job=job)
+        if job.launch.rank == 1:
+            guard.step(1.0)  # the guard's read: an exchange every rank makes at the same step
+            return None
+        return guard.fallback()
+
+    for result in in_ranks(["0", "0"], reading):
+        assert isinstance(result, RanksError)
+        assert "was at the guard's read at step 1 while rank" in str(result) \
+            or "was at guard.fallback() while rank 1 was at the guard's read at step 1" in str(result)
+
+    together = in_ranks(["0", "0"], lambda job: Guard("tiny_mlp", fp32, "digest", job=job).fallback())
+    assert all(isinstance(result, Config) and result.model_kind == "tiny_mlp" for result in together)
 
 
 def test_a_jobs_loop_summary_is_kept_once_per_machine() -> None:

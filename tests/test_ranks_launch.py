@@ -126,6 +126,16 @@ def test_a_rank_killed_mid_calibration_leaves_the_other_a_clear_error_within_the
         del store
 
 
+def test_ranks_that_ask_for_other_families_raise_on_every_rank_naming_both(tmp_path: Path) -> None:
+    out, err = run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr",
+                    "127.0.0.1", "--master-port", str(free_port()), SCRIPT, "kinds"], job_env(tmp_path))
+    errors = by_rank(results(out), "error")
+    assert sorted(errors) == [0, 1], err[-4000:]
+    for error in errors.values():
+        assert "rank 1 asked for 'mlp' but rank 0 for 'tiny_mlp'" in str(error["error"])
+    assert "calibrating" not in err  # before anything was measured
+
+
 def test_two_machines_with_other_fingerprints_agree_on_rank_0s_choice_and_say_so(tmp_path: Path) -> None:
     # Two torchrun agents on localhost are two machines: each its own cache, one with MKL_NUM_THREADS set (another
     # fingerprint), and precisions that compare the other way round (machine B: bf16 is the slow one).

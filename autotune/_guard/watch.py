@@ -313,8 +313,18 @@ class Guard:
     def fallback(self, *, prefer: Prefer = "auto", expected_steps: int | None = None) -> Config:
         """What ``best_config`` answers now for this guard's model, at once (never measuring): after a demotion, the
         best remaining candidate, for an app that restarts from its last checkpoint. Pass the options
-        ``best_config`` got."""
+        ``best_config`` got.
+
+        In a job it is a collective, as ``best_config`` is: every rank calls it (after the finding every rank's
+        guard shares), so that every rank trains the one answer DDP needs; a rank that calls it alone raises
+        :class:`RanksError` within ``AUTOTUNE_RANKS_LOOP_TIMEOUT_S``."""
         (answer,) = _answering  # autotune._answer registers itself when it loads; autotune.Guard loads it first
+        if self.job is not None:
+            # Every rank here first, within the loop's bound: the answer's own exchanges wait as long as a
+            # calibration may take, which a rank that never calls would turn into that long a hang.
+            self.job.allgather("", at="guard.fallback()", model_kind=self.model_kind, in_loop=True,
+                               waiting_for="the other ranks to call guard.fallback() too (in a job every rank calls "
+                               "it, as every rank calls best_config)")
         return answer(self.model_kind, model=self.model, prefer=prefer, expected_steps=expected_steps, wait=False)
 
     # -- reading and judging ---------------------------------------------------------------------------------
@@ -350,7 +360,8 @@ class Guard:
         """The first rank's finding at this read, on every rank of the job (each rank reads at the same step)."""
         assert self.job is not None
         mine = _Seen(seen=found[0], step=found[1], detail=found[2], evidence=found[3]) if found is not None else None
-        said = self.job.first(mine.model_dump_json() if mine is not None else None,
+        said = self.job.first(mine.model_dump_json() if mine is not None else None, in_loop=True,
+                              at=f"the guard's read at step {self.steps:,}",
                               waiting_for=f"the other ranks' guard at step {self.steps:,}")
         if said is None:
             return None
@@ -364,7 +375,7 @@ class Guard:
         assert self.job is not None and self._finder is not None
         mine = self._replay(seen) if self.job.launch.rank == self._finder else None
         said = self.job.broadcast(mine.model_dump_json() if mine is not None else None, root=self._finder,
-                                  waiting_for=f"rank {self._finder}'s replay of step {step:,}")
+                                  in_loop=True, waiting_for=f"rank {self._finder}'s replay of step {step:,}")
         return Replay.model_validate_json(said)
 
     def _judge_loss(self, step: int, loss: float) -> tuple[Misbehaviour, int, str, list[float]] | None:

@@ -7,11 +7,15 @@ initialised its default group yet; otherwise, in a default group of more than on
 Its timeout is ``AUTOTUNE_RANKS_TIMEOUT_S`` (long: a machine's calibration can take minutes), not the job's own,
 so an NCCL watchdog never fires while a machine calibrates, and a rank that dies or hangs leaves the others a
 :class:`~autotune._errors.RanksError` naming it, within that timeout, never a hang. Lightning's and Accelerate's
-one-time work per node waits the same way (a gloo group with a timeout of its own).
+one-time work per node waits the same way (a gloo group with a timeout of its own). A wait inside the training
+loop (the guard's reads, its replay, ``guard.fallback()``) covers no calibration: it waits at most
+``AUTOTUNE_RANKS_LOOP_TIMEOUT_S`` (``in_loop``). Each rank's part of an allgather names the exchange it is for
+(``at``): ranks at different exchanges raise, naming both, instead of reading each other's payloads.
 """
 
 from __future__ import annotations
 
+import atexit
 import datetime as dt
 import logging
 import os
@@ -22,6 +26,7 @@ from typing import Protocol, cast
 
 import torch
 import torch.distributed as dist
+from torch._C._distributed_c10d import AllgatherOptions
 from torch.distributed.distributed_c10d import PrefixStore
 from torch.distributed.rendezvous import rendezvous
 
@@ -40,7 +45,8 @@ class Group(Protocol):
 
     def broadcast(self, tensors: list[torch.Tensor], opts: dist.BroadcastOptions) -> dist.Work: ...
 
-    def allgather(self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor]) -> dist.Work: ...
+    def allgather(self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
+                  opts: AllgatherOptions) -> dist.Work: ...
 
 
 @dataclass(frozen=True)
@@ -56,16 +62,18 @@ class JobGroup:
     """This process's place in the job (``ranks``), its machine's ranks, and the collectives between them.
 
     ``answers`` holds the answers agreed so far (every rank keeps the same ones, so every rank asks again at the
-    same time: after a job-wide demotion, :meth:`forget`)."""
+    same time: after a job-wide demotion, :meth:`forget`). ``timeout_s`` bounds the waits that may cover a
+    calibration, ``loop_timeout_s`` those inside the training loop (``in_loop``)."""
 
-    def __init__(self, launch: Launch, group: Group, timeout_s: float) -> None:
+    def __init__(self, launch: Launch, group: Group, timeout_s: float, *, loop_timeout_s: float) -> None:
         self.launch = launch
         self.group = group
         self.timeout_s = timeout_s
+        self.loop_timeout_s = loop_timeout_s
         self.answers: dict[tuple[object, ...], object] = {}
         roster = [_Joined.model_validate_json(text) for text in self.allgather(
             _Joined(node=launch.node, local_rank=launch.local_rank, version=__version__).model_dump_json(),
-            waiting_for="the other ranks to join")]
+            at="joining", waiting_for="the other ranks to join")]
         members = [_member(rank, joined) for rank, joined in enumerate(roster)]
         if len({joined.version for joined in roster}) > 1:
             raise RanksError(None, "the ranks run different autotune versions (" + ", ".join(
@@ -95,46 +103,63 @@ class JobGroup:
         for key in [key for key in self.answers if key[0] == model_kind]:
             del self.answers[key]
 
-    def first(self, found: str | None, *, waiting_for: str) -> tuple[int, str] | None:
+    def first(self, found: str | None, *, at: str, waiting_for: str, in_loop: bool = False) -> tuple[int, str] | None:
         """The lowest rank that ``found`` something, and what: every rank learns the same."""
-        said: Sequence[str] = self.allgather(found or "", waiting_for=waiting_for)
+        said: Sequence[str] = self.allgather(found or "", at=at, waiting_for=waiting_for, in_loop=in_loop)
         return next(((rank, text) for rank, text in enumerate(said) if text), None)
 
-    def broadcast(self, text: str | None, *, root: int, waiting_for: str, model_kind: str | None = None) -> str:
+    def broadcast(self, text: str | None, *, root: int, waiting_for: str, model_kind: str | None = None,
+                  in_loop: bool = False) -> str:
         """``root``'s ``text`` on every rank (``text`` is read on ``root`` only)."""
         data = (text or "").encode() if self.launch.rank == root else b""
         length = torch.tensor([len(data)], dtype=torch.int64)
         options = dist.BroadcastOptions()
         options.rootRank = root
-        self._wait(lambda: self.group.broadcast([length], options), waiting_for, model_kind)
+        options.timeout = self._timeout(in_loop)
+        self._wait(lambda: self.group.broadcast([length], options), waiting_for, model_kind, in_loop)
         payload = _bytes_tensor(data) if self.launch.rank == root else torch.empty(int(length), dtype=torch.uint8)
         if int(length):
-            self._wait(lambda: self.group.broadcast([payload], options), waiting_for, model_kind)
+            self._wait(lambda: self.group.broadcast([payload], options), waiting_for, model_kind, in_loop)
         return bytes(payload.tolist()).decode()
 
-    def allgather(self, text: str, *, waiting_for: str, model_kind: str | None = None) -> list[str]:
-        """Every rank's ``text``, by rank."""
-        data = text.encode()
+    def allgather(self, text: str, *, at: str, waiting_for: str, model_kind: str | None = None,
+                  in_loop: bool = False) -> list[str]:
+        """Every rank's ``text``, by rank, sent for the exchange ``at`` names (e.g. ``"guard.fallback()"``): a rank
+        at another one raises :class:`RanksError` on every rank, naming both."""
+        data = f"{at}\n{text}".encode()
         size = self.launch.world_size
+        options = AllgatherOptions()
+        options.timeout = self._timeout(in_loop)
         lengths = [torch.empty(1, dtype=torch.int64) for _ in range(size)]
-        self._wait(lambda: self.group.allgather([lengths], [torch.tensor([len(data)], dtype=torch.int64)]),
-                   waiting_for, model_kind)
+        self._wait(lambda: self.group.allgather([lengths], [torch.tensor([len(data)], dtype=torch.int64)], options),
+                   waiting_for, model_kind, in_loop)
         longest = max(int(length) for length in lengths)
-        if not longest:
-            return [""] * size
         padded = [torch.empty(longest, dtype=torch.uint8) for _ in range(size)]
         mine = torch.zeros(longest, dtype=torch.uint8)
         mine[:len(data)] = _bytes_tensor(data)
-        self._wait(lambda: self.group.allgather([padded], [mine]), waiting_for, model_kind)
-        return [bytes(p[:int(n)].tolist()).decode() for p, n in zip(padded, lengths, strict=True)]
+        self._wait(lambda: self.group.allgather([padded], [mine], options), waiting_for, model_kind, in_loop)
+        said = [bytes(p[:int(n)].tolist()).decode().partition("\n") for p, n in zip(padded, lengths, strict=True)]
+        other = next((rank for rank, (where, _, _) in enumerate(said) if where != at), None)
+        if other is not None and not said[other][1]:
+            raise RanksError(model_kind, f"rank {other} runs an autotune that does not name its exchanges (an older "
+                             f"one than rank {self.launch.rank}'s {__version__}): install one version on every rank")
+        if other is not None:
+            raise RanksError(model_kind, f"rank {other} was at {said[other][0]} while rank {self.launch.rank} was at "
+                             f"{at}: every rank must make autotune's calls in a job (best_config, guard.step, "
+                             "guard.fallback) alike, in the same order")
+        return [payload for _, _, payload in said]
 
-    def _wait(self, start: Callable[[], dist.Work], waiting_for: str, model_kind: str | None) -> None:
+    def _timeout(self, in_loop: bool) -> dt.timedelta:
+        return dt.timedelta(seconds=self.loop_timeout_s if in_loop else self.timeout_s)
+
+    def _wait(self, start: Callable[[], dist.Work], waiting_for: str, model_kind: str | None, in_loop: bool) -> None:
         try:
             start().wait()
         except RuntimeError as exc:  # DistBackendError and gloo's errors: a peer gone, or the timeout
             detail = _detail(exc)
+            knob = _env.RANKS_LOOP_TIMEOUT_S if in_loop else _env.RANKS_TIMEOUT_S
             raise RanksError(model_kind, f"rank {self.launch.rank} waited for {waiting_for} (at most "
-                             f"AUTOTUNE_RANKS_TIMEOUT_S={self.timeout_s:g} s) and got: {detail}") from None
+                             f"{knob.name}={self._timeout(in_loop).total_seconds():g} s) and got: {detail}") from None
 
 
 def _detail(exc: BaseException) -> str:
@@ -188,7 +213,7 @@ def joined(*, required: bool = False) -> JobGroup | None:
             "group of more than one process")
     else:
         return None
-    job = JobGroup(launch, group, timeout_s)
+    job = JobGroup(launch, group, timeout_s, loop_timeout_s=_env.RANKS_LOOP_TIMEOUT_S.get())
     log.info("rank %d of %d (local rank %d of %d): one answer for the job, decided by rank %d's machine",
              job.ranks.rank, job.ranks.world_size, job.ranks.local_rank, job.ranks.local_world_size, job.decider)
     _joined.append(job)
@@ -213,6 +238,11 @@ def _from_environment(launch: Launch, timeout: dt.timedelta) -> Group:
 def leave() -> None:
     """Forget this process's job (a test's next job is another)."""
     _joined.clear()
+
+
+# Released while the interpreter still runs: a gloo group left to the interpreter's final teardown can abort the
+# process as it exits ("terminate called without an active exception").
+atexit.register(leave)
 
 
 __all__ = ["JobGroup", "Member", "joined", "leave"]

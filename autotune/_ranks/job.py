@@ -2,7 +2,9 @@
 
 Each machine's first rank measures (through the one miss path: one calibration per machine, the family's lock
 keeping other jobs' processes out) and answers for each of its machine's ranks on its own view (``agree.view``);
-the others wait in the job's group. Then, as collectives every rank runs in the same order:
+the others wait in the job's group. First every rank sends what it asked for (the family and every option):
+one that differs from the deciding rank's raises on every rank, naming both, before anything is measured. Then,
+as collectives every rank runs in the same order:
 
 1. the deciding rank (rank 0's machine's first rank) broadcasts its answer: the job's choice;
 2. each machine's first rank sends each of its ranks the choice on that rank's own device (``agree.for_rank``);
@@ -56,19 +58,28 @@ class _Answers(Record):
     error: str | None = None
 
 
+class _Asked(Record):
+    """What a rank asked ``best_config`` for: the family and every option that shapes the answer."""
+
+    model_kind: str
+    options: dict[str, str]
+
+
 class _Trains(Record):
     digest: str
     words: str
 
 
-def agreed(job: JobGroup, model_kind: str, options: tuple[object, ...],
+def agreed(job: JobGroup, model_kind: str, options: dict[str, object],
            machine: Callable[[JobGroup], Machine]) -> Config:
-    """This rank's answer for ``model_kind`` in ``job``, asked with ``options`` (the same on every rank):
-    ``machine`` runs on each machine's first rank only."""
-    key = (model_kind, *options)
+    """This rank's answer for ``model_kind`` in ``job``, asked with ``options`` (by name, e.g. ``{"prefer":
+    "auto"}``), which must be the same on every rank (:func:`asked`): ``machine`` runs on each machine's first rank
+    only."""
+    key = (model_kind, *options.items())
     known = job.answers.get(key)
     if isinstance(known, Config):
         return known
+    asked(job, model_kind, options)
     found: Machine | None = None
     failure: Exception | None = None
     if job.leads:
@@ -97,6 +108,7 @@ def agreed(job: JobGroup, model_kind: str, options: tuple[object, ...],
     elif job.leads:
         answers = _Answers(error=_words(failure) if failure is not None else "no choice to take")
     sent = job.allgather(answers.model_dump_json() if answers is not None else "", model_kind=model_kind,
+                         at=f"the answers for {model_kind!r}",
                          waiting_for=f"each machine's first rank to answer {model_kind!r}")
     if failure is not None:
         raise failure
@@ -113,11 +125,35 @@ def agreed(job: JobGroup, model_kind: str, options: tuple[object, ...],
     return config
 
 
+def asked(job: JobGroup, model_kind: str, options: dict[str, object]) -> None:
+    """Check that every rank of ``job`` asks for ``model_kind`` with ``options``; raise :class:`RanksError` on every
+    rank, naming both requests, where one differs from the deciding rank's."""
+    mine = _Asked(model_kind=model_kind, options={name: repr(value) for name, value in options.items()})
+    said = [_Asked.model_validate_json(text) for text in job.allgather(
+        mine.model_dump_json(), model_kind=model_kind, at="best_config",
+        waiting_for=f"the other ranks to ask for {model_kind!r} too")]
+    reference = said[job.decider]
+    differs = next((rank for rank, other in enumerate(said) if other != reference), None)
+    if differs is None:
+        return
+    other = said[differs]
+    if other.model_kind != reference.model_kind:
+        why = f"rank {differs} asked for {other.model_kind!r} but rank {job.decider} for {reference.model_kind!r}"
+    else:
+        names = [name for name in {**reference.options, **other.options}
+                 if other.options.get(name) != reference.options.get(name)]
+        why = (f"rank {differs} asked for {other.model_kind!r} with " + ", ".join(
+            f"{name}={other.options.get(name)}" for name in names) + f" but rank {job.decider} with " + ", ".join(
+            f"{name}={reference.options.get(name)}" for name in names))
+    raise RanksError(model_kind, why)
+
+
 def confirm(job: JobGroup, config: Config) -> None:
     """Check that every rank of ``job`` trains with what ``config`` sets for the job (``agree.digest``); raise
     :class:`RanksError` on every rank, naming both answers, where one differs from the deciding rank's."""
     trains = [_Trains.model_validate_json(text) for text in job.allgather(
         _Trains(digest=digest(config), words=words(config)).model_dump_json(), model_kind=config.model_kind,
+        at=f"the configurations for {config.model_kind!r}",
         waiting_for=f"every rank's answer for {config.model_kind!r}")]
     reference = trains[job.decider]
     differs = next((r for r, t in enumerate(trains) if t.digest != reference.digest), None)
@@ -130,4 +166,4 @@ def _words(failure: BaseException | None) -> str:
     return f"{type(failure).__name__}: {failure}" if failure is not None else "nothing measured"
 
 
-__all__ = ["Machine", "agreed", "confirm"]
+__all__ = ["Machine", "agreed", "asked", "confirm"]
