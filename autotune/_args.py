@@ -32,8 +32,9 @@ step (the loop's data loading not in it); peak MiB: the most memory its measured
 forced (AUTOTUNE_DEVICE) or heuristic (nothing measured here; the line under the table says why). --explain
 prints what its own columns mean. Output is as wide as the terminal, or COLUMNS when piped (default 120).
 
-environment: AUTOTUNE_CACHE_DIR, AUTOTUNE_DEVICE, AUTOTUNE_ISOLATION, AUTOTUNE_CANDIDATE_TIMEOUT_S,
-AUTOTUNE_LOCK_TIMEOUT_S, AUTOTUNE_BUDGET_S, AUTOTUNE_SEARCH, AUTOTUNE_DEFAULTS (see README.md)
+environment: AUTOTUNE_CACHE_DIR, AUTOTUNE_DEVICE, AUTOTUNE_ISOLATION, AUTOTUNE_WORKER_PYTHON,
+AUTOTUNE_CANDIDATE_TIMEOUT_S, AUTOTUNE_LOCK_TIMEOUT_S, AUTOTUNE_RANKS_TIMEOUT_S, AUTOTUNE_RANKS_LOOP_TIMEOUT_S,
+AUTOTUNE_BUDGET_S, AUTOTUNE_SEARCH, AUTOTUNE_DEFAULTS (see README.md)
 """
 
 

@@ -61,3 +61,11 @@ def test_ci_runs_the_readmes_test_command() -> None:
     # the hosted workflow: every step after the installs (its torch comes from the matrix)
     workflow = (ROOT / ".github" / "workflows" / "ci.yml").read_text()
     assert all(re.search(rf"^ +(- )?(run: )?{re.escape(step)}$", workflow, re.MULTILINE) for step in steps[2:])
+
+
+def test_every_environment_variable_is_in_the_readmes_table_and_the_commands_help() -> None:
+    from autotune import _args, _env
+
+    rows = set(re.findall(r"^\| `(AUTOTUNE_[A-Z_]+)` \|", README.read_text(), re.MULTILINE))
+    helped = set(re.findall(r"AUTOTUNE_[A-Z_]+", _args.EPILOG.split("environment:")[1]))
+    assert {knob.name for knob in _env.KNOBS} == rows == helped
