@@ -670,3 +670,36 @@ def test_forget_demotion_says_so_when_the_file_cannot_be_rewritten(
     assert main(["--forget-demotion", "tiny"]) == 1
     assert "still hold" in capsys.readouterr().err
 
+
+
+def test_a_zero_optimizer_is_said_once_and_guard_step_never_raises(
+    tiny_family: str, isolated_autotune: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # ZeroRedundancyOptimizer's state_dict() raises until a collective gathers it: no state to replay from.
+    from torch import distributed as dist
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    config = _measured(tiny_family, "fp16-mixed")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        model = build_tiny().model
+        optimizer = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW, lr=1e-2)
+        guard = config.guard(model, optimizer, loss_fn=_loss)
+        scaler = config.grad_scaler()
+        features, labels = torch.randn(64, 8), torch.randint(0, 4, (64,))
+        with pytest.warns(ConfigMisbehaved, match="ZeroRedundancyOptimizer.*so nothing is demoted"):
+            for step in range(1, 51):
+                batch = (features * (1e5 if step >= 10 else 1.0), labels, 1.0)
+                with config.autocast():
+                    loss = _loss(model, batch)
+                optimizer.zero_grad(set_to_none=True)
+                scaler.scale(loss).backward()
+                scaler.step(optimizer)
+                scaler.update()
+                guard.step(loss, scaler, batch=batch)
+    finally:
+        dist.destroy_process_group()
+    assert guard.finding is not None and guard.finding.replay is not None
+    assert guard.finding.replay.blame == "unreplayed"
+    assert sum("keeps no state to replay from" in r.getMessage() for r in caplog.records) == 1
+    assert not (isolated_autotune / "demotions").exists() and autotune.best_config(tiny_family) == config

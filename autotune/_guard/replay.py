@@ -11,11 +11,17 @@ run's model, optimizer, GradScaler, fp32 settings and random state are left as t
 Its cost: outside findings, the copies to the host (at most ``SNAPSHOT_SHARE`` of the run's time after the first)
 and one copy of the state in host memory; at a finding, one copy of the model and optimizer on the device and
 twice the replayed steps.
+
+The replay trains on the finding rank alone, so its copy must join no collective: it copies the module inside
+DistributedDataParallel, DataParallel and ``torch.compile``'s wrappers, and its SyncBatchNorm layers normalize over
+the local batch. A model sharded across ranks (FSDP) or an optimizer whose state is (ZeroRedundancyOptimizer) has no
+whole state on one rank: the guard says so once, keeps no snapshot, and its findings demote nothing.
 """
 
 from __future__ import annotations
 
 import copy
+import logging
 import math
 import statistics
 import time
@@ -31,6 +37,8 @@ from torch import nn
 from autotune import _batch, _fp32
 from autotune._precision import AUTOCAST_DTYPES
 from autotune._records import Candidate, Misbehaviour, Replay
+
+log = logging.getLogger("autotune")
 
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
 
@@ -72,14 +80,50 @@ class _Seen:
     skipped: bool
 
 
+def unwrapped(model: nn.Module) -> nn.Module:
+    """The module inside ``torch.compile``'s, DataParallel's and DistributedDataParallel's wrappers: the one whose
+    copy trains alone (a DDP module's copy would join the job's gradient all-reduce on this rank only)."""
+    while True:
+        inner = getattr(model, "_orig_mod", None)
+        if isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
+            inner = model.module
+        if not isinstance(inner, nn.Module):
+            return model
+        model = inner
+
+
+def _sharded(model: nn.Module, optimizer: torch.optim.Optimizer) -> str | None:
+    """Why this rank holds no whole state to replay from (FSDP, ZeroRedundancyOptimizer), or None."""
+    if not torch.distributed.is_available():
+        return None
+    from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    if isinstance(optimizer, ZeroRedundancyOptimizer):
+        return "the optimizer is a ZeroRedundancyOptimizer, whose state is spread over the ranks"
+    sharded = next((m for m in model.modules() if isinstance(m, (FullyShardedDataParallel, FSDPModule))), None)
+    if sharded is not None:
+        return f"the model is sharded across the ranks ({type(sharded).__name__})"
+    return None
+
+
+class _LocalBatchNorm(nn.SyncBatchNorm):
+    """A replayed copy's SyncBatchNorm: batch norm over the local batch, as BatchNorm does (no collective)."""
+
+    forward = nn.modules.batchnorm._BatchNorm.forward
+
+
 class Tape:
-    """What a guard keeps to replay: the model, optimizer and loss function it was given, the last state on the host
-    and the batches since."""
+    """What a guard keeps to replay: the model (inside its wrappers), optimizer and loss function it was given, the
+    last state on the host and the batches since. ``cannot``: why it keeps nothing (said once, when it is known)."""
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: LossFn) -> None:
-        self.model = model
+        self.model = unwrapped(model)
         self.optimizer = _torch_optimizer(optimizer)
         self.loss_fn = loss_fn
+        self.cannot = _sharded(self.model, self.optimizer)
+        if self.cannot is not None:
+            self._say_cannot()
         self.snapshot: Snapshot | None = None
         #: the snapshots taken so far
         self.taken = 0
@@ -89,6 +133,8 @@ class Tape:
 
     def add(self, batch: Any, step: int, scaler: torch.amp.GradScaler | None) -> None:
         """Keep ``batch``, the inputs of ``step`` (the first one also takes the first snapshot, after it)."""
+        if self.cannot is not None:
+            return
         if self.snapshot is None:
             self.take(step, scaler)  # the state this batch trained from is gone: the one it made
             return
@@ -104,11 +150,18 @@ class Tape:
 
     def take(self, step: int, scaler: torch.amp.GradScaler | None) -> None:
         """Copy the model's, the optimizer's and the scaler's state to the host, as of ``step`` steps; forget the
-        batches before it."""
+        batches before it. A state that cannot be copied is said once, and nothing is kept from then on."""
         started = time.perf_counter()
-        model = {name: _on_host(t) for name, t in self.model.state_dict().items()}
-        optimizer = _batch.map_tensors(self.optimizer.state_dict(), _on_host)
-        kept = copy.deepcopy(scaler.state_dict()) if scaler is not None and scaler.is_enabled() else None
+        try:
+            model = {name: _on_host(t) for name, t in self.model.state_dict().items()}
+            optimizer = _batch.map_tensors(self.optimizer.state_dict(), _on_host)
+            kept = copy.deepcopy(scaler.state_dict()) if scaler is not None and scaler.is_enabled() else None
+        except Exception as exc:  # the app's modules and optimizer say what their state is: a failure is theirs
+            self.cannot = f"its state could not be copied to the host ({type(exc).__name__}: {exc})"[:300]
+            self.snapshot = None
+            self.batches.clear()
+            self._say_cannot()
+            return
         self._taken_at = time.perf_counter()
         self.snapshot = Snapshot(step=step, model=model, optimizer=optimizer, scaler=kept,
                                  took_s=self._taken_at - started)
@@ -118,6 +171,8 @@ class Tape:
     def replay(self, candidate: Candidate, seen: Misbehaviour, steps: int) -> Replay:
         """Train copies from the snapshot on the kept batches, in the reference and in ``candidate``'s precision;
         the blame. ``steps``: the steps the run has trained."""
+        if self.cannot is not None:
+            return Replay(blame="unreplayed", detail=f"this rank cannot replay alone: {self.cannot}")
         if self.snapshot is None or not self.batches:
             return Replay(blame="unreplayed", detail="guard.step was given no batch to replay (batch=...)")
         snapshot = self.snapshot
@@ -146,6 +201,9 @@ class Tape:
         with warnings.catch_warnings():  # what the app's model says when trained again was said in the run
             warnings.simplefilter("ignore")
             model, optimizer = copy.deepcopy((self.model, self.optimizer))
+            for module in model.modules():
+                if isinstance(module, nn.SyncBatchNorm):
+                    module.__class__ = _LocalBatchNorm
             # A learning-rate scheduler (or Accelerate) patches ``step`` on the instance, bound to the run's optimizer
             # through a weak reference: the copy steps through its class.
             optimizer.__dict__.pop("step", None)
@@ -187,6 +245,9 @@ class Tape:
                         break
             return seen
 
+    def _say_cannot(self) -> None:
+        log.warning("the guard keeps no state to replay from, so its findings demote nothing: %s", self.cannot)
+
 
 def _torch_optimizer(optimizer: Any) -> torch.optim.Optimizer:
     """The torch optimizer inside a framework's wrapper (Accelerate's ``.optimizer``, Lightning's ``._optimizer``)."""
@@ -227,4 +288,4 @@ def _misbehaves(seen: Misbehaviour, steps: list[_Seen]) -> int | None:
 
 
 __all__ = ["DIVERGED_RISE", "REPLAY_BYTES", "REPLAY_STEPS", "SNAPSHOT_SHARE", "LossFn", "Snapshot", "Tape",
-           "reference_for"]
+           "reference_for", "unwrapped"]

@@ -34,7 +34,7 @@ from autotune._cache import demotions as _demotions
 from autotune._cache import loops as _loops
 from autotune._errors import ConfigMisbehaved, ConfigurationError, UnknownFamilyError
 from autotune._families import get_family
-from autotune._guard.replay import LossFn, Tape
+from autotune._guard.replay import LossFn, Tape, unwrapped
 from autotune._records import Candidate, Demotion, LoopSummary, Misbehaviour, Prefer, Record, Replay
 from autotune._version import __version__
 from autotune._wording import data_bound_words, replay_words
@@ -89,13 +89,7 @@ def is_reference(candidate: Candidate) -> bool:
 def model_signature(model: nn.Module) -> str:
     """What was trained, e.g. ``'Sequential 5c3e2a09d1f4'``: the model's class and a digest of its parameters' names
     and shapes (through ``torch.compile``'s and DataParallel's wrappers)."""
-    while True:
-        inner = getattr(model, "_orig_mod", None)
-        if isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
-            inner = model.module
-        if not isinstance(inner, nn.Module):
-            break
-        model = inner
+    model = unwrapped(model)
     digest = hashlib.sha256()
     for name, parameter in model.named_parameters():
         digest.update(f"{name}:{tuple(parameter.shape)};".encode())
