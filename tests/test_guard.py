@@ -703,3 +703,54 @@ def test_a_zero_optimizer_is_said_once_and_guard_step_never_raises(
     assert guard.finding.replay.blame == "unreplayed"
     assert sum("keeps no state to replay from" in r.getMessage() for r in caplog.records) == 1
     assert not (isolated_autotune / "demotions").exists() and autotune.best_config(tiny_family) == config
+
+
+def test_a_state_over_a_quarter_of_the_available_memory_is_not_kept_and_demotes_nothing(
+    tiny_family: str, isolated_autotune: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from autotune.backends import _linux
+
+    monkeypatch.setattr(sys, "platform", "linux")
+    monkeypatch.setattr(_linux, "available_bytes", lambda: 4096)  # /proc/meminfo's MemAvailable: 4 KiB
+    config = _measured(tiny_family, "fp16-mixed")
+    with pytest.warns(ConfigMisbehaved, match=r"Not replayed: .*state \(0.00\d+ MiB\) is more than 25% of the host "
+                      r"memory available \(0.0039\d MiB\)"):
+        guard, _ = _classifier(config, 50, huge_inputs_at=range(10, 50))
+    assert guard.finding is not None and guard.finding.replay is not None
+    assert guard.finding.replay.blame == "unreplayed"
+    assert sum("keeps no state to replay from" in r.getMessage() for r in caplog.records) == 1
+    assert not (isolated_autotune / "demotions").exists()
+
+
+def _slow_in_fp32(model: nn.Module, batch: tuple[Any, ...]) -> torch.Tensor:
+    """The loss; a second a step where autocast is off (the replay's fp32 reference), NaN where it is on and the
+    batch is marked (the run's bf16)."""
+    features, labels, marked = batch
+    autocast = torch.is_autocast_enabled("cpu")
+    if not autocast:
+        time.sleep(1.0)
+    loss = F.cross_entropy(model(features), labels)
+    return loss + float("nan") if marked and autocast else loss
+
+
+def test_a_replay_past_its_time_limit_stops_and_demotes_nothing(tiny_family: str, isolated_autotune: Path) -> None:
+    # The replay's reference takes a second a step, far over 25 times the run's (a few ms): it stops at its limit.
+    config = _measured(tiny_family, "bf16-mixed")
+    model = build_tiny().model
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    guard = autotune.Guard(tiny_family, config.candidate, config.fingerprint_digest, model=model, optimizer=optimizer,
+                           loss_fn=_slow_in_fp32, read_every=10)  # a few batches to replay: a short test
+    features, labels = torch.randn(64, 8), torch.randint(0, 4, (64,))
+    with pytest.warns(ConfigMisbehaved, match=r"Not replayed: the replay stopped at its time limit, [\d.]+ s \(25 "
+                      r"times the run's step time per replayed step\), in cpu fp32 at replayed step \d+ of 10"):
+        for step in range(1, 31):
+            batch = (features, labels, step >= 25)
+            with config.autocast():
+                loss = _slow_in_fp32(model, batch)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            guard.step(loss, batch=batch)
+    assert guard.finding is not None and guard.finding.replay is not None
+    assert guard.finding.replay.blame == "unreplayed"
+    assert not (isolated_autotune / "demotions").exists()

@@ -69,6 +69,8 @@ PACE_MIN_READ_MS = 20.0
 #: a loader that kept up would make it at least 1 / (1 - 0.25) = 1.33x faster
 DATA_WAIT_SHARE = 0.25
 DATA_WAIT_WINDOWS = 3
+#: in a job, a replay stops at this share of the time the other ranks wait for it (AUTOTUNE_RANKS_TIMEOUT_S)
+REPLAY_JOB_SHARE = 0.5
 
 _ON_FAILURE: tuple[OnFailure, ...] = ("warn", "raise")
 
@@ -157,6 +159,7 @@ class Guard:
             raise ConfigurationError("read_every", read_every, "a positive int")
         self.model: nn.Module | None = None
         self._tape: Tape | None = None
+        self.job = job
         if model is not None and optimizer is not None and loss_fn is not None:
             self.watch(model, optimizer, loss_fn)
         elif model is not None or optimizer is not None or loss_fn is not None:
@@ -171,7 +174,6 @@ class Guard:
         self.digest = digest
         self.on_failure = on_failure
         self.read_every = read_every
-        self.job = job
         self._finder: int | None = None  # in a job, the rank whose finding it is
         self.steps = 0
         self.finding: Demotion | None = None
@@ -192,6 +194,7 @@ class Guard:
         self._medians: list[float] = []
         self._diverging: list[tuple[int, float]] = []
         self._fastest_ms = math.inf
+        self._last_step_ms: float | None = None  # the run's time per step at the last timed read
         self._slow_reads = 0
         self._warned_slow = False
         # the loop's time as data() sees it: what calibration measured of the step, to set it beside
@@ -215,7 +218,7 @@ class Guard:
         if not callable(loss_fn):
             raise TypeError(f"loss_fn must be a function (model, batch) -> loss, got {type(loss_fn).__name__}")
         self.model = model
-        self._tape = Tape(model, optimizer, loss_fn)
+        self._tape = Tape(model, optimizer, loss_fn, ranks=self.job.ranks.local_world_size if self.job else 1)
         return self
 
     def step(self, loss: torch.Tensor | float, scaler: torch.amp.GradScaler | None = None, *,
@@ -317,8 +320,10 @@ class Guard:
         assert self._buffer is not None
         losses, scales = self._buffer[:, :self._filled].tolist()
         now = time.perf_counter()
-        if timed and (now - self._read_at) * 1000 >= PACE_MIN_READ_MS:
-            self._pace((now - self._read_at) * 1000 / self._filled)
+        if timed:
+            self._last_step_ms = (now - self._read_at) * 1000 / self._filled
+            if (now - self._read_at) * 1000 >= PACE_MIN_READ_MS:
+                self._pace(self._last_step_ms)
         self._read_at = now
         first = self.steps - self._filled + 1
         self._filled = 0
@@ -446,7 +451,10 @@ class Guard:
             return Replay(blame="unreplayed", detail=(
                 "the guard was made without the model, its optimizer and a loss function, so it cannot replay the "
                 "steps in fp32 (cfg.guard(model, optimizer, loss_fn=...))"))
-        return self._tape.replay(self.candidate, seen, self.steps)
+        # In a job the other ranks wait for this replay: it stops well within their wait.
+        limit_s = REPLAY_JOB_SHARE * self.job.timeout_s if self.job is not None and self.job.timeout_s > 0 else None
+        return self._tape.replay(self.candidate, seen, self.steps, limit_s=limit_s,
+                                 step_ms=self._last_step_ms or self.measured_step_ms)
 
     def _batch_done(self, wait_ms: float, step_ms: float) -> None:
         """Count one batch's wait and step; judge each window of ``read_every`` batches long enough to time."""
@@ -506,6 +514,7 @@ def _number(values: list[float]) -> str:
 __all__ = [
     "BACKOFF_SKIPS", "BLOCK_STEPS", "DATA_WAIT_SHARE", "DATA_WAIT_WINDOWS", "DIVERGED_BLOCKS", "GIVE_BACK",
     "MIN_PROGRESS", "NON_FINITE_LOSSES",
-    "PACE_MIN_READ_MS", "READ_EVERY_STEPS", "SETTLED_STEPS", "SKIPPED_STEPS", "SLOW_BLOCKS", "SLOW_FACTOR",
+    "PACE_MIN_READ_MS", "READ_EVERY_STEPS", "REPLAY_JOB_SHARE", "SETTLED_STEPS", "SKIPPED_STEPS", "SLOW_BLOCKS",
+    "SLOW_FACTOR",
     "WINDOW_STEPS", "Guard", "OnFailure", "family_model", "is_reference", "model_signature",
 ]
