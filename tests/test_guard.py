@@ -63,9 +63,10 @@ def _classifier(config: Config, steps: int, *, overflow_at: Collection[int] = ()
                 loss_weight: float = 1.0, model: nn.Module | None = None, lr_from_100: float | None = None,
                 guard: autotune.Guard | None = None, images_mb: int = 0) -> tuple[autotune.Guard, int]:
     """Train the tiny family's own model (or ``model``) under a guard that can replay; at ``overflow_at`` steps the
-    loss is weighted 1e6 (its fp16 gradients overflow), at ``huge_inputs_at`` the inputs are 1e5 times larger (fp16
-    activations overflow: NaN loss); from step 100 the learning rate is ``lr_from_100``; each batch also carries
-    ``images_mb`` MiB the loss does not use. Returns the guard and the steps GradScaler skipped."""
+    loss is weighted 1e6, doubling with each step from the first (to 2**30 times it: its fp16 gradients overflow
+    faster than GradScaler's halving catches up, fp32's stay finite), at ``huge_inputs_at`` the inputs are 1e5 times
+    larger (fp16 activations overflow: NaN loss); from step 100 the learning rate is ``lr_from_100``; each batch also
+    carries ``images_mb`` MiB the loss does not use. Returns the guard and the steps GradScaler skipped."""
     model = model if model is not None else build_tiny().model
     torch.manual_seed(0)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
@@ -78,7 +79,7 @@ def _classifier(config: Config, steps: int, *, overflow_at: Collection[int] = ()
         if step == 100 and lr_from_100 is not None:
             optimizer.param_groups[0]["lr"] = lr_from_100
         batch = (features * (1e5 if step in huge_inputs_at else 1.0), labels,
-                 1e6 if step in overflow_at else loss_weight, images)
+                 1e6 * 2.0 ** min(step - min(overflow_at), 30) if step in overflow_at else loss_weight, images)
         with config.autocast():
             loss = _loss(model, batch)
         optimizer.zero_grad(set_to_none=True)
@@ -144,8 +145,8 @@ def _demoted_answer(kind: str, was: str, seen: str, step: int, now: str) -> Conf
 
 def test_fp16_gradients_overflowing_from_step_n_demote_fp16(tiny_family: str, isolated_autotune: Path) -> None:
     config = _measured(tiny_family, "fp16-mixed")
-    with pytest.warns(ConfigMisbehaved, match=r"tiny on cpu fp16-mixed misbehaved at step 120: 4 optimizer steps "
-                      r"skipped by GradScaler within 100 steps \(steps 120, 121, 122, 123\).*Replayed from step \d+ "
+    with pytest.warns(ConfigMisbehaved, match=r"tiny on cpu fp16-mixed misbehaved at step 120: GradScaler skipped 25 "
+                      r"optimizer steps in a row and did not recover.*Replayed from step \d+ "
                       r"on the \d+ batches since, fp16-mixed misbehaves again \(at replayed step \d+\) and fp32 does "
                       r"not.*--forget-demotion tiny"):
         guard, skipped = _classifier(config, 200, overflow_at=range(120, 200))
@@ -275,7 +276,7 @@ def test_non_finite_losses_that_gradscaler_handles_are_no_finding_until_three_in
 @pytest.mark.parametrize(("skips", "found"), [
     pytest.param(SKIPPED_STEPS - 1, False, id="three-skips"), pytest.param(SKIPPED_STEPS, True, id="four-skips"),
 ])
-def test_skipped_steps_after_the_scale_settles_are_a_finding_from_four_in_100_steps(
+def test_back_offs_after_the_scale_settles_are_a_finding_from_four_in_100_steps(
     tiny_family: str, skips: int, found: bool
 ) -> None:
     config = _measured(tiny_family, "fp16-mixed")
@@ -285,6 +286,18 @@ def test_skipped_steps_after_the_scale_settles_are_a_finding_from_four_in_100_st
         guard, skipped = _classifier(config, 250, overflow_at=overflow_at)
     assert skipped >= skips
     assert len(seen) == found and (guard.finding is not None) == found
+
+
+def test_a_gradscaler_back_off_after_a_spike_it_recovers_from_is_no_finding(
+    tiny_family: str, isolated_autotune: Path
+) -> None:
+    # Four steps in a row whose fp16 gradients overflow: GradScaler skips them, halving its scale, and goes on.
+    config = _measured(tiny_family, "fp16-mixed")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConfigMisbehaved)
+        guard, skipped = _classifier(config, 250, overflow_at=range(150, 150 + SKIPPED_STEPS))
+    assert skipped >= SKIPPED_STEPS and guard.finding is None
+    assert not (isolated_autotune / "demotions").exists()
 
 
 def test_a_finding_whose_batches_are_gone_is_not_reproduced_and_demotes_nothing(

@@ -3,9 +3,11 @@ calibration's short verification cannot see, and demotes it on this machine when
 
 Each ``step`` copies the loss (and the loss scale) into a device buffer allocated once, with no synchronization;
 every ``READ_EVERY_STEPS`` steps the buffer is read at once and the rules run on the host. A finding needs
-evidence, not one bad batch: ``NON_FINITE_LOSSES`` non-finite losses or ``SKIPPED_STEPS`` skipped steps within
-``WINDOW_STEPS`` (skips count once the scale has held ``SETTLED_STEPS``; before that, a back-off of more than
-``BACKOFF_SKIPS``), or ``DIVERGED_BLOCKS`` medians of ``BLOCK_STEPS`` losses in a row that gave back more than
+evidence, not one bad batch: ``NON_FINITE_LOSSES`` non-finite losses within ``WINDOW_STEPS``; GradScaler's own
+record of skipped steps (once the scale has held ``SETTLED_STEPS``: ``SKIPPED_STEPS`` back-offs within
+``WINDOW_STEPS``, a back-off being its skips in a row, one however many steps it skips, or more than
+``BACKOFF_SKIPS`` in a row, one it does not recover from; before that, an early back-off of more than
+``BACKOFF_SKIPS``); or ``DIVERGED_BLOCKS`` medians of ``BLOCK_STEPS`` losses in a row that gave back more than
 ``GIVE_BACK`` of the progress from start to floor (once it reached ``MIN_PROGRESS``). ``SLOW_BLOCKS`` reads in a
 row at ``SLOW_FACTOR`` times the run's fastest pace only warn. fp32 on the CPU, the reference, is never demoted.
 
@@ -53,6 +55,7 @@ READ_EVERY_STEPS = 50
 #: the window the non-finite and skipped-step counts are taken over
 WINDOW_STEPS = 100
 NON_FINITE_LOSSES = 3
+#: back-offs of GradScaler (its skips in a row) within the window
 SKIPPED_STEPS = 4
 #: steps in a row without a skip after which GradScaler's early back-off is over
 SETTLED_STEPS = 20
@@ -187,6 +190,7 @@ class Guard:
         self._scale: float | None = None
         self._skips: deque[tuple[int, float]] = deque()
         self._backoff: list[float] = []
+        self._in_a_row: list[float] = []  # the scale at each skip of the back-off under way
         self._clean_run = 0
         self._settled = False
         self._block: list[float] = []
@@ -404,6 +408,7 @@ class Guard:
     def _judge_scale(self, step: int, scale: float) -> tuple[Misbehaviour, int, str, list[float]] | None:
         previous, self._scale = self._scale, scale
         if previous is None or scale >= previous:
+            self._in_a_row = []
             self._clean_run += 1
             if self._clean_run >= SETTLED_STEPS:
                 self._settled = True
@@ -417,12 +422,19 @@ class Guard:
             return ("skipped_steps", step - len(self._backoff) + 1, f"GradScaler's loss scale never settled: "
                     f"{len(self._backoff)} optimizer steps skipped from the start, the scale down to {scale:.3g}",
                     list(self._backoff))
+        self._in_a_row.append(scale)
+        if len(self._in_a_row) > BACKOFF_SKIPS:
+            return ("skipped_steps", step - len(self._in_a_row) + 1, f"GradScaler skipped {len(self._in_a_row)} "
+                    f"optimizer steps in a row and did not recover, the loss scale down to {scale:.3g}",
+                    list(self._in_a_row))
+        if len(self._in_a_row) > 1:
+            return None  # the back-off under way: one, however many steps it skips
         steps = _within_window(self._skips, step, scale)
         if len(steps) < SKIPPED_STEPS:
             return None
-        return ("skipped_steps", steps[0], f"{len(steps)} optimizer steps skipped by GradScaler within "
-                f"{WINDOW_STEPS} steps (steps {', '.join(f'{s:,}' for s in steps)}), the loss scale down to "
-                f"{scale:.3g}", [s for _, s in self._skips])
+        return ("skipped_steps", steps[0], f"GradScaler backed off {len(steps)} times within {WINDOW_STEPS} steps "
+                f"(from steps {', '.join(f'{s:,}' for s in steps)}), the loss scale down to {scale:.3g}",
+                [s for _, s in self._skips])
 
     def _found(self, seen: Misbehaviour, step: int, detail: str, evidence: list[float]) -> None:
         reference = is_reference(self.candidate)
