@@ -26,6 +26,7 @@ import copy
 import logging
 import math
 import statistics
+import sys
 import time
 import warnings
 from collections import deque
@@ -103,15 +104,15 @@ def unwrapped(model: nn.Module) -> nn.Module:
 
 
 def _sharded(model: nn.Module, optimizer: torch.optim.Optimizer) -> str | None:
-    """Why this rank holds no whole state to replay from (FSDP, ZeroRedundancyOptimizer), or None."""
-    if not torch.distributed.is_available():
-        return None
-    from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
-    from torch.distributed.optim import ZeroRedundancyOptimizer
-
-    if isinstance(optimizer, ZeroRedundancyOptimizer):
+    """Why this rank holds no whole state to replay from (FSDP, ZeroRedundancyOptimizer), or None. Only what the app
+    imported can be in use: nothing is imported here."""
+    zero = getattr(sys.modules.get("torch.distributed.optim"), "ZeroRedundancyOptimizer", None)
+    if zero is not None and isinstance(optimizer, zero):
         return "the optimizer is a ZeroRedundancyOptimizer: its state is spread over the ranks, none can replay alone"
-    sharded = next((m for m in model.modules() if isinstance(m, (FullyShardedDataParallel, FSDPModule))), None)
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    kinds = tuple(k for k in (getattr(fsdp, "FullyShardedDataParallel", None), getattr(fsdp, "FSDPModule", None))
+                  if isinstance(k, type))
+    sharded = next((m for m in model.modules() if isinstance(m, kinds)), None) if kinds else None
     if sharded is not None:
         return f"the model is sharded across the ranks ({type(sharded).__name__}): none can replay alone"
     return None
