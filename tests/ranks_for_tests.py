@@ -5,7 +5,8 @@ rank answers, trains a little, and prints ``RESULT {json}`` lines for the test t
 the Config's keywords and the guard callback; rank 1's loss reads NaN from batch 10 in mixed precision, not in fp32),
 ``lightning-own`` (the same fit, two processes started by Lightning's own launcher), ``accelerate`` (then a few
 steps through Accelerate, the guard in the loop), ``kinds`` (rank 0 asks for ``tiny_mlp``, the others for
-``mlp``: the RanksError each rank gets).
+``mlp``: the RanksError each rank gets), ``ddp`` (then a loop of its own over a DistributedDataParallel model under
+the guard; rank 1's loss reads NaN from step 10 in mixed precision, not in fp32).
 """
 
 from __future__ import annotations
@@ -113,6 +114,46 @@ def accelerate_steps(config: autotune.Config) -> None:
          accelerator_device=str(accelerator.device), steps=guard.steps, finding=guard.check())
 
 
+def _nan_under_autocast(model: nn.Module, batch: tuple[Tensor, Tensor, Tensor]) -> Tensor:
+    """The loss; NaN where the batch is marked and autocast is on (fp32's is not: the replay tells them apart). The
+    gradients stay finite, so DDP's all-reduce goes on."""
+    features, labels, marked = batch
+    loss = F.cross_entropy(model(features), labels)
+    return loss + torch.tensor(float("nan")) if bool(marked) and torch.is_autocast_enabled("cpu") else loss
+
+
+def ddp_steps(config: autotune.Config) -> None:
+    import datetime as dt
+
+    import torch.distributed as dist
+
+    # A replay that joined the model's all-reduce on one rank would wait here at most this long, then fail the job.
+    dist.init_process_group("gloo", timeout=dt.timedelta(seconds=30))
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)))
+    optimizer = torch.optim.AdamW(model.parameters(), **config.optimizer_kwargs())
+    guard = config.guard(model, optimizer, loss_fn=_nan_under_autocast)
+    features, labels = _data().tensors
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        for step in range(1, 51):
+            batch = (features[step * 4:step * 4 + 4], labels[step * 4:step * 4 + 4],
+                     torch.tensor(rank == 1 and step >= 10))
+            with config.autocast():
+                loss = _nan_under_autocast(model, batch)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            guard.step(loss, batch=batch)
+        guard.check()
+    dist.destroy_process_group()
+    finding = guard.finding
+    emit(ddp=True, finding=finding.detail if finding is not None else None,
+         replay=finding.replay.model_dump() if finding is not None and finding.replay is not None else None,
+         warned=sum(isinstance(w.message, autotune.ConfigMisbehaved) for w in warned))
+
+
 def main(mode: str) -> None:
     if mode == "kinds":
         try:
@@ -133,6 +174,8 @@ def main(mode: str) -> None:
         lightning_fit(config, devices=2)
     elif mode == "accelerate":
         accelerate_steps(config)
+    elif mode == "ddp":
+        ddp_steps(config)
 
 
 if __name__ == "__main__":

@@ -213,7 +213,8 @@ def test_the_fp16_init_scale_recipe_works_as_written(package: str, tmp_path: Pat
 
 
 class _Overflowing:
-    """From batch ``overflow_from`` on, the loss is weighted 1e6: its fp16 gradients overflow at every step."""
+    """From batch ``overflow_from`` on, the loss is weighted 1e6, doubling with each batch (to 2**30 times it): its
+    fp16 gradients overflow at every step, faster than GradScaler's halving catches up."""
 
     def __init__(self, overflow_from: int) -> None:
         super().__init__()
@@ -222,7 +223,7 @@ class _Overflowing:
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         features, labels = batch
-        weight = 1e6 if batch_idx >= self.overflow_from else 1.0
+        weight = 1e6 * 2.0 ** min(batch_idx - self.overflow_from, 30) if batch_idx >= self.overflow_from else 1.0
         self.log("loss", F.cross_entropy(self.net(features), labels))  # what a module does; not during a replay
         return F.cross_entropy(self.net(features), labels) * weight
 
@@ -275,7 +276,7 @@ def test_the_lightning_callback_sees_gradscaler_skip_steps_replays_them_and_demo
     module = OverflowingLightning(overflow_from=100) if package == "lightning" else OverflowingPl(overflow_from=100)
     plugins = "lightning.pytorch.plugins.precision" if package == "lightning" else "pytorch_lightning.plugins.precision"
     plugin = importlib.import_module(plugins).MixedPrecision("16-mixed", "cpu")
-    with pytest.warns(autotune.ConfigMisbehaved, match="at step 101: 4 optimizer steps skipped by GradScaler.*"
+    with pytest.warns(autotune.ConfigMisbehaved, match="at step 101: GradScaler skipped 25 optimizer steps in a row.*"
                       r"fp16-mixed misbehaves again \(at replayed step \d+\) and fp32 does not"):
         _fit_guarded(package, module, callback, tmp_path, plugins=[plugin])
     finding = callback.guard.finding

@@ -63,9 +63,10 @@ def _classifier(config: Config, steps: int, *, overflow_at: Collection[int] = ()
                 loss_weight: float = 1.0, model: nn.Module | None = None, lr_from_100: float | None = None,
                 guard: autotune.Guard | None = None, images_mb: int = 0) -> tuple[autotune.Guard, int]:
     """Train the tiny family's own model (or ``model``) under a guard that can replay; at ``overflow_at`` steps the
-    loss is weighted 1e6 (its fp16 gradients overflow), at ``huge_inputs_at`` the inputs are 1e5 times larger (fp16
-    activations overflow: NaN loss); from step 100 the learning rate is ``lr_from_100``; each batch also carries
-    ``images_mb`` MiB the loss does not use. Returns the guard and the steps GradScaler skipped."""
+    loss is weighted 1e6, doubling with each step from the first (to 2**30 times it: its fp16 gradients overflow
+    faster than GradScaler's halving catches up, fp32's stay finite), at ``huge_inputs_at`` the inputs are 1e5 times
+    larger (fp16 activations overflow: NaN loss); from step 100 the learning rate is ``lr_from_100``; each batch also
+    carries ``images_mb`` MiB the loss does not use. Returns the guard and the steps GradScaler skipped."""
     model = model if model is not None else build_tiny().model
     torch.manual_seed(0)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
@@ -78,7 +79,7 @@ def _classifier(config: Config, steps: int, *, overflow_at: Collection[int] = ()
         if step == 100 and lr_from_100 is not None:
             optimizer.param_groups[0]["lr"] = lr_from_100
         batch = (features * (1e5 if step in huge_inputs_at else 1.0), labels,
-                 1e6 if step in overflow_at else loss_weight, images)
+                 1e6 * 2.0 ** min(step - min(overflow_at), 30) if step in overflow_at else loss_weight, images)
         with config.autocast():
             loss = _loss(model, batch)
         optimizer.zero_grad(set_to_none=True)
@@ -144,8 +145,8 @@ def _demoted_answer(kind: str, was: str, seen: str, step: int, now: str) -> Conf
 
 def test_fp16_gradients_overflowing_from_step_n_demote_fp16(tiny_family: str, isolated_autotune: Path) -> None:
     config = _measured(tiny_family, "fp16-mixed")
-    with pytest.warns(ConfigMisbehaved, match=r"tiny on cpu fp16-mixed misbehaved at step 120: 4 optimizer steps "
-                      r"skipped by GradScaler within 100 steps \(steps 120, 121, 122, 123\).*Replayed from step \d+ "
+    with pytest.warns(ConfigMisbehaved, match=r"tiny on cpu fp16-mixed misbehaved at step 120: GradScaler skipped 25 "
+                      r"optimizer steps in a row and did not recover.*Replayed from step \d+ "
                       r"on the \d+ batches since, fp16-mixed misbehaves again \(at replayed step \d+\) and fp32 does "
                       r"not.*--forget-demotion tiny"):
         guard, skipped = _classifier(config, 200, overflow_at=range(120, 200))
@@ -275,7 +276,7 @@ def test_non_finite_losses_that_gradscaler_handles_are_no_finding_until_three_in
 @pytest.mark.parametrize(("skips", "found"), [
     pytest.param(SKIPPED_STEPS - 1, False, id="three-skips"), pytest.param(SKIPPED_STEPS, True, id="four-skips"),
 ])
-def test_skipped_steps_after_the_scale_settles_are_a_finding_from_four_in_100_steps(
+def test_back_offs_after_the_scale_settles_are_a_finding_from_four_in_100_steps(
     tiny_family: str, skips: int, found: bool
 ) -> None:
     config = _measured(tiny_family, "fp16-mixed")
@@ -285,6 +286,18 @@ def test_skipped_steps_after_the_scale_settles_are_a_finding_from_four_in_100_st
         guard, skipped = _classifier(config, 250, overflow_at=overflow_at)
     assert skipped >= skips
     assert len(seen) == found and (guard.finding is not None) == found
+
+
+def test_a_gradscaler_back_off_after_a_spike_it_recovers_from_is_no_finding(
+    tiny_family: str, isolated_autotune: Path
+) -> None:
+    # Four steps in a row whose fp16 gradients overflow: GradScaler skips them, halving its scale, and goes on.
+    config = _measured(tiny_family, "fp16-mixed")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConfigMisbehaved)
+        guard, skipped = _classifier(config, 250, overflow_at=range(150, 150 + SKIPPED_STEPS))
+    assert skipped >= SKIPPED_STEPS and guard.finding is None
+    assert not (isolated_autotune / "demotions").exists()
 
 
 def test_a_finding_whose_batches_are_gone_is_not_reproduced_and_demotes_nothing(
@@ -670,3 +683,87 @@ def test_forget_demotion_says_so_when_the_file_cannot_be_rewritten(
     assert main(["--forget-demotion", "tiny"]) == 1
     assert "still hold" in capsys.readouterr().err
 
+
+
+def test_a_zero_optimizer_is_said_once_and_guard_step_never_raises(
+    tiny_family: str, isolated_autotune: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # ZeroRedundancyOptimizer's state_dict() raises until a collective gathers it: no state to replay from.
+    from torch import distributed as dist
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    config = _measured(tiny_family, "fp16-mixed")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        model = build_tiny().model
+        optimizer = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW, lr=1e-2)
+        guard = config.guard(model, optimizer, loss_fn=_loss)
+        scaler = config.grad_scaler()
+        features, labels = torch.randn(64, 8), torch.randint(0, 4, (64,))
+        with pytest.warns(ConfigMisbehaved, match="ZeroRedundancyOptimizer.*so nothing is demoted"):
+            for step in range(1, 51):
+                batch = (features * (1e5 if step >= 10 else 1.0), labels, 1.0)
+                with config.autocast():
+                    loss = _loss(model, batch)
+                optimizer.zero_grad(set_to_none=True)
+                scaler.scale(loss).backward()
+                scaler.step(optimizer)
+                scaler.update()
+                guard.step(loss, scaler, batch=batch)
+    finally:
+        dist.destroy_process_group()
+    assert guard.finding is not None and guard.finding.replay is not None
+    assert guard.finding.replay.blame == "unreplayed"
+    assert sum("keeps no state to replay from" in r.getMessage() for r in caplog.records) == 1
+    assert not (isolated_autotune / "demotions").exists() and autotune.best_config(tiny_family) == config
+
+
+def test_a_state_over_a_quarter_of_the_available_memory_is_not_kept_and_demotes_nothing(
+    tiny_family: str, isolated_autotune: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from autotune.backends import _linux
+
+    monkeypatch.setattr(sys, "platform", "linux")
+    monkeypatch.setattr(_linux, "available_bytes", lambda: 4096)  # /proc/meminfo's MemAvailable: 4 KiB
+    config = _measured(tiny_family, "fp16-mixed")
+    with pytest.warns(ConfigMisbehaved, match=r"Not replayed: .*state \(0.00\d+ MiB\) is more than 25% of the host "
+                      r"memory available \(0.0039\d MiB\)"):
+        guard, _ = _classifier(config, 50, huge_inputs_at=range(10, 50))
+    assert guard.finding is not None and guard.finding.replay is not None
+    assert guard.finding.replay.blame == "unreplayed"
+    assert sum("keeps no state to replay from" in r.getMessage() for r in caplog.records) == 1
+    assert not (isolated_autotune / "demotions").exists()
+
+
+def _slow_in_fp32(model: nn.Module, batch: tuple[Any, ...]) -> torch.Tensor:
+    """The loss; a second a step where autocast is off (the replay's fp32 reference), NaN where it is on and the
+    batch is marked (the run's bf16)."""
+    features, labels, marked = batch
+    autocast = torch.is_autocast_enabled("cpu")
+    if not autocast:
+        time.sleep(1.0)
+    loss = F.cross_entropy(model(features), labels)
+    return loss + float("nan") if marked and autocast else loss
+
+
+def test_a_replay_past_its_time_limit_stops_and_demotes_nothing(tiny_family: str, isolated_autotune: Path) -> None:
+    # The replay's reference takes a second a step, far over 25 times the run's (a few ms): it stops at its limit.
+    config = _measured(tiny_family, "bf16-mixed")
+    model = build_tiny().model
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    guard = autotune.Guard(tiny_family, config.candidate, config.fingerprint_digest, model=model, optimizer=optimizer,
+                           loss_fn=_slow_in_fp32, read_every=10)  # a few batches to replay: a short test
+    features, labels = torch.randn(64, 8), torch.randint(0, 4, (64,))
+    with pytest.warns(ConfigMisbehaved, match=r"Not replayed: the replay stopped at its time limit, [\d.]+ s \(25 "
+                      r"times the run's step time per replayed step\), in cpu fp32 at replayed step \d+ of \d+"):
+        for step in range(1, 31):
+            batch = (features, labels, step >= 25)
+            with config.autocast():
+                loss = _slow_in_fp32(model, batch)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            guard.step(loss, batch=batch)
+    assert guard.finding is not None and guard.finding.replay is not None
+    assert guard.finding.replay.blame == "unreplayed"
+    assert not (isolated_autotune / "demotions").exists()

@@ -94,6 +94,20 @@ def test_torchrun_two_processes_one_calibration_one_answer_then_lightning_ddp_wi
     assert str(after[1]["reason"]).startswith("bf16-mixed was demoted after NaN losses at step 11")
 
 
+def test_torchrun_ddp_a_finding_on_one_rank_is_replayed_there_alone_and_demoted_once(tmp_path: Path) -> None:
+    # The replay trains a copy on the finding rank only: a copy of the DDP wrapper would wait in its all-reduce for
+    # ranks that never join (each rank's gloo timeout is 30 s, then the job fails).
+    out, _ = run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr",
+                  "127.0.0.1", "--master-port", str(free_port()), SCRIPT, "ddp"], job_env(tmp_path))
+    found = results(out)
+    answers, trained = by_rank(found, "digest"), by_rank(found, "ddp")
+    assert sorted(trained) == [0, 1] and answers[0]["precision"] == "bf16-mixed"
+    for run_ in trained.values():
+        assert run_["warned"] == 1 and str(run_["finding"]).endswith(", on rank 1")
+        assert run_["replay"]["blame"] == "configuration", run_["replay"]  # type: ignore[index]
+    assert len(demotions.of(str(answers[0]["fingerprint"]), "slow_in")) == 1
+
+
 def test_a_rank_killed_mid_calibration_leaves_the_other_a_clear_error_within_the_timeout(tmp_path: Path) -> None:
     # A launcher that does not watch its ranks (ranks started by hand on each machine, a batch system's steps):
     # this test hosts the store, as torchrun's agent does, and kills rank 0 while its worker measures.

@@ -9,15 +9,24 @@ reference precision (fp32 on the run's device; on the CPU for a GPU's own fp32),
 run's model, optimizer, GradScaler, fp32 settings and random state are left as they were.
 
 Its cost: outside findings, the copies to the host (at most ``SNAPSHOT_SHARE`` of the run's time after the first)
-and one copy of the state in host memory; at a finding, one copy of the model and optimizer on the device and
-twice the replayed steps.
+and one copy of the state in host memory (the old one released before the new one is built; a state over
+``SNAPSHOT_MEMORY_SHARE`` of the host's available memory, shared by the machine's ranks, is not kept); at a finding,
+one copy of the model and optimizer on the device and twice the replayed steps, stopped at ``REPLAY_STEP_TIMES``
+times the run's step time per replayed step.
+
+The replay trains on the finding rank alone, so its copy must join no collective: it copies the module inside
+DistributedDataParallel, DataParallel and ``torch.compile``'s wrappers, and its SyncBatchNorm layers normalize over
+the local batch. A model sharded across ranks (FSDP) or an optimizer whose state is (ZeroRedundancyOptimizer) has no
+whole state on one rank: the guard says so once, keeps no snapshot, and its findings demote nothing.
 """
 
 from __future__ import annotations
 
 import copy
+import logging
 import math
 import statistics
+import sys
 import time
 import warnings
 from collections import deque
@@ -31,6 +40,9 @@ from torch import nn
 from autotune import _batch, _fp32
 from autotune._precision import AUTOCAST_DTYPES
 from autotune._records import Candidate, Misbehaviour, Replay
+from autotune.backends import backend_for
+
+log = logging.getLogger("autotune")
 
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
 
@@ -40,6 +52,13 @@ SNAPSHOT_SHARE = 0.005
 REPLAY_STEPS = 1000
 #: the most bytes of batches kept for a replay: fewer, larger batches are kept
 REPLAY_BYTES = 128 * 2**20
+#: the most of the host's available memory the snapshots of one machine's ranks may hold together
+SNAPSHOT_MEMORY_SHARE = 0.25
+#: a replay stops after this many times the run's step time per replayed step (both passes together): a reference
+#: a few times slower than the run's precision fits, a reference on the CPU for a GPU's fp32 may not
+REPLAY_STEP_TIMES = 25.0
+#: a replay may always take this long: at the scale of tiny steps, copying the model and the timer are the noise
+REPLAY_MIN_S = 2.0
 #: a replay diverges where the median of its second half of losses is this many times that of its first half
 DIVERGED_RISE = 1.5
 
@@ -72,14 +91,53 @@ class _Seen:
     skipped: bool
 
 
-class Tape:
-    """What a guard keeps to replay: the model, optimizer and loss function it was given, the last state on the host
-    and the batches since."""
+def unwrapped(model: nn.Module) -> nn.Module:
+    """The module inside ``torch.compile``'s, DataParallel's and DistributedDataParallel's wrappers: the one whose
+    copy trains alone (a DDP module's copy would join the job's gradient all-reduce on this rank only)."""
+    while True:
+        inner = getattr(model, "_orig_mod", None)
+        if isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
+            inner = model.module
+        if not isinstance(inner, nn.Module):
+            return model
+        model = inner
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: LossFn) -> None:
-        self.model = model
+
+def _sharded(model: nn.Module, optimizer: torch.optim.Optimizer) -> str | None:
+    """Why this rank holds no whole state to replay from (FSDP, ZeroRedundancyOptimizer), or None. Only what the app
+    imported can be in use: nothing is imported here."""
+    zero = getattr(sys.modules.get("torch.distributed.optim"), "ZeroRedundancyOptimizer", None)
+    if zero is not None and isinstance(optimizer, zero):
+        return "the optimizer is a ZeroRedundancyOptimizer: its state is spread over the ranks, none can replay alone"
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    kinds = tuple(k for k in (getattr(fsdp, "FullyShardedDataParallel", None), getattr(fsdp, "FSDPModule", None))
+                  if isinstance(k, type))
+    sharded = next((m for m in model.modules() if isinstance(m, kinds)), None) if kinds else None
+    if sharded is not None:
+        return f"the model is sharded across the ranks ({type(sharded).__name__}): none can replay alone"
+    return None
+
+
+class _LocalBatchNorm(nn.SyncBatchNorm):
+    """A replayed copy's SyncBatchNorm: batch norm over the local batch, as BatchNorm does (no collective)."""
+
+    forward = nn.modules.batchnorm._BatchNorm.forward
+
+
+class Tape:
+    """What a guard keeps to replay: the model (inside its wrappers), optimizer and loss function it was given, the
+    last state on the host and the batches since. ``cannot``: why it keeps nothing (said once, when it is known)."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: LossFn, *,
+                 ranks: int = 1) -> None:
+        self.model = unwrapped(model)
+        #: the ranks on this machine, whose snapshots share its memory
+        self.ranks = ranks
         self.optimizer = _torch_optimizer(optimizer)
         self.loss_fn = loss_fn
+        self.cannot = _sharded(self.model, self.optimizer)
+        if self.cannot is not None:
+            self._say_cannot()
         self.snapshot: Snapshot | None = None
         #: the snapshots taken so far
         self.taken = 0
@@ -89,6 +147,8 @@ class Tape:
 
     def add(self, batch: Any, step: int, scaler: torch.amp.GradScaler | None) -> None:
         """Keep ``batch``, the inputs of ``step`` (the first one also takes the first snapshot, after it)."""
+        if self.cannot is not None:
+            return
         if self.snapshot is None:
             self.take(step, scaler)  # the state this batch trained from is gone: the one it made
             return
@@ -104,20 +164,47 @@ class Tape:
 
     def take(self, step: int, scaler: torch.amp.GradScaler | None) -> None:
         """Copy the model's, the optimizer's and the scaler's state to the host, as of ``step`` steps; forget the
-        batches before it."""
+        batches before it. A state that cannot be copied is said once, and nothing is kept from then on."""
         started = time.perf_counter()
-        model = {name: _on_host(t) for name, t in self.model.state_dict().items()}
-        optimizer = _batch.map_tensors(self.optimizer.state_dict(), _on_host)
-        kept = copy.deepcopy(scaler.state_dict()) if scaler is not None and scaler.is_enabled() else None
+        self.snapshot = None  # released before the next is built: one copy in host memory at a time
+        self.batches.clear()
+        try:
+            state = self.model.state_dict()
+            optimizer_state = self.optimizer.state_dict()
+            self.cannot = self._too_large(_bytes(state) + _bytes(optimizer_state))
+            if self.cannot is not None:
+                self._say_cannot()
+                return
+            model = {name: _on_host(t) for name, t in state.items()}
+            optimizer = _batch.map_tensors(optimizer_state, _on_host)
+            kept = copy.deepcopy(scaler.state_dict()) if scaler is not None and scaler.is_enabled() else None
+        except Exception as exc:  # the app's modules and optimizer say what their state is: a failure is theirs
+            self.cannot = f"its state could not be copied to the host ({type(exc).__name__}: {exc})"[:300]
+            self._say_cannot()
+            return
         self._taken_at = time.perf_counter()
         self.snapshot = Snapshot(step=step, model=model, optimizer=optimizer, scaler=kept,
                                  took_s=self._taken_at - started)
         self.taken += 1
-        self.batches.clear()
 
-    def replay(self, candidate: Candidate, seen: Misbehaviour, steps: int) -> Replay:
+    def _too_large(self, size: int) -> str | None:
+        """Why a state of ``size`` bytes is not kept on the host (over its share of the available memory), or None;
+        None too where the OS does not say what is available."""
+        available = backend_for("cpu").free_memory_bytes("cpu")
+        if available is None or size <= SNAPSHOT_MEMORY_SHARE * available / self.ranks:
+            return None
+        shared = f", shared by this machine's {self.ranks} ranks" if self.ranks > 1 else ""
+        return (f"the model's and optimizer's state ({size / 2**20:,.3g} MiB) is more than {SNAPSHOT_MEMORY_SHARE:.0%} "
+                f"of the host memory available ({available / 2**20:,.3g} MiB{shared})")
+
+    def replay(self, candidate: Candidate, seen: Misbehaviour, steps: int, *, step_ms: float | None,
+               limit_s: float | None = None) -> Replay:
         """Train copies from the snapshot on the kept batches, in the reference and in ``candidate``'s precision;
-        the blame. ``steps``: the steps the run has trained."""
+        the blame. ``steps``: the steps the run has trained; ``step_ms``: the run's time per step (None: not known),
+        of which the replay may take ``REPLAY_STEP_TIMES`` per replayed step; ``limit_s``: at most this long in any
+        case (a job's ranks wait for it)."""
+        if self.cannot is not None:
+            return Replay(blame="unreplayed", detail=self.cannot)
         if self.snapshot is None or not self.batches:
             return Replay(blame="unreplayed", detail="guard.step was given no batch to replay (batch=...)")
         snapshot = self.snapshot
@@ -125,11 +212,20 @@ class Tape:
         reference = reference_for(candidate)
         found = Replay(blame="not_reproduced", detail="", from_step=snapshot.step, steps=len(batches),
                        since=steps - snapshot.step, reference=reference)
+        per_step = max(REPLAY_MIN_S, REPLAY_STEP_TIMES * step_ms / 1000 * len(batches)) if step_ms else None
+        limit = min((s for s in (limit_s, per_step) if s is not None), default=math.inf)
+        deadline = time.perf_counter() + limit
         try:
-            on_reference = self._run(snapshot, batches, reference, with_scaler=False)
+            on_reference = self._run(snapshot, batches, reference, with_scaler=False, deadline=deadline)
             if (reference_at := _misbehaves(seen, on_reference)) is not None:
                 return found.model_copy(update={"blame": "training", "reference_at": reference_at})
-            on_run = self._run(snapshot, batches, candidate, with_scaler=True)
+            on_run = self._run(snapshot, batches, candidate, with_scaler=True, deadline=deadline)
+        except _OutOfTime as late:
+            why = "below the wait of the job's other ranks" if limit == limit_s else \
+                f"{REPLAY_STEP_TIMES:g} times the run's step time per replayed step"
+            return found.model_copy(update={"blame": "unreplayed", "detail": (
+                f"the replay stopped at its time limit, {limit:.3g} s ({why}), in {late.on.label} at replayed step "
+                f"{late.at} of {len(batches)}")})
         except Exception as exc:  # the app's model and loss run here: whatever fails, it is said
             return found.model_copy(update={"blame": "unreplayed", "detail": (
                 f"the replay failed: {type(exc).__name__}: {exc}")[:300]})
@@ -139,13 +235,17 @@ class Tape:
         return found.model_copy(update={"blame": "configuration" if run_at is not None else "not_reproduced",
                                         "run_at": run_at})
 
-    def _run(self, snapshot: Snapshot, batches: list[Any], on: Candidate, *, with_scaler: bool) -> list[_Seen]:
+    def _run(self, snapshot: Snapshot, batches: list[Any], on: Candidate, *, with_scaler: bool,
+             deadline: float) -> list[_Seen]:
         """Copies of the model and optimizer from ``snapshot`` trained on ``batches`` as ``on`` says; each step seen.
-        Stops at the first non-finite loss or gradient."""
+        Stops at the first non-finite loss or gradient; raises :class:`_OutOfTime` past ``deadline``."""
         device = torch.device(on.device)
         with warnings.catch_warnings():  # what the app's model says when trained again was said in the run
             warnings.simplefilter("ignore")
             model, optimizer = copy.deepcopy((self.model, self.optimizer))
+            for module in model.modules():
+                if isinstance(module, nn.SyncBatchNorm):
+                    module.__class__ = _LocalBatchNorm
             # A learning-rate scheduler (or Accelerate) patches ``step`` on the instance, bound to the run's optimizer
             # through a weak reference: the copy steps through its class.
             optimizer.__dict__.pop("step", None)
@@ -185,7 +285,21 @@ class Tape:
                     seen.append(_Seen(value, finite, skipped))
                     if not math.isfinite(value) or not (finite or scaler is not None):
                         break
+                    if time.perf_counter() > deadline:
+                        raise _OutOfTime(on, len(seen))
             return seen
+
+    def _say_cannot(self) -> None:
+        log.warning("the guard keeps no state to replay from, so its findings demote nothing: %s", self.cannot)
+
+
+class _OutOfTime(Exception):
+    """A replay past its time limit: in ``on``, after replayed step ``at``."""
+
+    def __init__(self, on: Candidate, at: int) -> None:
+        super().__init__(on, at)
+        self.on = on
+        self.at = at
 
 
 def _torch_optimizer(optimizer: Any) -> torch.optim.Optimizer:
@@ -226,5 +340,5 @@ def _misbehaves(seen: Misbehaviour, steps: list[_Seen]) -> int | None:
     return len(steps) if seen == "diverged" and _diverges(steps) else None
 
 
-__all__ = ["DIVERGED_RISE", "REPLAY_BYTES", "REPLAY_STEPS", "SNAPSHOT_SHARE", "LossFn", "Snapshot", "Tape",
-           "reference_for"]
+__all__ = ["DIVERGED_RISE", "REPLAY_BYTES", "REPLAY_MIN_S", "REPLAY_STEPS", "REPLAY_STEP_TIMES",
+           "SNAPSHOT_MEMORY_SHARE", "SNAPSHOT_SHARE", "LossFn", "Snapshot", "Tape", "reference_for", "unwrapped"]

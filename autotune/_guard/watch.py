@@ -3,9 +3,11 @@ calibration's short verification cannot see, and demotes it on this machine when
 
 Each ``step`` copies the loss (and the loss scale) into a device buffer allocated once, with no synchronization;
 every ``READ_EVERY_STEPS`` steps the buffer is read at once and the rules run on the host. A finding needs
-evidence, not one bad batch: ``NON_FINITE_LOSSES`` non-finite losses or ``SKIPPED_STEPS`` skipped steps within
-``WINDOW_STEPS`` (skips count once the scale has held ``SETTLED_STEPS``; before that, a back-off of more than
-``BACKOFF_SKIPS``), or ``DIVERGED_BLOCKS`` medians of ``BLOCK_STEPS`` losses in a row that gave back more than
+evidence, not one bad batch: ``NON_FINITE_LOSSES`` non-finite losses within ``WINDOW_STEPS``; GradScaler's own
+record of skipped steps (once the scale has held ``SETTLED_STEPS``: ``SKIPPED_STEPS`` back-offs within
+``WINDOW_STEPS``, a back-off being its skips in a row, one however many steps it skips, or more than
+``BACKOFF_SKIPS`` in a row, one it does not recover from; before that, an early back-off of more than
+``BACKOFF_SKIPS``); or ``DIVERGED_BLOCKS`` medians of ``BLOCK_STEPS`` losses in a row that gave back more than
 ``GIVE_BACK`` of the progress from start to floor (once it reached ``MIN_PROGRESS``). ``SLOW_BLOCKS`` reads in a
 row at ``SLOW_FACTOR`` times the run's fastest pace only warn. fp32 on the CPU, the reference, is never demoted.
 
@@ -34,7 +36,7 @@ from autotune._cache import demotions as _demotions
 from autotune._cache import loops as _loops
 from autotune._errors import ConfigMisbehaved, ConfigurationError, UnknownFamilyError
 from autotune._families import get_family
-from autotune._guard.replay import LossFn, Tape
+from autotune._guard.replay import LossFn, Tape, unwrapped
 from autotune._records import Candidate, Demotion, LoopSummary, Misbehaviour, Prefer, Record, Replay
 from autotune._version import __version__
 from autotune._wording import data_bound_words, replay_words
@@ -53,6 +55,7 @@ READ_EVERY_STEPS = 50
 #: the window the non-finite and skipped-step counts are taken over
 WINDOW_STEPS = 100
 NON_FINITE_LOSSES = 3
+#: back-offs of GradScaler (its skips in a row) within the window
 SKIPPED_STEPS = 4
 #: steps in a row without a skip after which GradScaler's early back-off is over
 SETTLED_STEPS = 20
@@ -69,6 +72,9 @@ PACE_MIN_READ_MS = 20.0
 #: a loader that kept up would make it at least 1 / (1 - 0.25) = 1.33x faster
 DATA_WAIT_SHARE = 0.25
 DATA_WAIT_WINDOWS = 3
+#: in a job, a replay stops at this share of the time the other ranks wait for it in the loop
+#: (AUTOTUNE_RANKS_LOOP_TIMEOUT_S)
+REPLAY_JOB_SHARE = 0.5
 
 _ON_FAILURE: tuple[OnFailure, ...] = ("warn", "raise")
 
@@ -89,13 +95,7 @@ def is_reference(candidate: Candidate) -> bool:
 def model_signature(model: nn.Module) -> str:
     """What was trained, e.g. ``'Sequential 5c3e2a09d1f4'``: the model's class and a digest of its parameters' names
     and shapes (through ``torch.compile``'s and DataParallel's wrappers)."""
-    while True:
-        inner = getattr(model, "_orig_mod", None)
-        if isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
-            inner = model.module
-        if not isinstance(inner, nn.Module):
-            break
-        model = inner
+    model = unwrapped(model)
     digest = hashlib.sha256()
     for name, parameter in model.named_parameters():
         digest.update(f"{name}:{tuple(parameter.shape)};".encode())
@@ -163,6 +163,7 @@ class Guard:
             raise ConfigurationError("read_every", read_every, "a positive int")
         self.model: nn.Module | None = None
         self._tape: Tape | None = None
+        self.job = job
         if model is not None and optimizer is not None and loss_fn is not None:
             self.watch(model, optimizer, loss_fn)
         elif model is not None or optimizer is not None or loss_fn is not None:
@@ -177,7 +178,6 @@ class Guard:
         self.digest = digest
         self.on_failure = on_failure
         self.read_every = read_every
-        self.job = job
         self._finder: int | None = None  # in a job, the rank whose finding it is
         self.steps = 0
         self.finding: Demotion | None = None
@@ -191,6 +191,7 @@ class Guard:
         self._scale: float | None = None
         self._skips: deque[tuple[int, float]] = deque()
         self._backoff: list[float] = []
+        self._in_a_row: list[float] = []  # the scale at each skip of the back-off under way
         self._clean_run = 0
         self._settled = False
         self._block: list[float] = []
@@ -198,6 +199,7 @@ class Guard:
         self._medians: list[float] = []
         self._diverging: list[tuple[int, float]] = []
         self._fastest_ms = math.inf
+        self._last_step_ms: float | None = None  # the run's time per step at the last timed read
         self._slow_reads = 0
         self._warned_slow = False
         # the loop's time as data() sees it: what calibration measured of the step, to set it beside
@@ -221,7 +223,7 @@ class Guard:
         if not callable(loss_fn):
             raise TypeError(f"loss_fn must be a function (model, batch) -> loss, got {type(loss_fn).__name__}")
         self.model = model
-        self._tape = Tape(model, optimizer, loss_fn)
+        self._tape = Tape(model, optimizer, loss_fn, ranks=self.job.ranks.local_world_size if self.job else 1)
         return self
 
     def step(self, loss: torch.Tensor | float, scaler: torch.amp.GradScaler | None = None, *,
@@ -333,8 +335,10 @@ class Guard:
         assert self._buffer is not None
         losses, scales = self._buffer[:, :self._filled].tolist()
         now = time.perf_counter()
-        if timed and (now - self._read_at) * 1000 >= PACE_MIN_READ_MS:
-            self._pace((now - self._read_at) * 1000 / self._filled)
+        if timed:
+            self._last_step_ms = (now - self._read_at) * 1000 / self._filled
+            if (now - self._read_at) * 1000 >= PACE_MIN_READ_MS:
+                self._pace(self._last_step_ms)
         self._read_at = now
         first = self.steps - self._filled + 1
         self._filled = 0
@@ -416,6 +420,7 @@ class Guard:
     def _judge_scale(self, step: int, scale: float) -> tuple[Misbehaviour, int, str, list[float]] | None:
         previous, self._scale = self._scale, scale
         if previous is None or scale >= previous:
+            self._in_a_row = []
             self._clean_run += 1
             if self._clean_run >= SETTLED_STEPS:
                 self._settled = True
@@ -429,12 +434,19 @@ class Guard:
             return ("skipped_steps", step - len(self._backoff) + 1, f"GradScaler's loss scale never settled: "
                     f"{len(self._backoff)} optimizer steps skipped from the start, the scale down to {scale:.3g}",
                     list(self._backoff))
+        self._in_a_row.append(scale)
+        if len(self._in_a_row) > BACKOFF_SKIPS:
+            return ("skipped_steps", step - len(self._in_a_row) + 1, f"GradScaler skipped {len(self._in_a_row)} "
+                    f"optimizer steps in a row and did not recover, the loss scale down to {scale:.3g}",
+                    list(self._in_a_row))
+        if len(self._in_a_row) > 1:
+            return None  # the back-off under way: one, however many steps it skips
         steps = _within_window(self._skips, step, scale)
         if len(steps) < SKIPPED_STEPS:
             return None
-        return ("skipped_steps", steps[0], f"{len(steps)} optimizer steps skipped by GradScaler within "
-                f"{WINDOW_STEPS} steps (steps {', '.join(f'{s:,}' for s in steps)}), the loss scale down to "
-                f"{scale:.3g}", [s for _, s in self._skips])
+        return ("skipped_steps", steps[0], f"GradScaler backed off {len(steps)} times within {WINDOW_STEPS} steps "
+                f"(from steps {', '.join(f'{s:,}' for s in steps)}), the loss scale down to {scale:.3g}",
+                [s for _, s in self._skips])
 
     def _found(self, seen: Misbehaviour, step: int, detail: str, evidence: list[float]) -> None:
         reference = is_reference(self.candidate)
@@ -463,7 +475,11 @@ class Guard:
             return Replay(blame="unreplayed", detail=(
                 "the guard was made without the model, its optimizer and a loss function, so it cannot replay the "
                 "steps in fp32 (cfg.guard(model, optimizer, loss_fn=...))"))
-        return self._tape.replay(self.candidate, seen, self.steps)
+        # In a job the other ranks wait for this replay: it stops well within their wait.
+        limit_s = (REPLAY_JOB_SHARE * self.job.loop_timeout_s if self.job is not None and self.job.loop_timeout_s > 0
+                   else None)
+        return self._tape.replay(self.candidate, seen, self.steps, limit_s=limit_s,
+                                 step_ms=self._last_step_ms or self.measured_step_ms)
 
     def _batch_done(self, wait_ms: float, step_ms: float) -> None:
         """Count one batch's wait and step; judge each window of ``read_every`` batches long enough to time."""
@@ -523,6 +539,7 @@ def _number(values: list[float]) -> str:
 __all__ = [
     "BACKOFF_SKIPS", "BLOCK_STEPS", "DATA_WAIT_SHARE", "DATA_WAIT_WINDOWS", "DIVERGED_BLOCKS", "GIVE_BACK",
     "MIN_PROGRESS", "NON_FINITE_LOSSES",
-    "PACE_MIN_READ_MS", "READ_EVERY_STEPS", "SETTLED_STEPS", "SKIPPED_STEPS", "SLOW_BLOCKS", "SLOW_FACTOR",
+    "PACE_MIN_READ_MS", "READ_EVERY_STEPS", "REPLAY_JOB_SHARE", "SETTLED_STEPS", "SKIPPED_STEPS", "SLOW_BLOCKS",
+    "SLOW_FACTOR",
     "WINDOW_STEPS", "Guard", "OnFailure", "family_model", "is_reference", "model_signature",
 ]
