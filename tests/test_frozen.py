@@ -29,10 +29,11 @@ APP = textwrap.dedent("""
 
 
 @pytest.fixture(scope="module")
-def frozen_app(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def frozen_app(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, float]:
     """The app, built once for this module: ``pyinstaller app.py`` with no option about autotune (``--paths`` only
-    where autotune is installed editable, which PyInstaller's analysis cannot follow)."""
+    where autotune is installed editable, which PyInstaller's analysis cannot follow), and how long it took."""
     root = tmp_path_factory.mktemp("frozen")
+    started = time.perf_counter()
     (root / "app.py").write_text(APP)
     build = subprocess.run(
         [sys.executable, "-m", "PyInstaller", "--noconfirm", "--onedir", "--log-level", "WARN",
@@ -40,7 +41,7 @@ def frozen_app(tmp_path_factory: pytest.TempPathFactory) -> Path:
          "--workpath", str(root / "build"), "--specpath", str(root), str(root / "app.py")],
         capture_output=True, text=True, cwd=root, timeout=1200)
     assert build.returncode == 0, build.stderr[-3000:]
-    return root / "dist" / "app" / ("app.exe" if sys.platform == "win32" else "app")
+    return root / "dist" / "app" / ("app.exe" if sys.platform == "win32" else "app"), time.perf_counter() - started
 
 
 def _launch(app: Path, tmp_path: Path) -> tuple[dict[str, str], float]:
@@ -62,14 +63,15 @@ def _running_from(folder: Path) -> list[psutil.Process]:
 
 
 def test_a_frozen_app_calibrates_on_its_first_launch(
-    frozen_app: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    frozen_app: tuple[Path, float], tmp_path: Path, capsys: pytest.CaptureFixture[str],
 ) -> None:
-    first, first_s = _launch(frozen_app, tmp_path)
+    app, build_s = frozen_app
+    first, first_s = _launch(app, tmp_path)
     assert first["source"] == "measured"
     assert len((tmp_path / "mains").read_text().split()) == 1  # the worker was the app, but never ran its main
-    assert _running_from(frozen_app.parent) == []  # no worker, no copy of the app left
+    assert _running_from(app.parent) == []  # no worker, no copy of the app left
 
-    second, second_s = _launch(frozen_app, tmp_path)
+    second, second_s = _launch(app, tmp_path)
     assert second == first  # from the cache
     with capsys.disabled():  # the figures a closing note reports; nothing asserts on them
-        print(f"\nfrozen app: first launch {first_s:.1f} s, second {second_s:.1f} s")
+        print(f"\nfrozen app: built in {build_s:.0f} s; first launch {first_s:.1f} s, second {second_s:.1f} s")
