@@ -116,6 +116,16 @@ def build_slow() -> Workload:
     return _failing(slow_loss)
 
 
+def _steady(model: nn.Module, inputs: tuple[Tensor, ...]) -> Tensor:
+    time.sleep(0.01)
+    return cross_entropy(model, inputs)
+
+
+def build_steady() -> Workload:
+    """10 ms more per step whatever the candidate: every stage's timing lasts long enough for the OS to read."""
+    return _failing(_steady)
+
+
 # -- numerics ------------------------------------------------------------------------------------------------
 
 

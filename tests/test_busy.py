@@ -139,11 +139,11 @@ def test_a_jobs_copies_of_the_timed_step_are_the_workers_own_time_not_another_pr
     assert watch.open().mine == ()  # after the block, a window counts the worker alone again
 
 
-def test_timing_waits_until_the_host_is_done_with_its_start_up(tiny_family: str,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_timing_waits_until_the_host_is_done_with_its_start_up(monkeypatch: pytest.MonkeyPatch) -> None:
     # The host (this process) keeps a core busy for a while after the worker starts setting up, as a host still
-    # importing or an app still building its model does: no timing window may overlap it. A budget of a few
-    # seconds: on a loaded machine a 1-s budget's windows can all end under the shortest one the OS reads.
+    # importing or an app still building its model does: no timing window may overlap it. Steps of 10 ms at least:
+    # a sub-millisecond family's stages can all end under the shortest window the OS reads, leaving nothing to check.
+    autotune.register_family("steady", "families_for_tests:build_steady")
     monkeypatch.setenv("AUTOTUNE_BUDGET_S", "3")
     done = threading.Event()
 
@@ -159,7 +159,7 @@ def test_timing_waits_until_the_host_is_done_with_its_start_up(tiny_family: str,
     timer = threading.Timer(4.0, done.set)
     threading.Thread(target=start_up, daemon=True).start()
     try:
-        measured = autotune.calibrate([tiny_family], progress=progress).measurements[tiny_family]
+        measured = autotune.calibrate(["steady"], progress=progress).measurements["steady"]
     finally:
         done.set()
         timer.cancel()
