@@ -30,8 +30,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from autotune._wording import printable
-
 log = logging.getLogger("autotune")
 
 #: results files kept whatever their age (a swapped-out eGPU comes back); beyond them, unused ones are pruned
@@ -116,17 +114,19 @@ def read_regular(path: Path) -> tuple[bytes | None, tuple[int, ...]]:
 def load_json(raw: bytes) -> Any:
     """The JSON document in a file's bytes, every string in it (keys too) made printable: no control character, at
     most ``TEXT_CHARS`` characters. Raises ValueError (not JSON, not UTF-8) or RecursionError (nested too deeply)."""
+    # Here, not at import: the command line's early worker start reads the lock's path before anything loads pydantic
+    from autotune._wording import printable
+
+    def _printable(value: Any) -> Any:
+        if isinstance(value, str):
+            return printable(value)
+        if isinstance(value, dict):
+            return {printable(k): _printable(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [_printable(v) if isinstance(v, (str, dict, list)) else v for v in value]  # a number needs no call
+        return value
+
     return _printable(json.loads(raw))
-
-
-def _printable(value: Any) -> Any:
-    if isinstance(value, str):
-        return printable(value)
-    if isinstance(value, dict):
-        return {printable(k): _printable(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_printable(v) if isinstance(v, (str, dict, list)) else v for v in value]  # a number needs no call
-    return value
 
 
 def identity(st: os.stat_result) -> tuple[int, ...]:
