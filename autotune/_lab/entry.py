@@ -140,11 +140,11 @@ def die_with_the_host(host_pid: int) -> None:
 
 def _alive(pid: int) -> bool:
     try:
-        os.kill(pid, 0)  # POSIX: a signal that is never sent, only checked
+        os.kill(pid, 0)  # POSIX: a signal that is never sent, only checked (PermissionError: it exists)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
+        pass
     return True
 
 
