@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator, Mapping
 import pytest
 
 from autotune import _stats
+from autotune._lab.looks import look
 from autotune._lab.measure import (
     Comparisons,
     Interleaved,
@@ -441,6 +442,25 @@ def test_one_disturbed_round_does_not_reorder_a_paired_ranking() -> None:
     series = {"a": [10.0, 10.0, 40.0, 10.0, 10.0], "b": [10.5, 10.5, 10.5, 10.5, 10.5]}
     scores = _stats.paired_scores(series)
     assert scores["a"] < scores["b"]  # the mean of the log ratios would put a behind b
+
+
+def test_each_pair_spends_its_alpha_once_per_look() -> None:
+    # "d" is clearly slower at the first pass of the look; "b" is not at the look's split over its 3 pairs, but
+    # would be at the split over the 2 left after d's drop: tested again at that larger alpha, it would be
+    # dropped on the same rounds.
+    a = [10.0, 10.3, 9.7, 10.2, 9.8, 10.1, 9.9, 10.0, 10.3, 9.7]
+    c = [x * f for x, f in zip(a, [1.01, 0.99, 1.02, 0.98, 1.0, 1.01, 0.99, 1.0, 1.02, 0.98], strict=True)]
+    b = [x * f for x, f in zip(a, [1.03, 0.97, 1.02, 0.98, 1.01, 0.99, 1.0, 1.03, 0.97, 1.0], strict=True)]
+    wide, narrow = (_stats.ratio_interval(b, a, alpha=_stats.ALPHA_PER_LOOK / k)[1] for k in (3, 2))
+    b = [x / (wide * narrow) ** 0.5 for x in b]  # slower than a by just enough for the larger alpha only
+    assert _stats.ratio_interval(b, a, alpha=_stats.ALPHA_PER_LOOK / 3)[1] < 1
+    assert _stats.ratio_interval(b, a, alpha=_stats.ALPHA_PER_LOOK / 2)[1] > 1
+    series = {k: Series[str](steps_per_round=1, round_ms=v) for k, v in
+              {"a": a, "b": b, "c": c, "d": [3 * x for x in a]}.items()}
+    active = list(series)
+    look(series, active, Comparisons(group=lambda key: "cpu", margin=lambda a, b: 0.0), len(a))
+    assert series["d"].dropped is not None
+    assert series["b"].dropped is None
 
 
 def test_a_drifting_control_gives_every_pair_twice_the_first_looks_rounds() -> None:
