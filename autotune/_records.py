@@ -516,7 +516,9 @@ class LoaderReport(Record):
     num_threads: int | None = Field(default=None, description=(
         "the training's CPU threads the choice was measured with, where it differs from the config's"))
     reason: str
-    step_ms: float | None = Field(description="the training step alone, on batches already in memory")
+    step_ms: float | None = Field(description=(
+        "the training step alone: the step time calibration recorded for the config, at the loader's batch size; "
+        "None where none was recorded (the loader was measured alone)"))
     trials: list[LoaderTrial]
     measured_at: str
     wall_s: float = Field(description="what the measurement cost, in seconds")
