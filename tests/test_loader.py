@@ -409,6 +409,26 @@ def test_workers_that_die_receiving_a_dataset_defined_in_main_are_its_cause_not_
     assert _answers_kept() == []
 
 
+def _report_in(config: Config, dataset: Any, reports: Any) -> None:
+    torch.set_num_threads(1)  # forked: the parent's OpenMP threads are not here
+    reports.put(config.dataloader_report(dataset, batch_size=8, budget_s=BUDGET_S).model_dump_json())
+
+
+@pytest.mark.skipif(multiprocessing.get_all_start_methods()[0] != "fork", reason="a forked daemon: Linux's default")
+def test_in_a_daemonic_process_workers_are_ruled_out_with_the_cause(tiny_family: str) -> None:
+    """A daemonic process (a multiprocessing Pool's) may start no processes: neither its DataLoader's workers nor the
+    one the measurement reads the first sample in, which it then reads in that process."""
+    reports = multiprocessing.get_context("fork").Queue()
+    daemon = multiprocessing.get_context("fork").Process(target=_report_in, daemon=True,
+                                                         args=(_config(tiny_family), Blurred(length=64), reports))
+    daemon.start()
+    report = LoaderReport.model_validate_json(reports.get(timeout=120))
+    daemon.join()
+    assert report.num_workers == 0 and workers_failed(report.trials)
+    assert "daemonic processes are not allowed to have children" in report.reason
+    assert _answers_kept() == []
+
+
 def test_a_dataset_that_raises_surfaces_with_context_and_nothing_is_cached(tiny_family: str) -> None:
     with pytest.raises(DatasetError) as raised:
         _config(tiny_family).dataloader_report(BrokenAt7(), batch_size=4, budget_s=BUDGET_S)

@@ -52,11 +52,19 @@ def apart(work: Callable[[Any, Tick], T], dataset: Any, *, method: str, silent_s
 
 
 def _forked(work: Callable[[Any, Tick], T], dataset: Any, silent_s: float) -> tuple[T] | None:
-    context = multiprocessing.get_context("fork")
+    method: str = "fork"  # as a str, the context typeshed names on every platform (no ForkContext on Windows)
+    context = multiprocessing.get_context(method)
     receiving, sending = context.Pipe(duplex=False)
-    process = context.Process(target=_run, args=(work, dataset, sending), daemon=True)  # fork: nothing is pickled
-    process.start()
-    sending.close()
+    # every context has Process; typeshed's BaseContext does not say so. Forked: nothing is pickled
+    process = context.Process(target=_run, args=(work, dataset, sending), daemon=True)  # type: ignore[attr-defined]
+    try:
+        process.start()
+    except (AssertionError, OSError) as exc:  # a daemonic process may start none (nor may its DataLoader)
+        log.debug("no process forked to measure loading (%s): measuring here", exc)
+        receiving.close()
+        return None
+    finally:
+        sending.close()
     try:
         while True:
             if not receiving.poll(silent_s):

@@ -330,6 +330,8 @@ def _trial(loader: DataLoader[Any], stand_in: StandIn, workers: int, threads: in
         batches = iter(loader)
     except (TypeError, AttributeError, pickle.PicklingError) as exc:  # what DataLoader's worker start raises
         raise _Unreceivable(_cannot_receive(method, f"{type(exc).__name__}: {exc}")) from exc
+    except AssertionError as exc:  # multiprocessing's own: a daemonic process (a Pool's) may start no workers
+        return LoaderTrial(num_workers=workers, num_threads=threads, failure=str(exc))
     start_s: float | None = None
     count = timed = 0
     waited_s = 0.0
