@@ -207,14 +207,14 @@ def _measure(candidate: Candidate, model_kind: str, dataset: Any, signature: str
             if workers == 0:
                 trials.append(_alone(dataset, stand_in, loading, threads=threads, method=method,
                                      setting_s=setting_s))
-                continue
-            try:
-                trials += timing(workers, _thread_counts(threads, workers, cores), prefetch=2)
-            except _Unreceivable as exc:
-                if needs_workers:
-                    raise DatasetError(named(dataset), f"the fixed arguments need workers, and {exc}") from exc
-                trials.append(LoaderTrial(num_workers=workers, failure=str(exc)))
-                break  # any other count's workers would fail the same way
+            else:
+                try:
+                    trials += timing(workers, _thread_counts(threads, workers, cores), prefetch=2)
+                except _Unreceivable as exc:
+                    if needs_workers:
+                        raise DatasetError(named(dataset), f"the fixed arguments need workers, and {exc}") from exc
+                    trials.append(LoaderTrial(num_workers=workers, failure=str(exc)))
+                    break  # any other count's workers would fail the same way
             if any(keeps_up(t, step) and t.num_workers <= min(remaining, default=t.num_workers) for t in trials):
                 break
         chosen = choose(trials, step)
@@ -252,7 +252,7 @@ class _Loaded:
 def _alone(dataset: Any, stand_in: StandIn, loading: Mapping[str, Any], *, threads: int | None, method: str,
            setting_s: float) -> LoaderTrial:
     """The loop without workers: its loading, timed apart; its first batch's copy, timed here; its step's time."""
-    order: Continuing = loading.get("sampler") or loading["batch_sampler"]
+    order: Continuing = loading["sampler"] if "sampler" in loading else loading["batch_sampler"]
     kwargs = {**loading, "num_workers": 0, "pin_memory": False}  # the copy is timed here, pinned where it would be
     try:
         loaded = apart(functools.partial(_load, kwargs=kwargs, setting_s=setting_s, keep=not stand_in.on_cpu),
@@ -287,7 +287,7 @@ def _load(dataset: Any, tick: Tick, *, kwargs: Mapping[str, Any], setting_s: flo
         count += 1
         if timed >= 2 and got - clock >= setting_s:
             break
-    order: Continuing = kwargs.get("sampler") or kwargs["batch_sampler"]
+    order: Continuing = kwargs["sampler"] if "sampler" in kwargs else kwargs["batch_sampler"]
     return _Loaded(load_ms=load_s * 1000 / timed, batches=count, start_s=start_s, taken=order.taken, batch=kept)
 
 
