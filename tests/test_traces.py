@@ -81,9 +81,9 @@ def test_a_pair_that_is_no_shift_of_one_setting_is_refused() -> None:
         truth_from_trace(trace, replay, name="t", faster=(fused, PLAIN, 0.05))
 
 
-def test_a_replay_is_seeded_and_a_10pct_layout_gain_is_found() -> None:
+def test_a_replay_is_seeded_and_a_25pct_layout_gain_is_found() -> None:
     trace, replay = read_replay(TRACE)
-    truth = truth_from_trace(trace, replay, name="t", faster=(CHANNELS_LAST, PLAIN, 0.10))
+    truth = truth_from_trace(trace, replay, name="t", faster=(CHANNELS_LAST, PLAIN, 0.25))
     first, _ = simulate(truth, 3)
     again, _ = simulate(truth, 3)
     other, _ = simulate(truth, 4)
