@@ -94,14 +94,16 @@ class TraceFile(BaseModel):
         return cls.model_validate_json(gzip.decompress(path.read_bytes()))
 
 
-#: the machine's factor is the median over at least this long and this many steps (of any workload)
+#: the machine's factor is the median over at least this long and this many steps (of any candidate): what changes
+#: faster than that (five heavy steps: seconds) cannot be told from a candidate's own and stays in its own factors
 BIN_S = 0.05
 BIN_STEPS = 5
 
 
 @dataclass(frozen=True)
 class Own:
-    """A workload's own factor step by step, and its mean over median (a replay's figures then average 1)."""
+    """A candidate's own factor step by step, and its steps' mean over their median (:class:`Cursor` divides by it,
+    so its replayed steps average its true mean)."""
 
     factors: tuple[float, ...]
     mean_over_median: float
@@ -171,7 +173,8 @@ def _index(starts: tuple[float, ...], at: float) -> int:
 
 
 class Cursor:
-    """One workload's own factors in their recorded order from ``start``, wrapping around, each over its mean."""
+    """One candidate's own factors in their recorded order from ``start``, wrapping around, over its mean over
+    median."""
 
     def __init__(self, own: Own, start: int) -> None:
         self._factors = itertools.cycle(own.factors[start:] + own.factors[:start])
@@ -182,6 +185,7 @@ class Cursor:
 
 
 def read_replay(path: Path) -> tuple[TraceFile, Replay]:
+    """A trace file and its :class:`Replay`."""
     trace = TraceFile.read(path)
     return trace, Replay.of(trace)
 
