@@ -65,8 +65,9 @@ def best_config(
     waits for another process's calibration: without a measurement it answers at once with a ``heuristic``
     Config whose reason says why ("calibration running", "not measured yet") and what it is based on (a
     record of the same hardware with other software, else fp32 on the CPU); ``calibrate_on_miss=False`` is the
-    older spelling. ``prefer`` is the user's choice ("auto", "gpu" or "cpu"), not a backend;
-    ``expected_steps`` makes set-up cost count for short jobs. What training runs demoted here holds for what they
+    older spelling. ``prefer`` is the user's choice: "auto", "cpu", "gpu" (whichever accelerator is here) or a
+    backend's name, "cuda", "mps" or "xpu" (that one's GPU), the words ``AUTOTUNE_DEVICE`` takes; ``expected_steps``
+    makes set-up cost count for short jobs. What training runs demoted here holds for what they
     trained: the answer leaves out the demotions of ``model`` (an ``nn.Module``), by default of the model the
     family builds.
 

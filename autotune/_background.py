@@ -13,6 +13,7 @@ from __future__ import annotations
 import atexit
 import logging
 import threading
+import warnings
 from collections.abc import Callable, Sequence
 
 from autotune import _env
@@ -125,20 +126,27 @@ _jobs_guard = threading.Lock()
 
 
 def start_calibration(
-    kinds: Sequence[str] | None = None, *, progress: Listener | None = None
+    model_kinds: Sequence[str] | None = None, *, progress: Listener | None = None, kinds: Sequence[str] | None = None
 ) -> CalibrationJob:
-    """Start calibrating ``kinds`` (default: the built-ins) in the background and return at once.
+    """Start calibrating ``model_kinds`` (default: the built-ins) in the background and return at once.
 
     Families already measured are not measured again. While a job for the same kinds and settings runs, a
     second call joins it (its ``progress`` is added) instead of starting another; a job with another
     ``AUTOTUNE_DEVICE``, budget, search or defaults file is another job, and takes turns with the first, family
     by family (one measurement at a time per machine). ``progress`` runs on the job's thread. Meanwhile
     ``best_config(kind, wait=False)`` answers without blocking. Raises :class:`~autotune.ConfigurationError`
-    for an invalid setting.
+    for an invalid setting. ``kinds=`` is the older name of ``model_kinds`` (as :func:`~autotune.calibrate` names
+    it), still accepted with a ``DeprecationWarning``.
     """
-    if isinstance(kinds, str):
-        raise TypeError(f"start_calibration takes a list of model kinds: start_calibration([{kinds!r}])")
-    names = list(dict.fromkeys(kinds)) if kinds is not None else builtin_family_names()
+    if kinds is not None:
+        if model_kinds is not None:
+            raise TypeError("start_calibration got both model_kinds and kinds (its older name): pass model_kinds")
+        warnings.warn("start_calibration(kinds=...) is now start_calibration(model_kinds=...), as calibrate names it",
+                      DeprecationWarning, stacklevel=2)
+        model_kinds = kinds
+    if isinstance(model_kinds, str):
+        raise TypeError(f"start_calibration takes a list of model kinds: start_calibration([{model_kinds!r}])")
+    names = list(dict.fromkeys(model_kinds)) if model_kinds is not None else builtin_family_names()
     families = [get_family(name) for name in names]  # an unknown name fails here, in the app's thread
     key = (str(default_root()), fingerprint().digest, frozenset(names), _env.measured_for())
     with _jobs_guard:

@@ -309,14 +309,14 @@ def explain(kind: str, *, recalibrate: bool, as_json: bool, prefer: Prefer = "au
     if recalibrate or kind not in fresh:
         calibrate_with_progress([kind], force=recalibrate)
     measured = cached_families([kind])[kind]
-    if as_json:
-        print(measured.model_dump_json(indent=1))
+    config = cached_configs([kind], prefer=prefer, expected_steps=steps)[kind]
+    if as_json:  # the public record: the Config, its evidence every candidate against the pick
+        print(strict_json(config))
         return 0
 
     out = console()
     out.print(f"[bold]{kind}[/bold] measured {measured.measured_at} in {measured.wall_s:.1f} s"
               + ("  [yellow]noisy[/yellow]" if measured.noisy else ""))
-    config = cached_configs([kind], prefer=prefer, expected_steps=steps)[kind]
     rows = measured.candidates
     out.print(fitted(out, [
         Col("candidate", [r.candidate.label for r in rows]),

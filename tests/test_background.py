@@ -34,6 +34,16 @@ def _lock_free(kind: str) -> bool:
     return True
 
 
+def test_the_older_keyword_kinds_still_starts_the_job_with_a_deprecation_warning(tiny_family: str) -> None:
+    """``model_kinds`` as ``calibrate`` names it; ``kinds=``, its name before, joins the same job and warns."""
+    job = autotune.start_calibration(model_kinds=[tiny_family])
+    with pytest.warns(DeprecationWarning, match=r"start_calibration\(model_kinds=\.\.\.\)"):
+        assert autotune.start_calibration(kinds=[tiny_family]) is job
+    with pytest.raises(TypeError, match="both model_kinds and kinds"):
+        autotune.start_calibration([tiny_family], kinds=[tiny_family])
+    assert tiny_family in job.wait(timeout=300).configs
+
+
 def test_job_measures_in_the_background_and_a_second_start_joins_it(tiny_family: str) -> None:
     seen: list[tuple[str, str]] = []
     job = autotune.start_calibration([tiny_family],

@@ -58,7 +58,10 @@ def test_explain_registers_and_recalibrates_a_kind_given_by_reference(
     monkeypatch.setenv("AUTOTUNE_ISOLATION", "inprocess")  # the worker path is the test above
     assert main(["--explain", "mine=families_for_tests:build_tiny", "--recalibrate", "--json"]) == 0
     measured = cached_families(["mine"])["mine"]
-    assert json.loads(capsys.readouterr().out)["measured_at"] == measured.measured_at
+    config = autotune.Config.model_validate(json.loads(capsys.readouterr().out))  # the Evidence --explain promises
+    assert config.model_kind == "mine" and config.source == "measured" and config.evidence is not None
+    assert {rival.candidate.label for rival in config.evidence.rivals} < {row.candidate.label for row in
+                                                                          measured.candidates}
     assert autotune.get_family("mine").ref == "families_for_tests:build_tiny"
 
 

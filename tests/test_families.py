@@ -54,13 +54,13 @@ def test_one_kind_given_where_a_list_goes_says_so(call: object) -> None:
         call("cnn")  # type: ignore[operator]
 
 
-def test_the_readme_and_the_signature_name_the_kind_alike() -> None:
-    """The README's calls are the signatures: its API table lists every keyword best_config takes."""
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
+def test_the_reference_and_the_signature_name_the_kind_alike() -> None:
+    """The reference's calls are the signatures: its table lists every keyword best_config takes."""
+    reference = (Path(__file__).parent.parent / "docs" / "reference" / "api.md").read_text()
     parameters = list(inspect.signature(autotune.best_config).parameters)
     assert parameters[0] == "model_kind"
-    assert f"autotune.best_config({parameters[0]}, *, " in readme
-    row = next(line for line in readme.splitlines() if line.startswith("| `autotune.best_config("))
+    assert f"autotune.best_config({parameters[0]}, *, " in reference
+    row = next(line for line in reference.splitlines() if line.startswith("| `autotune.best_config("))
     assert all(f"{name}=" in row for name in parameters[1:]), row
 
 
