@@ -1,10 +1,10 @@
 # in_app.py: python examples/in_app.py
 # An app's first launch never blocks: calibration starts in the background, training starts at once with the best
 # answer available, and switches to the measured one at an epoch boundary.
+import autotune
 import torch
 from torch.utils.data import DataLoader
 
-import autotune
 from my_app.models import Classifier, build, dataset, loss_fn
 
 

@@ -7,6 +7,7 @@ import tempfile
 from pathlib import Path
 
 import autotune
+
 from my_app.models import build
 
 

@@ -1,8 +1,8 @@
 # train.py: python examples/train.py
+import autotune
 import torch
 from torch.utils.data import DataLoader
 
-import autotune
 from my_app.models import Classifier, build, dataset, loss_fn
 
 

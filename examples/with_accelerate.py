@@ -1,10 +1,10 @@
 # with_accelerate.py: python examples/with_accelerate.py   (pip install accelerate)
 import accelerate
+import autotune
 import torch
 from accelerate.utils import GradScalerKwargs
 from torch.utils.data import DataLoader
 
-import autotune
 from my_app.models import Classifier, build, dataset, loss_fn
 
 

@@ -1,9 +1,9 @@
 # with_lightning.py: python examples/with_lightning.py   (pip install lightning)
+import autotune
 import lightning
 import torch
 from torch.utils.data import DataLoader
 
-import autotune
 from my_app.models import Classifier, build, dataset, loss_fn
 
 

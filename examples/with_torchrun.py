@@ -1,12 +1,12 @@
 # with_torchrun.py: torchrun --nproc-per-node 2 examples/with_torchrun.py
 # Every rank calls best_config with the same arguments: the machine's first rank measures, the others wait, and all
 # get one answer for the job, each on its own device (cuda:LOCAL_RANK, or the CPU).
+import autotune
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 
-import autotune
 from my_app.models import Classifier, build, dataset, loss_fn
 
 

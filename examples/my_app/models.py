@@ -1,10 +1,9 @@
 # my_app/models.py
+import autotune
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import TensorDataset
-
-import autotune
 
 
 class Classifier(nn.Module):                     # the model you train
