@@ -16,12 +16,14 @@ times the run's step time per replayed step.
 
 The guard watches the run's own optimizer and one of its parameters (torch's step and gradient hooks) for what a
 replay must do alike: each optimizer step's learning rate and other hyperparameters (a scheduler's, followed step by
-step in the replay), how many backward passes each optimizer step follows, and whether the gradients change between
-the backward pass and the step. A loop the replay cannot reproduce (one that accumulates gradients, or changes them
-before the step: clipping, DistributedDataParallel's average over the ranks) is said in the finding, and only
-evidence that is the configuration's alone demotes: the run's precision judged batch by batch on the reference's own
-weights, a non-finite loss or gradient where fp32's are finite. A divergence, which follows the loop's own path, is
-not judged there.
+step in the replay of a non-finite loss or skipped steps; a divergence is replayed at the run's learning rate at the
+finding: whether fp32 diverges at it too, where a faithful fp32 path could merely take longer), how many backward
+passes each optimizer step follows, and whether the gradients change between the backward pass and the step. A loop
+the replay cannot reproduce (one that accumulates gradients, or changes them before the step: clipping,
+DistributedDataParallel's average over the ranks) is said in the finding, and only evidence that is the
+configuration's alone demotes: the run's precision judged batch by batch on the reference's own weights, a
+non-finite loss or gradient where fp32's are finite. A divergence, which follows the loop's own path, is not judged
+there.
 
 The replay trains on the finding rank alone, so its copy must join no collective: it copies the module inside
 DistributedDataParallel, DataParallel and ``torch.compile``'s wrappers, and its SyncBatchNorm layers normalize over
@@ -303,6 +305,7 @@ class Tape:
         deadline = time.perf_counter() + limit
         try:
             on_reference, beside = self._run(snapshot, batches, reference, with_scaler=False, deadline=deadline,
+                                             follow=seen != "diverged",
                                              judging=(candidate, seen) if unlike is not None else None)
             if (reference_at := _misbehaves(seen, on_reference)) is not None:
                 return found.model_copy(update={"blame": "training", "reference_at": reference_at})
@@ -310,7 +313,8 @@ class Tape:
                 run_at = _misbehaves("non_finite" if seen == "diverged" else seen, beside)
                 return found.model_copy(update={"blame": "configuration" if run_at is not None else "not_reproduced",
                                                 "run_at": run_at})
-            on_run, _ = self._run(snapshot, batches, candidate, with_scaler=True, deadline=deadline)
+            on_run, _ = self._run(snapshot, batches, candidate, with_scaler=True, deadline=deadline,
+                                  follow=seen != "diverged")
         except _OutOfTime as late:
             why = "below the wait of the job's other ranks" if limit == limit_s else \
                 f"{REPLAY_STEP_TIMES:g} times the run's step time per replayed step"
@@ -327,13 +331,13 @@ class Tape:
                                         "run_at": run_at})
 
     def _run(self, snapshot: Snapshot, batches: list[tuple[Any, list[dict[str, Any]] | None]], on: Candidate, *,
-             with_scaler: bool, deadline: float, judging: tuple[Candidate, Misbehaviour] | None = None
+             with_scaler: bool, deadline: float, follow: bool, judging: tuple[Candidate, Misbehaviour] | None = None
              ) -> tuple[list[_Seen], list[_Seen]]:
-        """Copies of the model and optimizer from ``snapshot`` trained on ``batches`` as ``on`` says, each step with
-        the hyperparameters the run's optimizer stepped with; each step seen. With ``judging``, that candidate's
-        precision is also seen on each step's weights and batch before the step (its gradients too, for skipped
-        steps, at the snapshot's loss scale). Stops at the first non-finite loss or gradient; raises
-        :class:`_OutOfTime` past ``deadline``."""
+        """Copies of the model and optimizer from ``snapshot`` trained on ``batches`` as ``on`` says, at the run's
+        hyperparameters now or, with ``follow``, each step at those the run's optimizer stepped with; each step
+        seen. With ``judging``, that candidate's precision is also seen on each step's weights and batch before the
+        step (its gradients too, for skipped steps, at the snapshot's loss scale). Stops at the first non-finite loss
+        or gradient; raises :class:`_OutOfTime` past ``deadline``."""
         device = torch.device(on.device)
         with warnings.catch_warnings():  # what the app's model says when trained again was said in the run
             warnings.simplefilter("ignore")
@@ -348,7 +352,7 @@ class Tape:
             model.load_state_dict(snapshot.model)
             optimizer.load_state_dict(snapshot.optimizer)
             for replayed, now in zip(optimizer.param_groups, self.optimizer.param_groups, strict=True):
-                replayed.update({k: v for k, v in now.items() if k != "params"})  # where no step was seen
+                replayed.update({k: v for k, v in now.items() if k != "params"})  # the finding's learning rate
             scaler = None
             if with_scaler and snapshot.scaler is not None:
                 scaler = torch.amp.GradScaler(device.type)
@@ -361,7 +365,7 @@ class Tape:
                 if dtype is None:
                     _fp32.apply(on.precision)
                 for batch, hyper in batches:
-                    for replayed, then in zip(optimizer.param_groups, hyper or [], strict=False):
+                    for replayed, then in zip(optimizer.param_groups, hyper if follow and hyper else [], strict=False):
                         replayed.update(then)
                     moved = _batch.map_tensors(batch, lambda t: t.to(device))  # the reference may run on the CPU
                     if judging is not None:
