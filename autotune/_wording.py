@@ -180,11 +180,16 @@ def replay_words(replay: Replay, run: Candidate) -> str:
     where = f"replayed from step {replay.from_step:,} on {batches}"
     reference = "fp32" if replay.reference is None or replay.reference.device == run.device \
         else f"{replay.reference.device} fp32"
+    # a replay that could not reproduce the loop says what of it, and how it judged instead
+    unlike = f" ({replay.detail})" if replay.detail else ""
     if replay.blame == "training":
-        return f"{where}, {reference} misbehaves too (at replayed step {replay.reference_at}): it is the training, " \
-               "not the configuration"
+        return f"{where}, {reference} misbehaves too (at replayed step {replay.reference_at}){unlike}: it is the " \
+               "training, not the configuration"
     if replay.blame == "configuration":
-        return f"{where}, {run.precision} misbehaves again (at replayed step {replay.run_at}) and {reference} does not"
+        return f"{where}, {run.precision} misbehaves again (at replayed step {replay.run_at}) and {reference} does " \
+               f"not{unlike}"
+    if unlike:
+        return f"{where}, neither {run.precision} nor {reference} misbehaves{unlike}"
     return f"{where}, neither {run.precision} nor {reference} misbehaves: the batches that did are gone"
 
 

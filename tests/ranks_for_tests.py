@@ -6,7 +6,8 @@ the Config's keywords and the guard callback; rank 1's loss reads NaN from batch
 ``lightning-own`` (the same fit, two processes started by Lightning's own launcher), ``accelerate`` (then a few
 steps through Accelerate, the guard in the loop), ``kinds`` (rank 0 asks for ``tiny_mlp``, the others for
 ``mlp``: the RanksError each rank gets), ``ddp`` (then a loop of its own over a DistributedDataParallel model under
-the guard; rank 1's loss reads NaN from step 10 in mixed precision, not in fp32).
+the guard; rank 1's loss reads NaN from step 10 in mixed precision, not in fp32), ``fsdp`` (the same loop over a
+model sharded by FSDP's ``fully_shard``), ``syncbn`` (no answer: rank 1 alone replays a model with SyncBatchNorm).
 """
 
 from __future__ import annotations
@@ -154,7 +155,77 @@ def ddp_steps(config: autotune.Config) -> None:
          warned=sum(isinstance(w.message, autotune.ConfigMisbehaved) for w in warned))
 
 
+def fsdp_steps(config: autotune.Config) -> None:
+    import datetime as dt
+
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    dist.init_process_group("gloo", timeout=dt.timedelta(seconds=30))
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = fully_shard(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)))
+    optimizer = torch.optim.AdamW(model.parameters(), **config.optimizer_kwargs())
+    features, labels = _data().tensors
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        guard = config.guard(model, optimizer, loss_fn=_nan_under_autocast)
+        for step in range(1, 51):
+            batch = (features[step * 4:step * 4 + 4], labels[step * 4:step * 4 + 4],
+                     torch.tensor(rank == 1 and step >= 10))
+            with config.autocast():
+                loss = _nan_under_autocast(model, batch)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            guard.step(loss, batch=batch)
+        guard.check()
+    dist.destroy_process_group()
+    finding = guard.finding
+    emit(fsdp=type(model).__name__, finding=finding.detail if finding is not None else None,
+         replay=finding.replay.model_dump() if finding is not None and finding.replay is not None else None,
+         warned=sum(isinstance(w.message, autotune.ConfigMisbehaved) for w in warned))
+
+
+def syncbn_replay() -> None:
+    """Each rank keeps a SyncBatchNorm model's state and batches; rank 1 alone replays a NaN only its bf16 had, then
+    both meet at a barrier. A replayed SyncBatchNorm that joined its all-reduce would wait for rank 0 there (on the
+    CPU it refuses first: its forward runs on a GPU only, in a group of more than one)."""
+    import datetime as dt
+    import time
+
+    import torch.distributed as dist
+
+    from autotune._guard.replay import Tape
+    from autotune._records import Candidate
+
+    dist.init_process_group("gloo", timeout=dt.timedelta(seconds=30))
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.SyncBatchNorm(16), nn.ReLU(), nn.Linear(16, 4))
+    try:
+        model(torch.randn(4, 8))
+        refused = None
+    except ValueError as exc:
+        refused = str(exc)
+    tape = Tape(model, torch.optim.AdamW(model.parameters(), lr=1e-2), _nan_under_autocast)
+    features, labels = _data().tensors
+    for step in range(1, 21):
+        tape.add((features[step * 4:step * 4 + 4], labels[step * 4:step * 4 + 4], torch.tensor(step >= 10)), step,
+                 None)
+    started = time.perf_counter()
+    replay = tape.replay(Candidate(device="cpu", precision="bf16-mixed"), "non_finite", 20, step_ms=None,
+                         limit_s=20.0) if rank == 1 else None
+    took_s = time.perf_counter() - started
+    dist.barrier()
+    dist.destroy_process_group()
+    emit(syncbn=True, refused=refused, took_s=took_s, replay=replay.model_dump() if replay is not None else None)
+
+
 def main(mode: str) -> None:
+    if mode == "syncbn":
+        syncbn_replay()
+        return
     if mode == "kinds":
         try:
             autotune.best_config("tiny_mlp" if os.environ["RANK"] == "0" else "mlp")
@@ -176,6 +247,8 @@ def main(mode: str) -> None:
         accelerate_steps(config)
     elif mode == "ddp":
         ddp_steps(config)
+    elif mode == "fsdp":
+        fsdp_steps(config)
 
 
 if __name__ == "__main__":

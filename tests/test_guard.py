@@ -20,7 +20,7 @@ import sys
 import textwrap
 import time
 import warnings
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -61,17 +61,20 @@ def _loss(model: nn.Module, batch: tuple[Any, ...]) -> torch.Tensor:
 
 def _classifier(config: Config, steps: int, *, overflow_at: Collection[int] = (), huge_inputs_at: Collection[int] = (),
                 loss_weight: float = 1.0, model: nn.Module | None = None, lr_from_100: float | None = None,
-                guard: autotune.Guard | None = None, images_mb: int = 0) -> tuple[autotune.Guard, int]:
+                guard: autotune.Guard | None = None, images_mb: int = 0, clip: float | None = None,
+                lr_factor: Callable[[int], float] | None = None) -> tuple[autotune.Guard, int]:
     """Train the tiny family's own model (or ``model``) under a guard that can replay; at ``overflow_at`` steps the
     loss is weighted 1e6, doubling with each step from the first (to 2**30 times it: its fp16 gradients overflow
     faster than GradScaler's halving catches up, fp32's stay finite), at ``huge_inputs_at`` the inputs are 1e5 times
     larger (fp16 activations overflow: NaN loss); from step 100 the learning rate is ``lr_from_100``; each batch also
-    carries ``images_mb`` MiB the loss does not use. Returns the guard and the steps GradScaler skipped."""
+    carries ``images_mb`` MiB the loss does not use; the gradients' norm is clipped to ``clip``; a LambdaLR scheduler
+    multiplies the learning rate by ``lr_factor``. Returns the guard and the steps GradScaler skipped."""
     model = model if model is not None else build_tiny().model
     torch.manual_seed(0)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     guard = guard if guard is not None else config.guard(model, optimizer, loss_fn=_loss)
     scaler = config.grad_scaler()
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor) if lr_factor is not None else None
     features, labels = torch.randn(64, 8), torch.randint(0, 4, (64,))
     images = torch.zeros(images_mb * 2**18)
     skipped = 0
@@ -84,9 +87,14 @@ def _classifier(config: Config, steps: int, *, overflow_at: Collection[int] = ()
             loss = _loss(model, batch)
         optimizer.zero_grad(set_to_none=True)
         scaler.scale(loss).backward()
+        if clip is not None:
+            scaler.unscale_(optimizer)
+            nn.utils.clip_grad_norm_(model.parameters(), clip)
         before = scaler.get_scale() if scaler.is_enabled() else 0.0
         scaler.step(optimizer)
         scaler.update()
+        if scheduler is not None:
+            scheduler.step()
         skipped += scaler.is_enabled() and scaler.get_scale() < before
         guard.step(loss, scaler, batch=batch)
     guard.check()
@@ -767,3 +775,71 @@ def test_a_replay_past_its_time_limit_stops_and_demotes_nothing(tiny_family: str
     assert guard.finding is not None and guard.finding.replay is not None
     assert guard.finding.replay.blame == "unreplayed"
     assert not (isolated_autotune / "demotions").exists()
+
+
+@pytest.mark.parametrize("clip", [None, 1.0], ids=["gradscaler-only", "clipped"])
+def test_a_loop_that_clips_is_said_and_demoted_only_on_fp32s_own_weights(
+    tiny_family: str, isolated_autotune: Path, clip: float | None
+) -> None:
+    # fp16's activations overflow from step 10 and fp32's do not. The replay steps on the backward pass's gradients:
+    # a clipping loop it cannot reproduce, so fp16 is judged on fp32's own weights, batch by batch; GradScaler's
+    # unscaling alone is no change to the gradients.
+    config = _measured(tiny_family, "fp16-mixed")
+    with pytest.warns(ConfigMisbehaved, match="it is demoted") as warned:
+        guard, _ = _classifier(config, 50, huge_inputs_at=range(10, 50), clip=clip)
+    replay = guard.finding.replay if guard.finding is not None else None
+    assert replay is not None and replay.blame == "configuration"
+    said = str(next(w.message for w in warned if isinstance(w.message, ConfigMisbehaved)))
+    if clip is None:
+        assert replay.detail == "" and "own weights" not in said
+    else:
+        assert replay.detail == ("the loop changes the gradients between the backward pass and the optimizer's step "
+                                 "(clipping, or DistributedDataParallel's average over the ranks), which the replay "
+                                 "does not: fp16-mixed was judged on fp32's own weights, batch by batch")
+        assert f"and fp32 does not ({replay.detail}): it is demoted" in said
+    assert len(demotions.of(config.fingerprint_digest, tiny_family)) == 1
+
+
+def _nan_in_mixed(model: nn.Module, batch: tuple[Any, ...]) -> torch.Tensor:
+    """The loss; NaN where the batch is marked and autocast is on (the run's bf16), not in fp32. Its gradients stay
+    finite."""
+    features, labels, marked = batch
+    loss = F.cross_entropy(model(features), labels)
+    return loss + float("nan") if marked and torch.is_autocast_enabled("cpu") else loss
+
+
+def test_a_loop_that_accumulates_gradients_is_said_and_demoted_only_on_fp32s_own_weights(
+    tiny_family: str, isolated_autotune: Path
+) -> None:
+    # Four micro-batches per optimizer step, guard.step on each: the replay steps on every batch, so it says so and
+    # judges bf16 on fp32's weights; bf16's loss is NaN from step 40 on, fp32's is not.
+    config = _measured(tiny_family, "bf16-mixed")
+    model = build_tiny().model
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    guard = config.guard(model, optimizer, loss_fn=_nan_in_mixed)
+    features, labels = torch.randn(64, 8), torch.randint(0, 4, (64,))
+    with pytest.warns(ConfigMisbehaved, match=r"accumulates gradients over 4 backward passes per optimizer step, "
+                      r"which the replay does not: bf16-mixed was judged on fp32's own weights.*it is demoted"):
+        for step in range(1, 101):
+            batch = (features[step % 4 * 16:step % 4 * 16 + 16], labels[step % 4 * 16:step % 4 * 16 + 16], step >= 40)
+            with config.autocast():
+                loss = _nan_in_mixed(model, batch)
+            (loss / 4).backward()
+            if step % 4 == 0:
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+            guard.step(loss, batch=batch)
+    assert guard.finding is not None and guard.finding.replay is not None
+    assert guard.finding.replay.blame == "configuration"
+    assert len(demotions.of(config.fingerprint_digest, tiny_family)) == 1
+
+
+def test_the_replay_follows_a_schedulers_learning_rate_step_by_step(tiny_family: str, isolated_autotune: Path) -> None:
+    # The scheduler sets lr 1e6 for steps 100-119 (the weights blow up, in any precision), then 1e-2 again: a replay
+    # at the learning rate of the finding's read would see nothing; at the run's own, fp32 misbehaves too.
+    config = _measured(tiny_family, "bf16-mixed")
+    with pytest.warns(ConfigMisbehaved, match=r"fp32 misbehaves too .*nothing is demoted"):
+        guard, _ = _classifier(config, 200, lr_factor=lambda done: 1e8 if 99 <= done < 119 else 1.0)
+    assert guard.finding is not None and guard.finding.replay is not None
+    assert guard.finding.replay.blame == "training" and guard.finding.replay.detail == ""
+    assert guard.finding.step < 150 and not (isolated_autotune / "demotions").exists()

@@ -108,6 +108,36 @@ def test_torchrun_ddp_a_finding_on_one_rank_is_replayed_there_alone_and_demoted_
     assert len(demotions.of(str(answers[0]["fingerprint"]), "slow_in")) == 1
 
 
+def test_torchrun_a_syncbatchnorm_model_replays_on_one_rank_joining_no_collective(tmp_path: Path) -> None:
+    # Rank 1 replays alone while rank 0 waits at a barrier: the copy's SyncBatchNorm normalizes its local batch.
+    out, _ = run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr",
+                  "127.0.0.1", "--master-port", str(free_port()), SCRIPT, "syncbn"], job_env(tmp_path))
+    replayed = by_rank(results(out), "syncbn")
+    assert sorted(replayed) == [0, 1] and replayed[0]["replay"] is None
+    # the run's own SyncBatchNorm cannot run on the CPU in a group of two: what the replay's copy must not do
+    assert "SyncBatchNorm expected input tensor to be on GPU" in str(replayed[1]["refused"])
+    replay = replayed[1]["replay"]
+    assert isinstance(replay, dict) and replay["blame"] == "configuration", replay
+    assert (replay["from_step"], replay["steps"], replay["run_at"]) == (1, 19, 9)
+
+
+def test_torchrun_fsdp_a_finding_says_once_it_cannot_replay_and_demotes_nothing(tmp_path: Path) -> None:
+    # FSDP's fully_shard (FSDP1 wants an accelerator): no rank holds the whole state, so nothing is kept or replayed.
+    out, err = run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr",
+                    "127.0.0.1", "--master-port", str(free_port()), SCRIPT, "fsdp"], job_env(tmp_path))
+    found = results(out)
+    answers, trained = by_rank(found, "digest"), by_rank(found, "fsdp")
+    assert sorted(trained) == [0, 1] and answers[0]["precision"] == "bf16-mixed"
+    for run_ in trained.values():
+        assert run_["fsdp"] == "FSDPSequential" and run_["warned"] == 1
+        assert str(run_["finding"]).endswith(", on rank 1")
+        assert run_["replay"] == {"blame": "unreplayed", "detail": "the model is sharded across the ranks "
+                                  "(FSDPSequential): none can replay alone", "from_step": None, "steps": None,
+                                  "since": None, "reference": None, "reference_at": None, "run_at": None}
+    assert err.count("keeps no state to replay from") == 2  # once on each rank
+    assert demotions.of(str(answers[0]["fingerprint"]), "slow_in") == []
+
+
 def test_a_rank_killed_mid_calibration_leaves_the_other_a_clear_error_within_the_timeout(tmp_path: Path) -> None:
     # A launcher that does not watch its ranks (ranks started by hand on each machine, a batch system's steps):
     # this test hosts the store, as torchrun's agent does, and kills rank 0 while its worker measures.

@@ -14,6 +14,17 @@ and one copy of the state in host memory (the old one released before the new on
 one copy of the model and optimizer on the device and twice the replayed steps, stopped at ``REPLAY_STEP_TIMES``
 times the run's step time per replayed step.
 
+The guard watches the run's own optimizer and one of its parameters (torch's step and gradient hooks) for what a
+replay must do alike: each optimizer step's learning rate and other hyperparameters (a scheduler's, followed step by
+step in the replay of a non-finite loss or skipped steps; a divergence is replayed at the run's learning rate at the
+finding: whether fp32 diverges at it too, where a faithful fp32 path could merely take longer), how many backward
+passes each optimizer step follows, and whether the gradients change between the backward pass and the step. A loop
+the replay cannot reproduce (one that accumulates gradients, or changes them before the step: clipping,
+DistributedDataParallel's average over the ranks) is said in the finding, and only evidence that is the
+configuration's alone demotes: the run's precision judged batch by batch on the reference's own weights, a
+non-finite loss or gradient where fp32's are finite. A divergence, which follows the loop's own path, is not judged
+there.
+
 The replay trains on the finding rank alone, so its copy must join no collective: it copies the module inside
 DistributedDataParallel, DataParallel and ``torch.compile``'s wrappers, and its SyncBatchNorm layers normalize over
 the local batch. A model sharded across ranks (FSDP) or an optimizer whose state is (ZeroRedundancyOptimizer) has no
@@ -29,6 +40,7 @@ import statistics
 import sys
 import time
 import warnings
+import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -118,6 +130,69 @@ def _sharded(model: nn.Module, optimizer: torch.optim.Optimizer) -> str | None:
     return None
 
 
+class _Loop:
+    """What the run's loop does that a replay must do alike, from torch's hooks on its optimizer's step and on one
+    parameter's accumulated gradient (one parameter: the hook runs at every backward pass): the hyperparameters of
+    the last optimizer step, and the counts behind :meth:`unlike`. The hooks hold the tape weakly and go with it."""
+
+    def __init__(self, tape: Tape, parameter: nn.Parameter) -> None:
+        self.parameter = parameter
+        #: each param group's hyperparameters at the last optimizer step (None: no step seen yet)
+        self.hyper: list[dict[str, Any]] | None = None
+        self._passes = 0  # backward passes that reached the parameter since the last optimizer step
+        self._grad: tuple[torch.Tensor, int] | None = None  # its gradient after the last pass, and its version
+        self.single = 0  # optimizer steps after one backward pass
+        self.accumulated: list[int] = []  # the passes of each optimizer step after more than one
+        self.changed = 0  # optimizer steps whose gradient was changed in place after the backward pass
+        owner = weakref.ref(tape)
+
+        def passed(param: torch.Tensor) -> None:
+            if (tape := owner()) is not None and tape.loop is not None and param is tape.loop.parameter:
+                tape.loop._passed(param)
+
+        def stepping(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+            if (tape := owner()) is not None and tape.loop is not None and optimizer is tape.optimizer:
+                tape.loop._stepping(optimizer)
+
+        handles = (parameter.register_post_accumulate_grad_hook(passed),
+                   tape.optimizer.register_step_pre_hook(stepping))
+        weakref.finalize(tape, lambda: [handle.remove() for handle in handles])
+
+    def _passed(self, param: torch.Tensor) -> None:
+        self._passes += 1
+        self._grad = (param.grad, param.grad._version) if param.grad is not None else None
+
+    def _stepping(self, optimizer: torch.optim.Optimizer) -> None:
+        self.hyper = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
+        if self._passes == 0:  # the parameter took no part in this step
+            return
+        if self._passes == 1:
+            self.single += 1
+        else:
+            self.accumulated.append(self._passes)
+        # An in-place change bumps the tensor's version counter (autograd's own check of saved tensors); GradScaler's
+        # unscale does not (its kernel writes without it), clip_grad_norm_'s multiply and DDP's average do.
+        grad = self.parameter.grad
+        if grad is not None and self._grad is not None and (grad is not self._grad[0]
+                                                            or grad._version != self._grad[1]):
+            self.changed += 1
+        self._passes = 0
+        self._grad = None
+
+    def unlike(self) -> str | None:
+        """What the replay, one optimizer step per batch on the gradients of its backward pass, cannot reproduce of
+        this loop, in words; None where it can. Accumulation is most steps following several backward passes (a
+        step GradScaler skipped leaves two before the next)."""
+        said = []
+        if self.changed:
+            said.append("changes the gradients between the backward pass and the optimizer's step (clipping, or "
+                        "DistributedDataParallel's average over the ranks)")
+        if len(self.accumulated) > self.single:
+            said.append(f"accumulates gradients over {statistics.median_low(self.accumulated)} backward passes per "
+                        "optimizer step")
+        return f"the loop {' and '.join(said)}" if said else None
+
+
 class _LocalBatchNorm(nn.SyncBatchNorm):
     """A replayed copy's SyncBatchNorm: batch norm over the local batch, as BatchNorm does (no collective)."""
 
@@ -138,6 +213,9 @@ class Tape:
         self.cannot = _sharded(self.model, self.optimizer)
         if self.cannot is not None:
             self._say_cannot()
+        watched = next((p for p in self.model.parameters() if p.requires_grad), None)
+        #: what the run's loop does that the replay must do alike (None: nothing to watch)
+        self.loop = _Loop(self, watched) if self.cannot is None and watched is not None else None
         self.snapshot: Snapshot | None = None
         #: the snapshots taken so far
         self.taken = 0
@@ -155,7 +233,7 @@ class Tape:
         if not self._sized:  # from the first batch's size: batches of one run are alike
             self._sized = True
             self.batches = deque(maxlen=max(1, min(REPLAY_STEPS, REPLAY_BYTES // max(1, _bytes(batch)))))
-        self.batches.append(batch)
+        self.batches.append((batch, self.loop.hyper if self.loop is not None else None))
 
     def due(self) -> bool:
         """Whether a new snapshot fits in ``SNAPSHOT_SHARE`` of the time since the last one."""
@@ -202,7 +280,8 @@ class Tape:
         """Train copies from the snapshot on the kept batches, in the reference and in ``candidate``'s precision;
         the blame. ``steps``: the steps the run has trained; ``step_ms``: the run's time per step (None: not known),
         of which the replay may take ``REPLAY_STEP_TIMES`` per replayed step; ``limit_s``: at most this long in any
-        case (a job's ranks wait for it)."""
+        case (a job's ranks wait for it). Where the loop is one the replay cannot reproduce (:meth:`_Loop.unlike`),
+        ``candidate`` is judged on the reference's own weights instead of training a path of its own."""
         if self.cannot is not None:
             return Replay(blame="unreplayed", detail=self.cannot)
         if self.snapshot is None or not self.batches:
@@ -210,16 +289,32 @@ class Tape:
         snapshot = self.snapshot
         batches = list(self.batches)
         reference = reference_for(candidate)
+        unlike = self.loop.unlike() if self.loop is not None else None
         found = Replay(blame="not_reproduced", detail="", from_step=snapshot.step, steps=len(batches),
                        since=steps - snapshot.step, reference=reference)
+        if unlike is not None:
+            if reference.device != candidate.device:
+                return found.model_copy(update={"blame": "unreplayed", "detail": (
+                    f"{unlike}, which the replay does not, and its reference runs on {reference.device}, not beside "
+                    f"{candidate.label}: nothing it could see would be the configuration's alone")})
+            found = found.model_copy(update={"detail": (
+                f"{unlike}, which the replay does not: {candidate.precision} was judged on fp32's own weights, batch "
+                "by batch")})
         per_step = max(REPLAY_MIN_S, REPLAY_STEP_TIMES * step_ms / 1000 * len(batches)) if step_ms else None
         limit = min((s for s in (limit_s, per_step) if s is not None), default=math.inf)
         deadline = time.perf_counter() + limit
         try:
-            on_reference = self._run(snapshot, batches, reference, with_scaler=False, deadline=deadline)
+            on_reference, beside = self._run(snapshot, batches, reference, with_scaler=False, deadline=deadline,
+                                             follow=seen != "diverged",
+                                             judging=(candidate, seen) if unlike is not None else None)
             if (reference_at := _misbehaves(seen, on_reference)) is not None:
                 return found.model_copy(update={"blame": "training", "reference_at": reference_at})
-            on_run = self._run(snapshot, batches, candidate, with_scaler=True, deadline=deadline)
+            if unlike is not None:  # a divergence of its own is not judged: it would follow another loop's path
+                run_at = _misbehaves("non_finite" if seen == "diverged" else seen, beside)
+                return found.model_copy(update={"blame": "configuration" if run_at is not None else "not_reproduced",
+                                                "run_at": run_at})
+            on_run, _ = self._run(snapshot, batches, candidate, with_scaler=True, deadline=deadline,
+                                  follow=seen != "diverged")
         except _OutOfTime as late:
             why = "below the wait of the job's other ranks" if limit == limit_s else \
                 f"{REPLAY_STEP_TIMES:g} times the run's step time per replayed step"
@@ -235,10 +330,14 @@ class Tape:
         return found.model_copy(update={"blame": "configuration" if run_at is not None else "not_reproduced",
                                         "run_at": run_at})
 
-    def _run(self, snapshot: Snapshot, batches: list[Any], on: Candidate, *, with_scaler: bool,
-             deadline: float) -> list[_Seen]:
-        """Copies of the model and optimizer from ``snapshot`` trained on ``batches`` as ``on`` says; each step seen.
-        Stops at the first non-finite loss or gradient; raises :class:`_OutOfTime` past ``deadline``."""
+    def _run(self, snapshot: Snapshot, batches: list[tuple[Any, list[dict[str, Any]] | None]], on: Candidate, *,
+             with_scaler: bool, deadline: float, follow: bool, judging: tuple[Candidate, Misbehaviour] | None = None
+             ) -> tuple[list[_Seen], list[_Seen]]:
+        """Copies of the model and optimizer from ``snapshot`` trained on ``batches`` as ``on`` says, at the run's
+        hyperparameters now or, with ``follow``, each step at those the run's optimizer stepped with; each step
+        seen. With ``judging``, that candidate's precision is also seen on each step's weights and batch before the
+        step (its gradients too, for skipped steps, at the snapshot's loss scale). Stops at the first non-finite loss
+        or gradient; raises :class:`_OutOfTime` past ``deadline``."""
         device = torch.device(on.device)
         with warnings.catch_warnings():  # what the app's model says when trained again was said in the run
             warnings.simplefilter("ignore")
@@ -253,27 +352,31 @@ class Tape:
             model.load_state_dict(snapshot.model)
             optimizer.load_state_dict(snapshot.optimizer)
             for replayed, now in zip(optimizer.param_groups, self.optimizer.param_groups, strict=True):
-                replayed.update({k: v for k, v in now.items() if k != "params"})  # the failing steps' learning rate
+                replayed.update({k: v for k, v in now.items() if k != "params"})  # the finding's learning rate
             scaler = None
             if with_scaler and snapshot.scaler is not None:
                 scaler = torch.amp.GradScaler(device.type)
                 scaler.load_state_dict(snapshot.scaler)
             dtype = AUTOCAST_DTYPES[on.precision]
-            seen = []
+            seen: list[_Seen] = []
+            beside: list[_Seen] = []
             forked = [device.index or 0] if device.type == "cuda" else []
             with _fp32.preserved(), torch.random.fork_rng(devices=forked):
                 if dtype is None:
                     _fp32.apply(on.precision)
-                for batch in batches:
+                for batch, hyper in batches:
+                    for replayed, then in zip(optimizer.param_groups, hyper if follow and hyper else [], strict=False):
+                        replayed.update(then)
                     moved = _batch.map_tensors(batch, lambda t: t.to(device))  # the reference may run on the CPU
+                    if judging is not None:
+                        beside.append(self._judged(model, moved, device, *judging,
+                                                   scale=(snapshot.scaler or {}).get("scale", 1.0)))
                     with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
                         loss = self.loss_fn(model, moved)
                     optimizer.zero_grad(set_to_none=True)
                     value = float(loss.detach().float().sum())
                     (scaler.scale(loss) if scaler is not None else loss).backward()
-                    grads = [p.grad for p in model.parameters() if p.grad is not None]
-                    finite = bool(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads]).isfinite().all()) \
-                        if grads else True
+                    finite = _finite_grads(model)
                     skipped = False
                     if scaler is not None:
                         before = scaler.get_scale()
@@ -287,7 +390,23 @@ class Tape:
                         break
                     if time.perf_counter() > deadline:
                         raise _OutOfTime(on, len(seen))
-            return seen
+            return seen, beside
+
+    def _judged(self, model: nn.Module, batch: Any, device: torch.device, candidate: Candidate, seen: Misbehaviour,
+                *, scale: float) -> _Seen:
+        """``candidate``'s precision on ``model``'s weights and ``batch`` as they are: its loss, and for skipped steps
+        whether its gradients at the loss ``scale`` are finite (left cleared)."""
+        with torch.autocast(device.type, dtype=AUTOCAST_DTYPES[candidate.precision]), \
+                torch.set_grad_enabled(seen == "skipped_steps"):
+            loss = self.loss_fn(model, batch)
+        value = float(loss.detach().float().sum())
+        if seen != "skipped_steps":
+            return _Seen(value, True, False)
+        model.zero_grad(set_to_none=True)
+        (loss * scale).backward()
+        finite = _finite_grads(model)
+        model.zero_grad(set_to_none=True)
+        return _Seen(value, finite, False)
 
     def _say_cannot(self) -> None:
         log.warning("the guard keeps no state to replay from, so its findings demote nothing: %s", self.cannot)
@@ -300,6 +419,11 @@ class _OutOfTime(Exception):
         super().__init__(on, at)
         self.on = on
         self.at = at
+
+
+def _finite_grads(model: nn.Module) -> bool:
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    return bool(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads]).isfinite().all()) if grads else True
 
 
 def _torch_optimizer(optimizer: Any) -> torch.optim.Optimizer:
