@@ -7,8 +7,9 @@ between looks, the chance that any look wrongly claims a gap beyond the margin i
 decision. A confidence sequence would allow a look every round, but its intervals are wider still at the 10-931
 rounds a calibration can afford.
 
-The interval is Student's t on the per-round log ratios, which are paired because the rounds were
-interleaved: drift that slows a round slows every candidate in it.
+The estimand is a candidate's mean step time, tails included: what its training loop pays. The interval is
+Student's t on the ratio of the means, paired by round because the rounds were interleaved: drift that slows a
+round slows every candidate in it.
 """
 
 from __future__ import annotations
@@ -107,49 +108,63 @@ def spread(samples: Sequence[float]) -> float:
 def ratio_interval(
     numerator: Sequence[float], denominator: Sequence[float], *, alpha: float = ALPHA_PER_LOOK
 ) -> tuple[float, float, float]:
-    """Paired ratio numerator/denominator over the rounds both have: (geometric mean, low, high).
+    """Paired ratio of the mean step times numerator/denominator over the rounds both have: (estimate, low, high).
 
-    Each bound has one-sided error ``alpha``; the default is one look's share of :data:`ALPHA`. From
-    :data:`TRIM_FROM` rounds on, rounds whose log ratio lies beyond :data:`TRIM_MADS` robust deviations of the
-    median are left out (:func:`trimmed`): a step hit by another program is not the candidate's speed, and one
-    such round would otherwise widen the interval more than dozens of clean rounds narrow it. One round gives
-    ``(estimate, 0, inf)``.
+    The estimate is what a training loop pays, every step's time in it: a candidate's own stalls (an allocator
+    returning memory every few steps, a periodic synchronisation) count. A tail both candidates show cancels in
+    the pair and is left out (:func:`common_tails`): another program's hits on the machine are neither one's
+    speed. The bounds are the ratio estimator's (the delta method): each round's residual, its numerator less the
+    ratio times its denominator, is paired, so a disturbance that slowed both candidates of a round moves neither
+    the estimate nor the residuals' spread much. Each bound has one-sided error ``alpha``; the default is one
+    look's share of :data:`ALPHA`. One round gives ``(estimate, 0, inf)``.
     """
     n = min(len(numerator), len(denominator))
-    logs = trimmed([math.log(a / b) for a, b in zip(numerator[:n], denominator[:n], strict=True)])
-    center = statistics.fmean(logs)
-    if len(logs) < 2:
-        return math.exp(center), 0.0, math.inf
-    half = t_quantile(1.0 - alpha, len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
-    return math.exp(center), math.exp(center - half), math.exp(center + half)
+    out = common_tails([math.log(a / b) for a, b in zip(numerator[:n], denominator[:n], strict=True)])
+    pairs = [(a, b) for i, (a, b) in enumerate(zip(numerator[:n], denominator[:n], strict=True)) if i not in out]
+    mean = statistics.fmean(a for a, _ in pairs)
+    ratio = mean / statistics.fmean(b for _, b in pairs)
+    if len(pairs) < 2:
+        return ratio, 0.0, math.inf
+    residuals = [a - ratio * b for a, b in pairs]
+    half = t_quantile(1.0 - alpha, len(pairs) - 1) * statistics.stdev(residuals) / mean / math.sqrt(len(pairs))
+    return ratio, ratio * math.exp(-half), ratio * math.exp(half)
 
 
-#: rounds from which outlying log ratios are left out of an interval, and how far out (in robust deviations:
+#: rounds from which outlying log ratios may be left out of an interval, and how far out (in robust deviations:
 #: 1.4826 x the median absolute deviation, the standard deviation of normal data) a round must lie
 TRIM_FROM = 10
 TRIM_MADS = 5.0
 
 
-def trimmed(logs: list[float]) -> list[float]:
-    """``logs`` without the values beyond :data:`TRIM_MADS` robust deviations of their median (from
-    :data:`TRIM_FROM` values on; never more than a quarter of them)."""
+def common_tails(logs: list[float]) -> set[int]:
+    """The rounds whose log ratio lies beyond :data:`TRIM_MADS` robust deviations of the median, where both
+    candidates show such a tail (some rounds beyond on each side) and a sign test cannot tell the two tails'
+    rates apart at :data:`ALPHA`: a tail both saw is the machine's, not either one's speed. A tail on one side
+    only, or clearly more of it on one side, is a candidate's own, and stays. From :data:`TRIM_FROM` rounds on;
+    never more than a quarter of them."""
     if len(logs) < TRIM_FROM:
-        return logs
+        return set()
     center = statistics.median(logs)
     deviation = 1.4826 * statistics.median(abs(x - center) for x in logs)
     if deviation == 0.0:
-        return logs
-    kept = [x for x in logs if abs(x - center) <= TRIM_MADS * deviation]
-    return kept if len(kept) >= 0.75 * len(logs) else logs
+        return set()
+    above = {i for i, x in enumerate(logs) if x - center > TRIM_MADS * deviation}
+    below = {i for i, x in enumerate(logs) if center - x > TRIM_MADS * deviation}
+    both = len(above) + len(below)
+    if not above or not below or both > 0.25 * len(logs):
+        return set()
+    fewer = min(len(above), len(below))
+    sign_p = min(1.0, 2 * sum(math.comb(both, k) for k in range(fewer + 1)) / 2**both)
+    return above | below if sign_p >= ALPHA else set()
 
 
 def paired_scores(series: Mapping[K, Sequence[float]]) -> dict[K, float]:
-    """Each series' paired ratio to the longest one: the median of its per-round ratios over the rounds the two
-    share. Every series is compared on its own rounds (round ``i`` is the same round in every series), never on
-    a prefix cut to the shortest one, and one disturbed round cannot reorder a ranking."""
+    """Each series' paired ratio to the longest one: the ratio of their means over the rounds the two share
+    (:func:`ratio_interval`'s estimate). Every series is compared on its own rounds (round ``i`` is the same round
+    in every series), never on a prefix cut to the shortest one."""
     anchor = max(series, key=lambda k: len(series[k]))
     reference = series[anchor]
-    return {k: 1.0 if k == anchor or not one else statistics.median(a / b for a, b in zip(one, reference, strict=False))
+    return {k: 1.0 if k == anchor or not one else statistics.fmean(one) / statistics.fmean(reference[:len(one)])
             for k, one in series.items()}
 
 
@@ -176,6 +191,6 @@ def relative_range(samples: Sequence[float]) -> float:
 
 
 __all__ = [
-    "ALPHA", "ALPHA_PER_LOOK", "LOOKS", "TRIM_FROM", "TRIM_MADS", "level_shift", "median", "paired_scores",
-    "ratio_interval", "relative_range", "spread", "t_quantile", "t_sf", "trimmed",
+    "ALPHA", "ALPHA_PER_LOOK", "LOOKS", "TRIM_FROM", "TRIM_MADS", "common_tails", "level_shift", "median",
+    "paired_scores", "ratio_interval", "relative_range", "spread", "t_quantile", "t_sf",
 ]

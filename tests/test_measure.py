@@ -23,6 +23,7 @@ from autotune._lab.measure import (
     timed,
     warm_up,
 )
+from autotune._lab.looks import look
 from autotune._lab.retime import answered, faster_by_margin
 from autotune._lab.retime import comparisons as canary_pairs
 from autotune._records import Candidate, MachineLoad
@@ -63,6 +64,8 @@ def jittered(step_s: float, jitter: float = 0.02, phase: int = 0) -> Iterator[fl
 
 
 SETTINGS = MeasureSettings(budget_s=5.0, round_min_s=0.0)
+#: one device's settings of the same math: no margin, the faster wins a tie
+SAME_MATH: Comparisons[str] = Comparisons(group=lambda key: "cpu", margin=lambda a, b: 0.0)
 #: everything is one group (one device) with a 3% margin and ties to fp32, as precisions on one device are
 ONE_DEVICE: Comparisons[str] = Comparisons(group=lambda key: "cpu", margin=lambda a, b: 0.03,
                                            tie_winner=lambda a, b: "fp32" if "fp32" in (a, b) else None)
@@ -418,29 +421,57 @@ def test_t_quantiles_match_the_tables(p: float, df: int, expected: float) -> Non
 
 
 def test_leaders_are_ranked_on_paired_estimates_over_each_pairs_own_rounds() -> None:
-    # "b" ties "a" tightly and settles at the first look; "a" then slows to 0.11 s. Ranked on medians over
+    # "b" ties "a" tightly (0.1% behind) and settles at the first look; "a" then slows to 0.11 s. Ranked on medians over
     # different rounds, b's early rounds would make it the leader, and since b is no longer timed, a's and c's
     # open comparison would end there. Ranked on paired estimates among the candidates still timed, it goes on.
-    result, _ = _run({"a": itertools.chain([0.1] * 3, itertools.repeat(0.11)), "b": itertools.repeat(0.1),
+    result, _ = _run({"a": itertools.chain([0.1] * 3, itertools.repeat(0.11)), "b": itertools.repeat(0.1001),
                       "c": jittered(0.101, 0.2)})
     assert len(result.series["b"].round_ms) == _stats.LOOKS[0]
     assert result.rounds > 6
     assert result.series["c"].dropped is None
 
 
-def test_outlying_rounds_are_left_out_of_an_interval_from_ten_rounds_on() -> None:
-    clean = [0.0, 0.01, -0.01, 0.02, -0.02, 0.01, 0.0, -0.01, 0.015, -0.015]
-    assert _stats.trimmed([*clean, 1.1]) == clean  # a round hit by another program
-    assert _stats.trimmed([*clean[:8], 1.1]) == [*clean[:8], 1.1]  # too few rounds to tell
-    assert _stats.trimmed([0.0] * 10 + [1.1]) == [0.0] * 10 + [1.1]  # no spread to measure it against
-    many = [*clean, 1.1, 1.2, 1.3, 1.4]  # 4 of 14 beyond the cap of a quarter: kept, the interval widens
-    assert _stats.trimmed(many) == many
+def test_a_candidates_own_periodic_stall_counts_in_its_ratio_and_its_ranking() -> None:
+    # "b" is 10% faster on 7 rounds of 8 and stalls 2.8x on the 8th: its loop pays 1.1x "a"'s time per step.
+    a = [10.0] * 16
+    b = [9.0 if i % 8 else 25.0 for i in range(1, 17)]
+    estimate, low, high = _stats.ratio_interval(b, a)
+    assert estimate == pytest.approx(1.1)
+    assert low < 1.1 < high
+    scores = _stats.paired_scores({"a": a, "b": b})
+    assert scores["b"] == pytest.approx(1.1 * scores["a"])
 
 
-def test_one_disturbed_round_does_not_reorder_a_paired_ranking() -> None:
-    series = {"a": [10.0, 10.0, 40.0, 10.0, 10.0], "b": [10.5, 10.5, 10.5, 10.5, 10.5]}
-    scores = _stats.paired_scores(series)
-    assert scores["a"] < scores["b"]  # the mean of the log ratios would put a behind b
+def test_a_disturbance_both_candidates_saw_cancels_in_the_pair() -> None:
+    # A burst doubles both candidates' steps in three rounds: the ratio and its spread stay those of the quiet
+    # rounds, where the same burst hitting one candidate only widens the interval.
+    quiet_a = [10.0, 10.2, 9.8, 10.1, 9.9, 10.0, 10.2, 9.8, 10.1, 9.9]
+    quiet_b = [0.9 * x * (1 + 0.01 * (-1) ** i) for i, x in enumerate(quiet_a)]
+    burst = [2.0 if i in (3, 4, 5) else 1.0 for i in range(10)]
+    both = _stats.ratio_interval([x * f for x, f in zip(quiet_b, burst, strict=True)],
+                                 [x * f for x, f in zip(quiet_a, burst, strict=True)])
+    alone = _stats.ratio_interval([x * f for x, f in zip(quiet_b, burst, strict=True)], quiet_a)
+    assert both[0] == pytest.approx(0.9, rel=0.01)
+    assert both[2] < 0.93 < alone[2]
+
+
+def test_each_pair_spends_its_alpha_once_per_look() -> None:
+    # "d" is clearly slower at the first pass of the look; "b" is not at the look's split over its 3 pairs, but
+    # would be at the split over the 2 left after d's drop: tested again at that larger alpha, it would be
+    # dropped on the same rounds.
+    a = [10.0, 10.3, 9.7, 10.2, 9.8, 10.1, 9.9, 10.0, 10.3, 9.7]
+    c = [x * f for x, f in zip(a, [1.01, 0.99, 1.02, 0.98, 1.0, 1.01, 0.99, 1.0, 1.02, 0.98], strict=True)]
+    b = [x * f for x, f in zip(a, [1.03, 0.97, 1.02, 0.98, 1.01, 0.99, 1.0, 1.03, 0.97, 1.0], strict=True)]
+    wide, narrow = (_stats.ratio_interval(b, a, alpha=_stats.ALPHA_PER_LOOK / k)[1] for k in (3, 2))
+    b = [x / (wide * narrow) ** 0.5 for x in b]  # slower than a by just enough for the larger alpha only
+    assert _stats.ratio_interval(b, a, alpha=_stats.ALPHA_PER_LOOK / 3)[1] < 1
+    assert _stats.ratio_interval(b, a, alpha=_stats.ALPHA_PER_LOOK / 2)[1] > 1
+    series = {k: Series[str](steps_per_round=1, round_ms=v) for k, v in
+              {"a": a, "b": b, "c": c, "d": [3 * x for x in a]}.items()}
+    active = list(series)
+    look(series, active, SAME_MATH, len(a))
+    assert series["d"].dropped is not None
+    assert series["b"].dropped is None
 
 
 def test_a_drifting_control_gives_every_pair_twice_the_first_looks_rounds() -> None:
