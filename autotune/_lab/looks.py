@@ -234,14 +234,16 @@ def look(series: dict[K, Series[K]], active: list[K], comparisons: Comparisons[K
 
     In the final comparison, returns where the decision stands (:class:`Standing`).
     """
+    # Each candidate is in k - 1 of the look's pairs at most, its pick's with every one not dropped included: the
+    # split is fixed at the look's start, so a pair decided again after a drop spends no more than its share (on
+    # the same rounds at the same alpha, the same verdict).
+    alpha = _stats.ALPHA_PER_LOOK / max(1, sum(s.dropped is None and s.outpaced is None for s in series.values()) - 1)
     while True:
         # A settled candidate's pairs were resolved: the open ones are decided against the leaders still timed (a
         # leader no longer timed would leave its rivals' pairs open with no rounds to close them).
         contenders = [k for k, s in series.items() if s.dropped is None and s.outpaced is None]
         timed = [k for k in contenders if k in active] or contenders
         pick, pairs = _pairs(series, timed, comparisons)
-        # Each candidate is in k - 1 of the look's pairs at most, its pick's with every one not dropped included.
-        alpha = _stats.ALPHA_PER_LOOK / max(1, len(contenders) - 1)
         verdicts = [verdict(series, first, other, comparisons, alpha) for first, other in pairs]
         fallen = [(v, v.clearly) for v in verdicts if v.clearly is not None]
         for one, slower in fallen:
