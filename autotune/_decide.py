@@ -275,7 +275,8 @@ def ranking(results: Sequence[CandidateResult], expected_steps: int | None) -> d
     if len(final) < 2:
         return {id(r): score_ms(r, expected_steps) for r in results}
     ratios = _stats.paired_scores(final)
-    anchor_ms = statistics.fmean(max(final.values(), key=len))
+    longest: list[float] = max(final.values(), key=len)
+    anchor_ms = statistics.fmean(longest)
     return {id(r): score_ms(r, expected_steps, anchor_ms * ratios[id(r)] if id(r) in final else None)
             for r in results}
 

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator, Mapping
 import pytest
 
 from autotune import _stats
+from autotune._lab.looks import look
 from autotune._lab.measure import (
     Comparisons,
     Interleaved,
@@ -23,7 +24,6 @@ from autotune._lab.measure import (
     timed,
     warm_up,
 )
-from autotune._lab.looks import look
 from autotune._lab.retime import answered, faster_by_margin
 from autotune._lab.retime import comparisons as canary_pairs
 from autotune._records import Candidate, MachineLoad
