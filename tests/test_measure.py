@@ -455,6 +455,27 @@ def test_a_disturbance_both_candidates_saw_cancels_in_the_pair() -> None:
     assert both[2] < 0.93 < alone[2]
 
 
+def test_the_machines_slow_rounds_are_told_from_every_candidate_of_a_comparison() -> None:
+    # Another program slows one round of "a" 3x and two of "c"; "b" happens to be spared. The pair a, b alone
+    # cannot tell a's slow round from a stall of its own and keeps it; over the whole comparison the machine's
+    # hits show in c too, at a rate a's is not clearly above, and the round is left out of the pair.
+    quiet = [10.0 * (1 + 0.01 * ((7 * i) % 5 - 2)) for i in range(20)]
+    a = [3 * x if i == 3 else x for i, x in enumerate(quiet)]
+    b = [0.9 * x * (1 + 0.005 * (-1) ** i) for i, x in enumerate(quiet)]
+    c = [3 * x if i in (7, 15) else x * (1 - 0.005 * (-1) ** i) for i, x in enumerate(quiet)]
+    assert _stats.machine_tails({"a": a, "b": b})["a"] is None
+    pooled = _stats.machine_tails({"a": a, "b": b, "c": c})
+    assert pooled == {"a": frozenset({3}), "b": frozenset(), "c": frozenset({7, 15})}
+    alone = _stats.ratio_interval(b, a)
+    told = _stats.ratio_interval(b, a, left_out=_stats.left_out(pooled, "b", "a", 20))
+    assert told[0] == pytest.approx(0.9, rel=0.01)
+    assert told[0] > alone[0] + 0.05
+    assert told[2] - told[1] < (alone[2] - alone[1]) / 5
+    # A stall of b's own every 8th round while the others' rounds are clean stays in its mean.
+    stalled = [2.8 * x if i % 8 == 0 else x for i, x in enumerate(b)]
+    assert _stats.machine_tails({"a": quiet, "b": stalled, "c": [x * 1.01 for x in quiet]})["b"] is None
+
+
 def test_each_pair_spends_its_alpha_once_per_look() -> None:
     # "d" is clearly slower at the first pass of the look; "b" is not at the look's split over its 3 pairs, but
     # would be at the split over the 2 left after d's drop: tested again at that larger alpha, it would be
