@@ -84,7 +84,7 @@ def decide(
     else:
         pool = usable
 
-    alpha = decision_alpha(usable)
+    alpha = decision_alpha(measured.candidates)
     pick = pick_fastest(pool, expected_steps, alpha=alpha)
     numerics = pick.numerics
     evidence = Evidence(
@@ -139,7 +139,7 @@ def picked(measured: FamilyResult) -> Candidate:
     usable = finalists(measured)
     if not usable:
         raise _untrainable(measured)
-    return pick_fastest(usable, None).candidate
+    return pick_fastest(usable, None, alpha=decision_alpha(measured.candidates)).candidate
 
 
 def _untrainable(measured: FamilyResult) -> CalibrationError:
@@ -147,22 +147,22 @@ def _untrainable(measured: FamilyResult) -> CalibrationError:
                                                   for r in measured.candidates if r.failure is not None])
 
 
-def decision_alpha(finalists: Sequence[CandidateResult]) -> float:
-    """Each claim's error: one look's share split over the k - 1 pairs of any one finalist (k timed together in
-    the final comparison), as in that comparison's looks. A pick is wrong only through a wrong verdict on a pair
-    of the right answer (it wrongly beaten, or a pick wrongly resolved against it), so whichever pairs the rule
-    compares, the chance of a wrong pick is at most one look's share per decision."""
-    timed_together = sum(1 for r in finalists if r.timing is not None and r.timing.final and r.timing.outpaced is None)
+def decision_alpha(results: Sequence[CandidateResult]) -> float:
+    """Each claim's error: one look's share split over the k - 1 pairs of any one finalist, k the candidates timed
+    together in the final comparison as it began (those it dropped or outpaced since included: the split is
+    fixed at its start, as each look's is, so a pair is not tested again at a larger alpha once others left). A
+    pick is wrong only through a wrong verdict on a pair of the right answer (it wrongly beaten, or a pick
+    wrongly resolved against it), so whichever pairs the rule compares, the chance of a wrong pick is at most one
+    look's share per decision."""
+    timed_together = sum(1 for r in results if r.timing is not None and r.timing.final)
     return _stats.ALPHA_PER_LOOK / max(1, timed_together - 1)
 
 
 def pick_fastest(pool: Sequence[CandidateResult], expected_steps: int | None, *,
-                 alpha: float | None = None) -> CandidateResult:
+                 alpha: float) -> CandidateResult:
     """The pick among ``pool`` (finalists): on each device, the first one nothing there clearly beats, in the
     order the tie rule prefers (``_rules.preference``; layout and optimizer kernels by speed); then another
-    device only if it clearly beats the CPU's pick. ``alpha``: each claim's error (default:
-    :func:`decision_alpha`)."""
-    alpha = decision_alpha(pool) if alpha is None else alpha
+    device only if it clearly beats the CPU's pick. ``alpha``: each claim's error (:func:`decision_alpha`)."""
     picks = device_picks(pool, expected_steps, alpha=alpha)
     scores = ranking(list(picks.values()), expected_steps)
     best = min(picks.values(), key=lambda r: scores[id(r)])

@@ -16,7 +16,7 @@ with warnings.catch_warnings():
     import torch
 
 from autotune import _fp32
-from autotune._decide import finalists, pick_fastest
+from autotune._decide import decision_alpha, finalists, pick_fastest
 from autotune._families import get_family
 from autotune._lab.measure import per_step_s
 from autotune._lab.plan import plan
@@ -131,7 +131,7 @@ def _resolved(
 
 def picked(measured: FamilyResult) -> Candidate:
     """The candidate ``best_config(kind)`` answers with (prefer="auto"), as a full candidate with its variants."""
-    return pick_fastest(finalists(measured), None).candidate
+    return pick_fastest(finalists(measured), None, alpha=decision_alpha(measured.candidates)).candidate
 
 
 def _block(runner: TrainStep, steps: int) -> float:

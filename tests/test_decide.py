@@ -5,7 +5,7 @@ import logging
 import pytest
 from samples import failed, family, rival, timed
 
-from autotune import CalibrationError
+from autotune import CalibrationError, _stats
 from autotune._decide import decide, picked
 from autotune._records import Candidate, CandidateResult, Drop, Interval
 
@@ -242,3 +242,25 @@ def test_the_info_log_line_is_the_reason_and_debug_carries_the_evidence(caplog: 
     assert info == [f"cnn: {config.reason}"]
     assert config.evidence is not None
     assert debug == [f"cnn: the evidence: {config.evidence.model_dump_json()}"]
+
+
+def test_the_decisions_alpha_is_split_over_the_final_comparison_as_it_began() -> None:
+    # Four timed in the final comparison, two dropped there: bf16 beats fp32 by the margin at one look's share
+    # over 1 pair, not over the 3 each finalist had when the comparison began. Split over the two left, the
+    # same pair would be tested again at three times the alpha its looks spent.
+    fp32 = timed("cpu", "fp32", 10.0, rounds=12, jitter=3)
+    wiggle = [1.01, 0.99, 1.02, 0.98, 1.0, 1.01, 0.99, 1.0, 1.02, 0.98, 1.01, 0.99]
+    base = [x * w for x, w in zip(fp32.timing.round_ms, wiggle, strict=True)]  # type: ignore[union-attr]
+    wide, narrow = (_stats.ratio_interval(base, fp32.timing.round_ms,  # type: ignore[union-attr]
+                                          alpha=_stats.ALPHA_PER_LOOK / k)[2] for k in (3, 1))
+    scale = 1 / 1.03 / (wide * narrow) ** 0.5  # clearly faster at the larger alpha only
+    bf16 = timed("cpu", "bf16-mixed", 10.0, rounds=12)
+    bf16 = bf16.model_copy(update={"timing": bf16.timing.model_copy(  # type: ignore[union-attr]
+        update={"round_ms": [x * scale for x in base]})})
+    drop = Drop(by=bf16.candidate, ratio=Interval(estimate=2.0, low=1.8, high=2.2), rounds=12, far_behind=False)
+    dropped = [timed("cpu", p, 20.0, rounds=12) for p in ("fp16-mixed", "tf32")]
+    dropped = [r.model_copy(update={"timing": r.timing.model_copy(update={"dropped": drop})})  # type: ignore[union-attr]
+               for r in dropped]
+    measured = family("mlp", fp32, bf16, *dropped)
+    assert decide(family("mlp", fp32, bf16), digest=DIGEST).precision == "bf16-mixed"
+    assert decide(measured, digest=DIGEST).precision == "fp32"
