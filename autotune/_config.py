@@ -269,8 +269,9 @@ class Config(Choice):
         measured fastest for this machine, this config and this dataset, e.g. ``{"num_workers": 2, "pin_memory":
         False, "persistent_workers": True, "prefetch_factor": 2, "batch_size": 64}``.
 
-        Measured for a few seconds (``_tools.loader.BUDGET_S``) in the loop as you run it, this config's training
-        step fed by a DataLoader over ``dataset`` (see :meth:`dataloader_report`), then answered at once from the
+        Measured for a few seconds (``_tools.loader.BUDGET_S``) in the loop as you run it, a DataLoader over
+        ``dataset`` whose batches are copied to this config's device and followed by its recorded step time (no
+        model is built; see :meth:`dataloader_report`), then answered at once from the
         cache for the same dataset signature (type, length, one sample's structure without its sizes), batch size
         and ``key`` (name a new version of your data with it). ``fixed`` DataLoader arguments (``shuffle=True``,
         ``collate_fn=...``, ``num_workers=4``) are measured with and returned as given; with ``batch_sampler=``,
@@ -303,7 +304,7 @@ class Config(Choice):
         from autotune._tools import loader as _loader  # loads the training step's machinery: only when asked
 
         return _loader.report(self.candidate, self.model_kind, self.fingerprint_digest, dataset,
-                              batch_size=batch_size, key=key, fixed=fixed, init_scale=self.init_scale,
+                              batch_size=batch_size, key=key, fixed=fixed, step_ms=self.step_ms,
                               budget_s=_loader.BUDGET_S if budget_s is None else budget_s, force=force,
                               processes=self.ranks.local_world_size if self.ranks is not None else 1)
 

@@ -89,6 +89,16 @@ class Family:
                 "lists, dicts or dataclasses, as a DataLoader hands them"))
         return workload
 
+    def default_batch_size(self) -> int | None:
+        """The batch ``build()`` makes when given none, as its ``batch_size`` keyword's default says, e.g. 64 (the
+        batch calibration times); None where the build takes no such keyword or gives it no int default."""
+        try:
+            parameter = inspect.signature(_resolve(self.ref)).parameters.get("batch_size")  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            return None
+        default = parameter.default if parameter is not None else None
+        return default if isinstance(default, int) and not isinstance(default, bool) and default > 0 else None
+
     def accepts_batch_size(self) -> bool:
         """Whether ``build`` takes a ``batch_size`` keyword (``autotune.max_batch_size`` needs one)."""
         target = _resolve(self.ref)

@@ -502,10 +502,10 @@ class LoaderTrial(Record):
 
 class LoaderReport(Record):
     """What ``Config.dataloader_report`` measured for one dataset: the DataLoader settings it chose, why, and every
-    setting it timed in the loop with the config's own training step.
+    setting it timed in the loop with the config's recorded step time.
 
     ``reason`` is one line, e.g. ``"num_workers=2 with 1 training thread: the cheapest setting that kept up with the
-    training step (52 ms per step, the step alone 49 ms; without workers 95 ms)"``.
+    training step (52 ms per step, the step alone 49 ms; without workers 95 ms); measured in 3.1 s (budget 5 s)"``.
     """
 
     model_kind: str
@@ -522,7 +522,9 @@ class LoaderReport(Record):
     num_threads: int | None = Field(default=None, description=(
         "the training's CPU threads the choice was measured with, where it differs from the config's"))
     reason: str
-    step_ms: float | None = Field(description="the training step alone, on batches already in memory")
+    step_ms: float | None = Field(description=(
+        "the training step alone: the step time calibration recorded for the config, at the loader's batch size; "
+        "None where none was recorded (the loader was measured alone)"))
     trials: list[LoaderTrial]
     measured_at: str
     wall_s: float = Field(description="what the measurement cost, in seconds")

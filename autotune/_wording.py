@@ -253,35 +253,42 @@ def loop_words(summary: LoopSummary) -> str:
             f"{time_words(summary.data_ms)} of data, {time_words(summary.step_ms)} of step{measured}")
 
 
-def loader_reason(chosen: LoaderTrial, trials: Sequence[LoaderTrial], *, step_ms: float, kept_up: bool,
-                  workers_failed: bool) -> str:
-    """Why ``dataloader_kwargs`` chose ``chosen``, per training step, e.g. ``'num_workers=2 with 1 training thread:
-    the cheapest setting that kept up with the training step (52 ms per training step, the step alone 49 ms;
-    without workers 95 ms)'``; where no setting with workers could run (``workers_failed``), each one's cause."""
+def loader_reason(chosen: LoaderTrial, trials: Sequence[LoaderTrial], *, step_ms: float | None, kept_up: bool,
+                  workers_failed: bool, wall_s: float, budget_s: float) -> str:
+    """Why ``dataloader_kwargs`` chose ``chosen``, per training step, and what measuring it cost, e.g.
+    ``'num_workers=2 with 1 training thread: the cheapest setting that kept up with the training step (52 ms per
+    training step, the step alone 49 ms; without workers 95 ms); measured in 3.1 s (budget 5 s)'``; where no setting
+    with workers could run (``workers_failed``), each one's cause; ``step_ms`` None: no step time was recorded, the
+    loader was measured alone."""
     setting = f"num_workers={chosen.num_workers}"
     if chosen.num_threads is not None:
         setting += f" with {chosen.num_threads} training thread{'s' if chosen.num_threads != 1 else ''}"
     if chosen.prefetch_factor not in (None, 2):
         setting += f" and prefetch_factor={chosen.prefetch_factor}"
-    loop = f"{time_words(chosen.loop_ms or 0.0)} per training step, the step alone {time_words(step_ms)}"
+    loop = (f"{time_words(chosen.loop_ms or 0.0)} per training step, the step alone {time_words(step_ms)}"
+            if step_ms is not None else
+            f"{time_words(chosen.loop_ms or 0.0)} per batch, the loader alone: this config has no step time recorded")
     without = next((t for t in trials if t.num_workers == 0 and t.loop_ms is not None), None)
     if without is not None and chosen.num_workers:
         loop += f"; without workers {time_words(without.loop_ms or 0.0)}"
+    cost = f"; measured in {wall_s:.1f} s (budget {budget_s:g} s)"
     ruled_out = [t for t in trials if t.failure is not None]
     if workers_failed:
         return (f"{setting}: no setting with workers could run, so this answer is not kept ({loop}, "
-                f"{chosen.data_wait_share or 0.0:.0%} of it waiting for data): "
+                f"{chosen.data_wait_share or 0.0:.0%} of it waiting for data{cost}): "
                 + "; ".join(f"num_workers={t.num_workers}: {t.failure}" for t in ruled_out))
     if kept_up:
         what = "the loop kept up with the training step without workers" if not chosen.num_workers else \
             "the cheapest setting that kept up with the training step"
         why = f"{setting}: {what} ({loop})"
+    elif step_ms is None:
+        why = f"{setting}: the fastest setting ({loop})"
     else:
         why = (f"{setting}: the fastest setting, though none kept up with the training step ({loop}, "
                f"{chosen.data_wait_share or 0.0:.0%} of it waiting for data)")
     if ruled_out:
         why += "; ruled out: " + "; ".join(f"num_workers={t.num_workers} ({t.failure})" for t in ruled_out)
-    return why
+    return why + cost
 
 
 # -- the reason: one sentence from the evidence ------------------------------------------------------------------

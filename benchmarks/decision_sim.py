@@ -20,6 +20,10 @@ the same rules make on the exact truth. Printed per scenario (JSON lines):
 - ``open_pct``: picks whose evidence names a pair the pick rests on still open when timing stopped (a close
   call its rounds could not afford: served as final, the pair named).
 
+The ``trace/`` scenarios replay real step times recorded on a machine (``record_traces.py``, under
+``fixtures/traces``): its bursts hit every candidate timed in them and the control alike, each candidate keeps
+its own spread and tail, and one pair is shifted to a chosen true gap (:func:`trace_scenarios`).
+
 ``gpu_clock_drop_in_final`` throttles the GPU during the final comparison: there a CPU pick is expected, and
 what counts is that every one of them is flagged noisy (``wrong_not_noisy_pct`` 0). The scenarios after the
 recorded machines run GPUs as a training loop runs them (``Truth.pipelined``), the recorded machines too
@@ -43,9 +47,22 @@ from autotune._decide import decide, finalists
 from autotune._records import Candidate, Failure
 from autotune._rules import MARGIN, complexity
 from autotune._variants import Facts, Situation, reachable
-from autotune.testing.simulate import CandidateTruth, Truth, simulate, true_pick, true_score, truth_from_record
+from autotune.testing.simulate import (
+    CandidateTruth,
+    Truth,
+    simulate,
+    true_pick,
+    true_score,
+    truth_from_record,
+    truth_from_trace,
+)
+from autotune.testing.traces import read_replay
 
 MACHINES = Path(__file__).parent.parent / "fixtures" / "machines"
+TRACES = Path(__file__).parent.parent / "fixtures" / "traces"
+#: a trace scenario's same-math pair: the first of these settings of fp32 on the CPU its family recorded
+SAME_MATH = ("channels_last", "fused-optimizer")
+TRACE_GAPS = (0.0, 0.02, 0.045, 0.10)
 CPU_THREADS = {"1 thread": 3.0, "4 threads": 1.5}  # an 8-thread CPU: fewer threads are slower
 CLOCK_DROP = (8.25, 20.0)  # simulated seconds: from within its final comparison (8.1-8.2 s to 8.3-8.9 s)
 
@@ -161,6 +178,38 @@ def scenarios() -> dict[str, tuple[Truth, int | None]]:
                 found[f"{path.stem}/{kind}@60steps"] = (truth_from_record(measured, default_threads=8), 60)
     found.update(loop_scenarios())
     found.update(recorded_loops())
+    found.update(trace_scenarios())
+    return found
+
+
+def trace_scenarios(traces: Path = TRACES) -> dict[str, tuple[Truth, int | None]]:
+    """The recorded traces (``benchmarks/record_traces.py``) replayed with their bursts and correlations, a pair
+    shifted to a chosen true gap, every other setting a tie: fp32 on the CPU (torch's thread count, else the
+    fewest threads recorded) and the same with a same-math setting (channels_last, else the fused optimizer)
+    faster by each of :data:`TRACE_GAPS`; and bf16 with fp32's settings exactly as fast as fp32 (a null: a bf16
+    pick is a false "clearly faster"), where those were recorded."""
+    found: dict[str, tuple[Truth, int | None]] = {}
+    for path in sorted(traces.glob("*.json.gz")):
+        trace, replay = read_replay(path)
+        by_settings = {(one.candidate.precision, frozenset(one.candidate.variants)): one.candidate
+                       for one in trace.candidates}
+        plain = [c for (precision, words), c in by_settings.items()
+                 if precision == "fp32" and not words & set(SAME_MATH)]
+        if not plain:
+            continue
+        fp32 = min(plain, key=lambda c: len(c.variants))
+        for word in SAME_MATH:
+            rival = by_settings.get(("fp32", frozenset([*fp32.variants, word])))
+            if rival is not None:
+                for gap in TRACE_GAPS:
+                    name = f"trace/{trace.family}/{word}_{100 * gap:g}pct"
+                    found[name] = (truth_from_trace(trace, replay, name=name, faster=(rival, fp32, gap), ties=True),
+                                   None)
+                break
+        bf16 = by_settings.get(("bf16-mixed", frozenset(fp32.variants)))
+        if bf16 is not None:
+            name = f"trace/{trace.family}/bf16_equal"
+            found[name] = (truth_from_trace(trace, replay, name=name, faster=(bf16, fp32, 0.0), ties=True), None)
     return found
 
 

@@ -1,6 +1,8 @@
-"""``cfg.dataloader_kwargs``: real datasets, real DataLoaders with real worker processes, the config's real training
-step on the CPU. The per-sample cost that makes a loop data-bound is a real transform (a blur of a small image), not
-a sleep; failures are caused (a lambda under spawn, a raise on item 7, a worker that exits or hangs), not faked.
+"""``cfg.dataloader_kwargs``: real datasets, real DataLoaders with real worker processes, the config's recorded step
+time spent on the CPU. The per-sample cost that makes a loop data-bound is a real transform (a blur of a small image)
+or a wait (a read from a slow disk); failures are caused (a lambda under spawn, a raise on item 7, a worker that exits
+or hangs), not faked; what the measurement leaves in this process (random streams, generators, samplers, torch's
+flags, the samples it read itself) is read back from the process.
 
 Which setting is fastest on this machine is the benchmark's to show (``benchmarks/loader.py``); the tests assert
 what does not depend on the machine's speed: the shape of the answer, the decision on its own measurements, and
@@ -12,6 +14,8 @@ from __future__ import annotations
 import functools
 import multiprocessing
 import os
+import random
+import re
 import subprocess
 import sys
 import textwrap
@@ -20,6 +24,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy
 import pytest
 import torch
 import torch.nn.functional as F
@@ -28,6 +33,7 @@ from torch.utils.data import (
     DataLoader,
     Dataset,
     IterableDataset,
+    RandomSampler,
     SequentialSampler,
     TensorDataset,
     get_worker_info,
@@ -36,18 +42,20 @@ from torch.utils.data import (
 import autotune
 from autotune import Config, ConfigurationError, DatasetError, LoaderReport, LoaderTrial
 from autotune._cache import loader_answers
+from autotune._families import get_family
 from autotune._records import Ranks
-from autotune._tools.loader import KEEP_UP, choose, keeps_up, workers_failed
+from autotune._tools.loader import KEEP_UP, choose, keeps_up, step_at, workers_failed
 from autotune.backends import _linux
 
 #: a small budget: each setting's loop is timed over a tenth of it
 BUDGET_S = 1.0
 
 
-def _config(kind: str) -> Config:
-    """A measured answer made by hand: fp32 on one CPU thread (which precision wins is not the subject)."""
+def _config(kind: str, step_ms: float | None = 1.0) -> Config:
+    """A measured answer made by hand: fp32 on one CPU thread (which precision wins is not the subject), a step of
+    ``step_ms`` at the family's own batch."""
     return Config(model_kind=kind, device="cpu", precision="fp32", num_threads=1, source="measured",
-                  reason="measured by hand", fingerprint_digest=autotune.fingerprint().digest, step_ms=1.0)
+                  reason="measured by hand", fingerprint_digest=autotune.fingerprint().digest, step_ms=step_ms)
 
 
 class Blurred(Dataset[tuple[torch.Tensor, int]]):
@@ -114,18 +122,52 @@ class WorkersHang(Blurred):
 
 class Rescaled(Dataset[torch.Tensor]):
     """Samples whose size changes each time the first is read, as a scale drawn at each epoch's start does (a
-    multi-scale augmentation): ``reads`` counts those reads."""
+    multi-scale augmentation): ``reads`` counts those reads, in whichever process (a file: the measurement reads
+    apart)."""
 
-    def __init__(self) -> None:
-        self.reads = 0
+    def __init__(self, counter: Path) -> None:
+        self.counter = counter
+
+    @property
+    def reads(self) -> int:
+        return len(self.counter.read_text()) if self.counter.exists() else 0
 
     def __len__(self) -> int:
         return 32
 
     def __getitem__(self, index: int) -> torch.Tensor:
         if index == 0:
-            self.reads += 1
+            with self.counter.open("a") as counter:
+                counter.write("x")
         return torch.full((8 + self.reads,), float(index))
+
+
+class Logged(Dataset[tuple[torch.Tensor, int]]):
+    """Samples that wait ``wait_s`` each, as reads from a slow disk do, and log who read which (``pid index`` lines,
+    appended to ``log``: whichever process reads) and what each read drew from torch's, Python's and NumPy's
+    random streams (an augmentation's draws)."""
+
+    def __init__(self, log: Path, length: int = 512, wait_s: float = 0.0) -> None:
+        self.log = log
+        self.length = length
+        self.wait_s = wait_s
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        with self.log.open("a") as log:
+            log.write(f"{os.getpid()} {index}\n")
+        time.sleep(self.wait_s)
+        noise = torch.rand(()) + random.random() + float(numpy.random.rand())
+        return torch.full((8,), float(index)) + noise * 0, index % 4
+
+    def reads(self) -> list[tuple[int, int]]:
+        """(pid, index) of every read, in order."""
+        if not self.log.exists():
+            return []
+        return [(int(pid), int(index)) for pid, index in (line.split() for line in self.log.read_text().split("\n")
+                                                           if line)]
 
 
 class Vectors(Dataset[torch.Tensor]):
@@ -178,10 +220,10 @@ def _answers_kept() -> list[str]:
 
 def test_in_memory_tensors_need_no_workers_and_the_answer_is_cached() -> None:
     images = TensorDataset(torch.randn(256, 3, 64, 64), torch.randint(0, 10, (256,)))
-    config = _config("cnn")
+    config = _config("cnn", step_ms=40.0)  # a small CNN's step on a CPU core, at its batch of 32
     rng, threads = torch.get_rng_state(), torch.get_num_threads()
     report = config.dataloader_report(images, batch_size=16, budget_s=BUDGET_S)
-    assert report.num_workers == 0 and report.trials[0].num_workers == 0
+    assert report.num_workers == 0 and [t.num_workers for t in report.trials] == [0]  # it kept up: nothing costlier
     assert keeps_up(report.trials[0], report.step_ms or 0.0)
     assert report.reason.startswith("num_workers=0 with 1 training thread: the loop kept up with the training step "
                                     "without workers (") and "per training step, the step alone" in report.reason
@@ -341,11 +383,11 @@ def test_a_dataset_defined_in_main_with_a_lambda_gets_workers_started_as_the_use
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="here the CUDA config is measured: the test above")
 def test_a_config_for_a_device_this_process_cannot_use_is_named(tiny_family: str) -> None:
-    """The loop is measured with the Config's training step on its device: without it, the error says so (torch's
-    own, on a build without CUDA, is an AssertionError)."""
+    """The loop is measured copying its batches to the Config's device: without it, the error says so (torch's own,
+    on a build without CUDA, is an AssertionError)."""
     config = _config(tiny_family).model_copy(update={"device": "cuda:0"})
     with pytest.raises(ConfigurationError, match=r"device='cuda:0' is invalid: cuda:0 is not usable \(.*\); this "
-                       "process can use: cpu; the DataLoader is measured with this Config's training step on its "
+                       "process can use: cpu; the DataLoader is measured copying its batches to this Config's "
                        "device: ask on the machine that trains"):
         config.dataloader_report(Blurred(length=16), batch_size=8, budget_s=BUDGET_S)
     assert _answers_kept() == []
@@ -364,6 +406,26 @@ def test_workers_that_die_receiving_a_dataset_defined_in_main_are_its_cause_not_
     assert report.reason.startswith("num_workers=0 with 1 training thread: no setting with workers could run, so "
                                     "this answer is not kept (")
     assert report.reason in stderr  # a WARNING, on Python's last-resort handler where the app configured no logging
+    assert _answers_kept() == []
+
+
+def _report_in(config: Config, dataset: Any, reports: Any) -> None:
+    torch.set_num_threads(1)  # forked: the parent's OpenMP threads are not here
+    reports.put(config.dataloader_report(dataset, batch_size=8, budget_s=BUDGET_S).model_dump_json())
+
+
+@pytest.mark.skipif(multiprocessing.get_all_start_methods()[0] != "fork", reason="a forked daemon: Linux's default")
+def test_in_a_daemonic_process_workers_are_ruled_out_with_the_cause(tiny_family: str) -> None:
+    """A daemonic process (a multiprocessing Pool's) may start no processes: neither its DataLoader's workers nor the
+    one the measurement reads the first sample in, which it then reads in that process."""
+    reports = multiprocessing.get_context("fork").Queue()
+    daemon = multiprocessing.get_context("fork").Process(target=_report_in, daemon=True,
+                                                         args=(_config(tiny_family), Blurred(length=64), reports))
+    daemon.start()
+    report = LoaderReport.model_validate_json(reports.get(timeout=120))
+    daemon.join()
+    assert report.num_workers == 0 and workers_failed(report.trials)
+    assert "daemonic processes are not allowed to have children" in report.reason
     assert _answers_kept() == []
 
 
@@ -419,8 +481,9 @@ def test_bad_arguments_are_named(tiny_family: str, arguments: dict[str, Any], na
         _config(tiny_family).dataloader_kwargs(Blurred(length=8), **arguments)
 
 
-def test_a_dataset_whose_sample_size_changes_from_run_to_run_is_answered_from_the_cache(tiny_family: str) -> None:
-    dataset, config = Rescaled(), _config(tiny_family)
+def test_a_dataset_whose_sample_size_changes_from_run_to_run_is_answered_from_the_cache(tiny_family: str,
+                                                                                         tmp_path: Path) -> None:
+    dataset, config = Rescaled(tmp_path / "reads"), _config(tiny_family)
     report = config.dataloader_report(dataset, batch_size=8, num_workers=0, budget_s=BUDGET_S)
     assert report.dataset == "test_loader.Rescaled of 32 samples, each Tensor[float32, 9]"  # the first read's size
     reads = dataset.reads
@@ -471,3 +534,108 @@ def test_the_cheapest_setting_that_keeps_up_wins_else_the_fastest() -> None:
         _trial(2, 13.0)
     assert choose([_trial(2, 12.0, prefetch=4), _trial(2, 10.5)], step_ms) == _trial(2, 10.5)
     assert choose([_trial(1, None), _trial(2, None)], step_ms) is None
+
+
+def test_the_step_time_is_the_recorded_one_at_the_loaders_batch_size(tiny_family: str, tmp_path: Path) -> None:
+    assert step_at(40.0, 64, 32) == 20.0 and step_at(40.0, None, 32) == 40.0 and step_at(None, 64, 32) is None
+    assert get_family("tiny_mlp").default_batch_size() == 64 and get_family(tiny_family).default_batch_size() is None
+    report = _config("tiny_mlp", step_ms=8.0).dataloader_report(Vectors(), batch_size=16, num_workers=0,
+                                                                  budget_s=BUDGET_S)
+    assert report.step_ms == 2.0  # 8 ms at tiny_mlp's batch of 64, a quarter of it
+    assert re.search(r"; measured in \d+\.\d s \(budget 1 s\)$", report.reason), report.reason
+
+
+def test_without_a_recorded_step_time_the_loader_is_measured_alone(tiny_family: str) -> None:
+    report = _config(tiny_family, step_ms=None).dataloader_report(Blurred(length=64), batch_size=8,
+                                                                   budget_s=BUDGET_S)
+    assert report.step_ms is None and "per batch, the loader alone: this config has no step time recorded" in \
+        report.reason
+    assert report.num_workers == min((t for t in report.trials if t.loop_ms is not None),
+                                     key=lambda t: t.loop_ms or 0.0).num_workers  # the fastest
+
+
+@pytest.mark.parametrize("start", ["default", "spawn"])
+def test_the_callers_random_streams_are_not_drawn_from(tiny_family: str, tmp_path: Path, start: str,
+                                                       request: pytest.FixtureRequest) -> None:
+    """Each sample draws from torch's, Python's and NumPy's streams, as an augmentation does: without workers the
+    measurement reads samples itself, in a forked process where workers fork, else here (spawn) with the streams put
+    back."""
+    if start == "spawn":
+        request.getfixturevalue("spawned")
+    torch.manual_seed(1), random.seed(1), numpy.random.seed(1)
+    before = torch.get_rng_state(), random.getstate(), numpy.random.get_state()
+    report = _config(tiny_family).dataloader_report(Logged(tmp_path / "log"), batch_size=8, num_workers=0,
+                                                    shuffle=True, budget_s=BUDGET_S)
+    readers = {pid for pid, _ in Logged(tmp_path / "log").reads()}
+    assert report.trials and readers  # samples were read, and drew: under spawn, here
+    assert (os.getpid() in readers) == (start == "spawn")
+    assert torch.equal(torch.get_rng_state(), before[0]) and random.getstate() == before[1]
+    state = numpy.random.get_state()
+    assert all(numpy.array_equal(now, then) for now, then in zip(state, before[2], strict=True))
+
+
+def test_the_callers_generator_and_sampler_are_not_advanced(tiny_family: str) -> None:
+    dataset = Vectors(length=64)
+
+    class Counted(SequentialSampler):
+        """A sampler with state of its own: the epochs it began."""
+
+        epochs = 0
+
+        def __iter__(self) -> Iterator[int]:
+            self.epochs += 1
+            return super().__iter__()
+
+    shuffling = torch.Generator().manual_seed(3)
+    state = shuffling.get_state()
+    kwargs = _config(tiny_family).dataloader_kwargs(dataset, batch_size=8, shuffle=True, generator=shuffling)
+    assert kwargs["generator"] is shuffling and torch.equal(shuffling.get_state(), state)  # returned as given, unused
+    drawing = torch.Generator().manual_seed(4)
+    state = drawing.get_state()
+    sampler = RandomSampler(dataset, generator=drawing)
+    assert _config(tiny_family).dataloader_kwargs(dataset, batch_size=8, sampler=sampler)["sampler"] is sampler
+    assert torch.equal(drawing.get_state(), state)
+    counted = Counted(dataset)
+    report = _config(tiny_family).dataloader_report(dataset, batch_size=8, sampler=counted, budget_s=BUDGET_S)
+    assert report.trials and counted.epochs == 0
+
+
+@pytest.mark.parametrize("benchmark", [False, True])
+def test_torchs_settings_are_left_as_they_were(tiny_family: str, benchmark: bool) -> None:
+    before = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = benchmark
+    try:
+        _config(tiny_family).dataloader_report(Blurred(length=64), batch_size=8, budget_s=BUDGET_S)
+        assert torch.backends.cudnn.benchmark is benchmark
+    finally:
+        torch.backends.cudnn.benchmark = before
+
+
+@pytest.mark.skipif(multiprocessing.get_all_start_methods()[0] != "fork", reason="workers fork by default on Linux")
+def test_where_workers_are_measured_this_process_reads_no_sample(tiny_family: str, tmp_path: Path) -> None:
+    """A dataset that opens a file at its first read (HDF5, LMDB) must not open it in the process that forks the
+    workers: neither the first sample (the question's key) nor the loop without workers is read here."""
+    dataset = Logged(tmp_path / "log", wait_s=0.002)
+    report = _config(tiny_family).dataloader_report(dataset, batch_size=8, budget_s=BUDGET_S)
+    assert report.trials[0].num_workers == 0 and any(t.num_workers and t.loop_ms for t in report.trials)
+    readers = {pid for pid, _ in dataset.reads()}
+    assert readers and os.getpid() not in readers
+    # from the cache: the first sample read again for the key, elsewhere again
+    assert _config(tiny_family).dataloader_report(dataset, batch_size=8) == report
+    assert os.getpid() not in {pid for pid, _ in dataset.reads()}
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one core: the most workers are one")
+def test_each_setting_is_timed_over_two_waves_of_its_workers_reading_on(tiny_family: str, tmp_path: Path) -> None:
+    """Samples that wait 5 ms each, 4 a batch, with 2 workers: each worker's first batch warms up, then at least two
+    more of each worker's are timed (the window holds whole waves, however slow a batch), and each setting reads
+    samples no other setting read (the page cache flatters none)."""
+    dataset = Logged(tmp_path / "log", length=2048, wait_s=0.005)
+    report = _config(tiny_family).dataloader_report(dataset, batch_size=4, num_workers=2, budget_s=0.3)
+    assert {t.num_workers for t in report.trials} == {2}
+    assert all(t.batches >= 2 + 2 * 2 for t in report.trials)
+    indices = [index for _, index in dataset.reads()[1:]]  # after the first sample, read for the question's key
+    assert len(indices) == len(set(indices))
+    alone = _config(tiny_family).dataloader_report(Logged(tmp_path / "alone", length=2048, wait_s=0.005),
+                                                   batch_size=4, num_workers=0, budget_s=0.3)
+    assert alone.trials[0].batches >= 3  # the first, then two timed

@@ -1,16 +1,28 @@
-"""DataLoader settings measured with the training step, for one dataset: ``cfg.dataloader_kwargs(dataset,
+"""DataLoader settings measured against the training step's time, for one dataset: ``cfg.dataloader_kwargs(dataset,
 batch_size=64)``.
 
-For about ``BUDGET_S`` seconds it runs the loop as the user runs it: the config's own training step (its family's
-model at the loader's batch size, on its device, in its precision and variants, uncompiled) fed by a DataLoader over
-the user's dataset, one setting after another. Without workers first, then the most workers (the cores this process
-may use, its CPU quota included, or in a job of many processes its share of them; no more than fit in
-``MEMORY_SHARE`` of the available memory), then the counts between, fewest first; on the CPU each worker count with
-the config's training threads and with fewer, leaving the workers their cores: workers and training threads share
-the cores, so they are measured together, never added up. A loop within ``KEEP_UP`` of its step keeps up: the
-cheapest setting that keeps up wins (costlier ones are not measured), else the fastest. Workers persist across
-epochs; memory is pinned where copies from it are asynchronous (CUDA, XPU); workers start as the user's DataLoader
-starts them: by the platform's default start method, or the ``multiprocessing_context`` fixed.
+For about ``BUDGET_S`` seconds it runs the loop as the user runs it, but for the step: a DataLoader over the user's
+dataset delivers batches that are copied to the config's device, each followed by the step time calibration
+recorded for the config (scaled to the loader's batch size) spent on the training's threads (``stand_in``), one
+setting after another. No model is built and nothing but a batch is placed on the device; nothing of the caller's
+process changes (``apart``): its random streams and generators are not drawn from, its sampler is copied, its
+``torch.backends`` settings are not touched, and its process never reads the dataset where workers are measured
+(what the measurement reads itself it reads in a forked process). Where the config has no step time (made by hand or
+by heuristic), the loader is measured alone and the fastest setting wins.
+
+Without workers first, then the most workers (the cores this process may use, its CPU quota included, or in a job of
+many processes its share of them; no more than fit in ``MEMORY_SHARE`` of the available memory), then the counts
+between, fewest first; on the CPU each worker count with the config's training threads and with fewer, leaving the
+workers their cores: workers and training threads share the cores, so they are measured together, never added up.
+Each setting is timed from its steady rate: once every worker has delivered its first batch, over at least two more
+of each worker's batches (two periods of the wave the workers load side by side) and ``SETTING_SHARE`` of the
+budget; each setting reads on where the last left off, so no setting reads what the page cache holds from another.
+Without workers the loop is its loading (timed apart, on one thread as a worker loads), its copy and its step, one
+after the other. A loop within ``KEEP_UP`` of its step keeps up: the cheapest setting that keeps up wins (costlier
+ones are not measured), else the fastest. The budget bounds which settings start, not a setting's window: the report
+says what the measurement cost (``wall_s``). Workers persist across epochs; memory is pinned where copies from it
+are asynchronous (CUDA, XPU); workers start as the user's DataLoader starts them: by the platform's default start
+method, or the ``multiprocessing_context`` fixed.
 
 A setting whose worker dies or stays silent for ``TIMEOUT_S`` is ruled out and reported, with the cause where one is
 found (workers started by spawn or forkserver that cannot receive the dataset: the exception pickling or unpickling
@@ -23,7 +35,7 @@ arguments by what they are (a function or class by its name, a ``partial`` by it
 
 from __future__ import annotations
 
-import contextlib
+import dataclasses
 import datetime as dt
 import functools
 import inspect
@@ -32,7 +44,6 @@ import math
 import multiprocessing
 import pickle
 import time
-import types
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from multiprocessing.connection import Connection
@@ -40,29 +51,27 @@ from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import DataLoader
 
-from autotune import _fp32
 from autotune._cache.loader_answers import Answers
 from autotune._errors import ConfigurationError, DatasetError
 from autotune._families import get_family
 from autotune._fingerprint import default_threads
-from autotune._lab.step import TrainStep
 from autotune._quota import usable_cores
 from autotune._records import Candidate, LoaderReport, LoaderTrial
+from autotune._tools.apart import Continuing, Silent, Tick, apart, sampling, untouched
+from autotune._tools.question import dataset_signature, described, named
+from autotune._tools.stand_in import StandIn
 from autotune._variants import threads_per_process
 from autotune._wording import loader_reason
-from autotune.backends import Backend, _linux, backend_for, resolve_device
+from autotune.backends import _linux, backend_for, resolve_device
 
 log = logging.getLogger("autotune")
 
 #: the measurement's length in seconds: no setting starts after it, but for no workers and the most workers
 BUDGET_S = 5.0
-#: each setting's loop is timed over this share of the budget and at least ``MIN_BATCHES`` batches, or over one
-#: batch where that takes ``SLOW_SETTINGS`` shares
+#: each setting's loop is timed over at least this share of the budget (and two periods of its workers' wave)
 SETTING_SHARE = 0.1
-MIN_BATCHES = 3
-SLOW_SETTINGS = 3
 #: a loop at most this much slower per step than its step keeps up: without workers, its own steps (nothing else
 #: shares the cores, and the comparison is within one timed loop); with workers, the step alone (they may slow it)
 KEEP_UP = 0.10
@@ -74,39 +83,53 @@ DEEP_PREFETCH = 4
 #: page cache need the rest
 MEMORY_SHARE = 0.5
 #: bumped when what a stored answer means changes (2: workers start as the user's DataLoader starts them; the
-#: dataset is keyed without its sample's sizes, the fixed arguments by what they are)
-MEASUREMENT_VERSION = 2
+#: dataset is keyed without its sample's sizes, the fixed arguments by what they are; 3: the step is the recorded
+#: step time, each setting timed over two periods of its workers' wave, the copy to the device included)
+MEASUREMENT_VERSION = 3
 
 #: the DataLoader keywords ``fixed`` may not hold: the dataset and the batch size are arguments of their own
 _NOT_FIXED = ("dataset", "batch_size")
+#: the fixed keywords measured through copies (``apart.sampling``), never passed as they are
+_SAMPLING = ("sampler", "batch_sampler", "shuffle", "generator")
 
 
 def report(candidate: Candidate, model_kind: str, digest: str, dataset: Any, *, batch_size: int, key: str | None,
-           fixed: Mapping[str, Any], init_scale: float | None = None, budget_s: float = BUDGET_S,
-           force: bool = False, processes: int = 1) -> LoaderReport:
+           fixed: Mapping[str, Any], step_ms: float | None, budget_s: float = BUDGET_S, force: bool = False,
+           processes: int = 1) -> LoaderReport:
     """The DataLoader settings that measured fastest for ``candidate`` training ``model_kind`` on ``dataset``, from
-    the answers of this machine configuration (``digest``) when this question was measured before. ``processes``:
-    the job's processes on this machine, each loading with its share of the cores (its workers and its training
-    threads beside the others')."""
+    the answers of this machine configuration (``digest``) when this question was measured before. ``step_ms``:
+    the step time calibration recorded for the candidate, at the family's own batch (None: not known).
+    ``processes``: the job's processes on this machine, each loading with its share of the cores (its workers and
+    its training threads beside the others')."""
     _validate(batch_size, key, fixed, budget_s)
-    signature, keyed, length = dataset_signature(dataset)
+    method = _start_method(fixed)
+    signature, keyed, length = dataset_signature(dataset, method=method)
     family = get_family(model_kind)
     question = "|".join([family.name, family.ref, family.version or "", candidate.label,
-                         keyed, f"batch {batch_size}", key or "", _described(fixed), f"v{MEASUREMENT_VERSION}"])
+                         keyed, f"batch {batch_size}", key or "", described(fixed), f"v{MEASUREMENT_VERSION}"])
     answers = Answers(digest)
     if not force and (known := answers.get(question)) is not None:
         return known
     cores = threads_per_process(usable_cores(), processes)
     measured = _measure(candidate, model_kind, dataset, signature, length, batch_size=batch_size, fixed=fixed,
-                        init_scale=init_scale, budget_s=budget_s, cores=cores,
-                        most_workers=_most_workers(cores, processes))
+                        method=method, step_ms=step_at(step_ms, family.default_batch_size(), batch_size),
+                        budget_s=budget_s, cores=cores, most_workers=_most_workers(cores, processes))
     if workers_failed(measured.trials):
         # the user's loop would lose its workers the same way until the cause is fixed: not kept as the best
         log.warning("%s: %s", model_kind, measured.reason)
         return measured
-    log.info("%s: %s (measured in %.1f s)", model_kind, measured.reason, measured.wall_s)
+    log.info("%s: %s", model_kind, measured.reason)
     answers.put(question, measured)
     return measured
+
+
+def step_at(step_ms: float | None, recorded_batch: int | None, batch_size: int) -> float | None:
+    """The step time at ``batch_size``, e.g. 20.0 for 40 ms recorded at batch 64 and a loader's batch of 32: in
+    proportion to the batch where the recorded one is known, as recorded where it is not (a family whose build takes
+    no ``batch_size`` trains at its one batch size); None where none was recorded."""
+    if step_ms is None or recorded_batch is None:
+        return step_ms
+    return step_ms * batch_size / recorded_batch
 
 
 def workers_failed(trials: Sequence[LoaderTrial]) -> bool:
@@ -133,32 +156,6 @@ def choose(trials: list[LoaderTrial], step_ms: float) -> LoaderTrial | None:
     return min(timed, key=lambda t: t.loop_ms or 0.0, default=None)
 
 
-def dataset_signature(dataset: Any) -> tuple[str, str, int]:
-    """What describes a dataset, e.g. ``"my_app.data.Photos of 50,000 samples, each (Tensor[float32, 3x64x64],
-    int)"``; what identifies it across runs, its tensors by dtype and rank (``"... each (Tensor[float32, 3-d],
-    int)"``: a first sample's size may be random, as a random crop's is); and its length. Raises
-    :class:`DatasetError` for one that is empty, has no length, is iterable-style, or raises on its first
-    sample."""
-    name = _named(dataset)
-    if isinstance(dataset, IterableDataset):
-        raise DatasetError(name, "it is an IterableDataset: each worker would iterate all of it unless it splits "
-                           "itself by torch.utils.data.get_worker_info(), so its loading is not measured")
-    try:
-        length = len(dataset)
-    except TypeError as exc:
-        raise DatasetError(name, f"it has no len() ({exc}); a map-style dataset needs __len__ and __getitem__") \
-            from exc
-    if length == 0:
-        raise DatasetError(name, "it is empty (len 0)")
-    try:
-        first = dataset[0]
-    except Exception as exc:  # the dataset's own code: its exception, whatever it is, is the answer's cause
-        raise DatasetError(name, f"dataset[0] raised {type(exc).__name__}: {exc}") from exc
-    shown, keyed = (f"{name} of {length:,} samples, each {_structure(first, sized=sized)}"[:400]
-                    for sized in (True, False))
-    return shown, keyed, length
-
-
 # -- measuring ------------------------------------------------------------------------------------------------
 
 
@@ -167,7 +164,7 @@ class _Unreceivable(Exception):
 
 
 def _measure(candidate: Candidate, model_kind: str, dataset: Any, signature: str, length: int, *, batch_size: int,
-             fixed: Mapping[str, Any], init_scale: float | None, budget_s: float, cores: int,
+             fixed: Mapping[str, Any], method: str, step_ms: float | None, budget_s: float, cores: int,
              most_workers: int) -> LoaderReport:
     started = time.perf_counter()
     at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
@@ -175,104 +172,139 @@ def _measure(candidate: Candidate, model_kind: str, dataset: Any, signature: str
         resolve_device(candidate.device)
     except LookupError as exc:
         raise ConfigurationError("device", candidate.device, "a device this process can use", why=(
-            f"{exc}; the DataLoader is measured with this Config's training step on its device: ask on the machine "
+            f"{exc}; the DataLoader is measured copying its batches to this Config's device: ask on the machine "
             "that trains")) from exc
     backend = backend_for(candidate.device)
-    on_cpu = backend.device_type == "cpu"
-    threads = (candidate.num_threads or default_threads()) if on_cpu else None  # as calibration measured it
-    method = _start_method(fixed)
+    threads = (candidate.num_threads or default_threads()) if backend.device_type == "cpu" else None
     pin = bool(fixed.get("pin_memory", backend.async_copies))
     drop_last = bool(fixed.get("drop_last", False))
     batches = length // batch_size if drop_last else math.ceil(length / batch_size)
     if batches == 0:
-        raise DatasetError(_named(dataset), f"drop_last=True leaves no batch of {batch_size} from {length} samples")
+        raise DatasetError(named(dataset), f"drop_last=True leaves no batch of {batch_size} from {length} samples")
     needs_workers = fixed.get("num_workers", 0) > 0 or any(
         fixed.get(name) not in (None, False) for name in ("multiprocessing_context", "persistent_workers",
                                                           "prefetch_factor"))
     counts = _worker_counts(most_workers, batches, fixed.get("num_workers"), zero=not needs_workers)
     setting_s = budget_s * SETTING_SHARE
-    family = get_family(model_kind)
-    uncompiled = candidate.model_copy(update={"compiled": False})  # compiling takes longer than the budget
+    step = step_ms or 0.0  # unknown: the loader alone, and the fastest wins
     trials: list[LoaderTrial] = []
-    with _isolated(backend, candidate.device), warnings.catch_warnings():
+    with untouched(), warnings.catch_warnings():
         # DataLoader's own warnings about the settings tried (worker counts, pickling): the report says what they would
         warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\.utils\.data")
-        step = TrainStep(family, uncompiled, backend, seed=0, fp32_host=_fp32.current(), init_scale=init_scale,
-                         batch_size=batch_size if family.accepts_batch_size() else None)
-        with step.selected():
-            if threads is not None:
-                torch.set_num_threads(threads)
-            step_ms = _step_alone(step, setting_s)
-            deadline = started + budget_s
-            always = counts[:2] if counts[0] == 0 else counts[:1]  # no workers, and the most
-            remaining = list(counts)
-            while remaining:
-                workers = remaining.pop(0)
-                if time.perf_counter() > deadline and workers not in always:
-                    break
+        stand_in = StandIn(step_ms=step, device=candidate.device, backend=backend, threads=threads, pin=pin)
+        loading = {**{k: v for k, v in fixed.items() if k not in _SAMPLING},
+                   **sampling(dataset, fixed, batch_size=batch_size, length=length)}
+        if "batch_sampler" not in loading:  # DataLoader refuses a batch size beside a batch sampler's batches
+            loading["batch_size"] = batch_size
+        timing = functools.partial(_trials, dataset, stand_in, loading=loading, pin=pin, method=method,
+                                   setting_s=setting_s, deadline=started + budget_s)
+        always = counts[:2] if counts[0] == 0 else counts[:1]  # no workers, and the most
+        remaining = list(counts)
+        while remaining:
+            workers = remaining.pop(0)
+            if time.perf_counter() > started + budget_s and workers not in always:
+                break
+            if workers == 0:
+                trials.append(_alone(dataset, stand_in, loading, threads=threads, method=method,
+                                     setting_s=setting_s))
+            else:
                 try:
-                    trials += _trials(dataset, step, workers, _thread_counts(threads, workers, cores),
-                                      batch_size=batch_size, pin=pin, method=method, fixed=fixed, setting_s=setting_s,
-                                      prefetch=2 if workers else None, deadline=deadline)
+                    trials += timing(workers, _thread_counts(threads, workers, cores), prefetch=2)
                 except _Unreceivable as exc:
                     if needs_workers:
-                        raise DatasetError(_named(dataset), f"the fixed arguments need workers, and {exc}") from exc
+                        raise DatasetError(named(dataset), f"the fixed arguments need workers, and {exc}") from exc
                     trials.append(LoaderTrial(num_workers=workers, failure=str(exc)))
-                    remaining = [w for w in remaining if w == 0]  # any other count's workers would fail the same way
-                    continue
-                if any(keeps_up(t, step_ms) and t.num_workers <= min(remaining, default=t.num_workers)
-                       for t in trials):
-                    break
-            chosen = choose(trials, step_ms)
-            if (chosen is not None and chosen.num_workers and not keeps_up(chosen, step_ms)
-                    and "prefetch_factor" not in fixed and time.perf_counter() < deadline):
-                trials += _trials(dataset, step, chosen.num_workers, [chosen.num_threads], batch_size=batch_size,
-                                  pin=pin, method=method, fixed=fixed, setting_s=setting_s,
-                                  prefetch=DEEP_PREFETCH, deadline=deadline)
-                chosen = choose(trials, step_ms)
+                    break  # any other count's workers would fail the same way
+            if any(keeps_up(t, step) and t.num_workers <= min(remaining, default=t.num_workers) for t in trials):
+                break
+        chosen = choose(trials, step)
+        if (chosen is not None and chosen.num_workers and not keeps_up(chosen, step)
+                and "prefetch_factor" not in fixed and time.perf_counter() < started + budget_s):
+            trials += timing(chosen.num_workers, [chosen.num_threads], prefetch=DEEP_PREFETCH)
+            chosen = choose(trials, step)
     if chosen is None:
-        raise DatasetError(_named(dataset), "every setting was ruled out: " + "; ".join(
+        raise DatasetError(named(dataset), "every setting was ruled out: " + "; ".join(
             f"num_workers={t.num_workers}: {t.failure}" for t in trials))
-    workers = chosen.num_workers
+    workers, wall_s = chosen.num_workers, time.perf_counter() - started
     return LoaderReport(
         model_kind=model_kind, candidate=candidate, dataset=signature, batch_size=batch_size,
         num_workers=workers, pin_memory=pin, persistent_workers=bool(fixed.get("persistent_workers", workers > 0)),
         prefetch_factor=chosen.prefetch_factor, start_method=method,
         num_threads=chosen.num_threads if chosen.num_threads != threads else None,
-        reason=loader_reason(chosen, trials, step_ms=step_ms, kept_up=keeps_up(chosen, step_ms),
-                             workers_failed=workers_failed(trials)),
-        step_ms=step_ms, trials=trials, measured_at=at, wall_s=time.perf_counter() - started, budget_s=budget_s,
+        reason=loader_reason(chosen, trials, step_ms=step_ms, kept_up=keeps_up(chosen, step),
+                             workers_failed=workers_failed(trials), wall_s=wall_s, budget_s=budget_s),
+        step_ms=step_ms, trials=trials, measured_at=at, wall_s=wall_s, budget_s=budget_s,
     )
 
 
-def _step_alone(step: TrainStep, setting_s: float) -> float:
-    """ms per training step on the batch in memory, the steps overlapping as a loop's do."""
-    step.run(2)  # warm-up
-    count, started = 0, time.perf_counter()
-    while count < MIN_BATCHES or time.perf_counter() - started < setting_s:
-        step.run(1, synchronize=False)
+@dataclasses.dataclass(frozen=True)
+class _Loaded:
+    """The loop without workers, apart from its step: ms per batch loaded, the batches loaded (the first not
+    timed), the seconds until the first, how far the sampler got, and the first batch where its copy is timed."""
+
+    load_ms: float
+    batches: int
+    start_s: float
+    taken: int
+    batch: Any
+
+
+def _alone(dataset: Any, stand_in: StandIn, loading: Mapping[str, Any], *, threads: int | None, method: str,
+           setting_s: float) -> LoaderTrial:
+    """The loop without workers: its loading, timed apart; its first batch's copy, timed here; its step's time."""
+    order: Continuing = loading["sampler"] if "sampler" in loading else loading["batch_sampler"]
+    kwargs = {**loading, "num_workers": 0, "pin_memory": False}  # the copy is timed here, pinned where it would be
+    try:
+        loaded = apart(functools.partial(_load, kwargs=kwargs, setting_s=setting_s, keep=not stand_in.on_cpu),
+                       dataset, method=method, silent_s=TIMEOUT_S)
+    except Silent as exc:
+        return LoaderTrial(num_workers=0, num_threads=threads, failure=f"loading without workers: {exc}")
+    order.skip_to(loaded.taken)
+    loop_ms = loaded.load_ms + stand_in.copy_ms(loaded.batch) + stand_in.step_ms
+    return LoaderTrial(num_workers=0, num_threads=threads, loop_ms=loop_ms,
+                       data_wait_share=loaded.load_ms / loop_ms if loop_ms else 0.0, start_s=loaded.start_s,
+                       batches=loaded.batches)
+
+
+def _load(dataset: Any, tick: Tick, *, kwargs: Mapping[str, Any], setting_s: float, keep: bool) -> _Loaded:
+    """Load batches without workers, the first untimed, then at least two over at least ``setting_s``."""
+    loader = DataLoader(dataset, **kwargs)
+    asked = time.perf_counter()
+    batches: Iterator[Any] = iter(loader)
+    count = timed = 0
+    load_s = start_s = clock = 0.0
+    kept = None
+    while True:
+        before = time.perf_counter()
+        batches, batch = _next(loader, batches, 0, count)
+        got = time.perf_counter()
+        tick()
+        if count == 0:
+            start_s, clock, kept = got - asked, got, batch if keep else None
+        else:
+            load_s += got - before
+            timed += 1
         count += 1
-    step.backend.synchronize(step.candidate.device)
-    return (time.perf_counter() - started) * 1000 / count
+        if timed >= 2 and got - clock >= setting_s:
+            break
+    order: Continuing = kwargs["sampler"] if "sampler" in kwargs else kwargs["batch_sampler"]
+    return _Loaded(load_ms=load_s * 1000 / timed, batches=count, start_s=start_s, taken=order.taken, batch=kept)
 
 
-def _trials(dataset: Any, step: TrainStep, workers: int, thread_counts: list[int | None], *, batch_size: int,
-            pin: bool, method: str, fixed: Mapping[str, Any], setting_s: float, prefetch: int | None,
+def _trials(dataset: Any, stand_in: StandIn, workers: int, thread_counts: list[int | None], *,
+            loading: Mapping[str, Any], pin: bool, method: str, setting_s: float, prefetch: int,
             deadline: float) -> list[LoaderTrial]:
     """Time the loop with ``workers`` at each training thread count (the first, and the others before the
     ``deadline``), on one loader: its workers persist between them. Raises :class:`_Unreceivable` when workers
     started by ``method`` cannot be started with the dataset."""
-    kwargs: dict[str, Any] = {"num_workers": workers, "pin_memory": pin}
-    if fixed.get("batch_sampler") is None:  # DataLoader refuses a batch size beside a batch sampler's batches
-        kwargs["batch_size"] = batch_size
-    if workers:
-        kwargs.update(persistent_workers=True, prefetch_factor=prefetch, timeout=TIMEOUT_S)
-    loader = DataLoader(dataset, **{**kwargs, **fixed})
+    kwargs = {"num_workers": workers, "pin_memory": pin, "persistent_workers": True, "prefetch_factor": prefetch,
+              "timeout": TIMEOUT_S}
+    loader = DataLoader(dataset, **{**kwargs, **loading})
     found: list[LoaderTrial] = []
     for threads in thread_counts:
         if found and time.perf_counter() > deadline:
             break
-        trial = _trial(loader, step, workers, threads, method=method, setting_s=setting_s)
+        trial = _trial(loader, stand_in, workers, threads, method=method, setting_s=setting_s)
         found.append(trial.model_copy(update={"prefetch_factor": prefetch}))
         if trial.failure is not None:
             break
@@ -285,10 +317,11 @@ def _trials(dataset: Any, step: TrainStep, workers: int, thread_counts: list[int
     return found
 
 
-def _trial(loader: DataLoader[Any], step: TrainStep, workers: int, threads: int | None, *, method: str,
+def _trial(loader: DataLoader[Any], stand_in: StandIn, workers: int, threads: int | None, *, method: str,
            setting_s: float) -> LoaderTrial:
-    """The loop over ``loader`` with ``threads`` training threads: ``workers`` batches to warm up (the first waits
-    for the workers' start, the others were loaded meanwhile), then timed."""
+    """The loop over ``loader`` with ``threads`` training threads, timed from its steady rate: after the first
+    ``workers`` batches (every worker's first, which waits for its start), over at least ``2 * workers`` more (each
+    worker's next two: two periods of the wave they load side by side) and ``setting_s``."""
     if threads is not None:
         torch.set_num_threads(threads)
     asked = time.perf_counter()
@@ -296,9 +329,9 @@ def _trial(loader: DataLoader[Any], step: TrainStep, workers: int, threads: int 
     try:
         batches = iter(loader)
     except (TypeError, AttributeError, pickle.PicklingError) as exc:  # what DataLoader's worker start raises
-        if workers:
-            raise _Unreceivable(_cannot_receive(method, f"{type(exc).__name__}: {exc}")) from exc
-        raise
+        raise _Unreceivable(_cannot_receive(method, f"{type(exc).__name__}: {exc}")) from exc
+    except AssertionError as exc:  # multiprocessing's own: a daemonic process (a Pool's) may start no workers
+        return LoaderTrial(num_workers=workers, num_threads=threads, failure=str(exc))
     start_s: float | None = None
     count = timed = 0
     waited_s = 0.0
@@ -310,22 +343,20 @@ def _trial(loader: DataLoader[Any], step: TrainStep, workers: int, threads: int 
             got = time.perf_counter()
             if start_s is None:
                 start_s = got - asked
+            stand_in.copy(batch)
             del batch
-            step.run(1, synchronize=False)
+            stand_in.run()
             count += 1
             if count == workers:
-                step.backend.synchronize(step.candidate.device)
                 clock = time.perf_counter()
             elif count > workers:
                 waited_s += got - before
                 timed += 1
-                spent_s = time.perf_counter() - clock
-                if spent_s >= setting_s * (1 if timed >= MIN_BATCHES else SLOW_SETTINGS):
+                if timed >= 2 * workers and time.perf_counter() - clock >= setting_s:
                     break
     except _RuledOut as exc:
         return LoaderTrial(num_workers=workers, num_threads=threads, start_s=start_s, batches=count,
                            failure=str(exc))
-    step.backend.synchronize(step.candidate.device)
     elapsed_s = time.perf_counter() - clock
     return LoaderTrial(num_workers=workers, num_threads=threads, loop_ms=elapsed_s * 1000 / timed,
                        data_wait_share=waited_s / elapsed_s, start_s=start_s, batches=count)
@@ -397,7 +428,7 @@ def _cannot_receive(method: str, why: str) -> str:
 def _raised(loader: DataLoader[Any], exc: BaseException, workers: int, count: int) -> DatasetError:
     # from a worker, DataLoader raises the same type with the worker's traceback: its last line is the message
     message = str(exc).strip().split("\n")[-1].removeprefix(f"{type(exc).__name__}: ")[:300]
-    return DatasetError(_named(loader.dataset), f"loading batch {count + 1} at num_workers={workers} raised "
+    return DatasetError(named(loader.dataset), f"loading batch {count + 1} at num_workers={workers} raised "
                         f"{type(exc).__name__}: {message}")
 
 
@@ -449,19 +480,6 @@ def _start_method(fixed: Mapping[str, Any]) -> str:
     return multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_all_start_methods()[0]
 
 
-@contextlib.contextmanager
-def _isolated(backend: Backend, device: str) -> Iterator[None]:
-    """The caller's random streams, fp32 settings and thread count as they were, whatever the measurement did."""
-    threads = torch.get_num_threads()
-    index = torch.device(device).index
-    devices = [index or 0] if backend.device_type == "cuda" else []
-    try:
-        with torch.random.fork_rng(devices=devices), _fp32.preserved():
-            yield
-    finally:
-        torch.set_num_threads(threads)
-
-
 # -- checking and describing ----------------------------------------------------------------------------------
 
 
@@ -479,6 +497,9 @@ def _validate(batch_size: object, key: object, fixed: Mapping[str, Any], budget_
     workers = fixed.get("num_workers")
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 0):
         raise ConfigurationError("num_workers", workers, "an int >= 0")
+    if fixed.get("sampler") is not None and fixed.get("shuffle"):
+        raise ConfigurationError("shuffle", fixed["shuffle"], "no shuffle beside sampler=, which orders the samples "
+                                 "(DataLoader's rule): shuffle in the sampler")
     if fixed.get("batch_sampler") is not None:
         for name in ("shuffle", "sampler", "drop_last"):
             if fixed.get(name) not in (None, False):
@@ -486,52 +507,7 @@ def _validate(batch_size: object, key: object, fixed: Mapping[str, Any], budget_
                                          "the loader's (DataLoader's rule): set it in the batch sampler")
 
 
-def _named(dataset: Any) -> str:
-    """e.g. ``'my_app.data.Photos'``"""
-    return f"{type(dataset).__module__}.{type(dataset).__qualname__}"
-
-
-def _structure(sample: Any, depth: int = 0, *, sized: bool = True) -> str:
-    """One sample's structure, e.g. ``'(Tensor[float32, 3x64x64], int)'``; ``sized=False``: its arrays' ranks
-    instead of their sizes, e.g. ``'(Tensor[float32, 3-d], int)'``."""
-    shape, dtype = getattr(sample, "shape", None), getattr(sample, "dtype", None)
-    if shape is not None and dtype is not None:
-        dims = ("x".join(str(d) for d in shape) if sized else f"{len(shape)}-d") if len(shape) else "scalar"
-        return f"{type(sample).__name__}[{str(dtype).removeprefix('torch.')}, {dims}]"
-    if depth >= 3:
-        return type(sample).__name__
-    if isinstance(sample, Mapping):
-        items = sorted(sample.items(), key=lambda kv: str(kv[0]))
-        return "{" + ", ".join(f"{k}: {_structure(v, depth + 1, sized=sized)}" for k, v in items[:8]) + \
-            (", ..." if len(items) > 8 else "") + "}"
-    if isinstance(sample, (tuple, list)):
-        inner = ", ".join(_structure(v, depth + 1, sized=sized) for v in sample[:8]) + \
-            (", ..." if len(sample) > 8 else "")
-        return f"({inner})" if isinstance(sample, tuple) else f"[{inner}]"
-    return type(sample).__name__
-
-
-def _described(fixed: Mapping[str, Any]) -> str:
-    """The fixed arguments as they identify a question across runs, by what they are rather than their address, e.g.
-    ``"collate_fn=functools.partial(my_app.data.pad, value=0),shuffle=True"``."""
-    return ",".join(f"{name}={_what(fixed[name])}" for name in sorted(fixed))
-
-
-def _what(value: Any, depth: int = 0) -> str:
-    """A function, class or method by its name; a ``partial`` by its function and arguments; any other object (a
-    callable instance, a sampler) by its class."""
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return repr(value)
-    if isinstance(value, functools.partial) and depth < 3:
-        arguments = [_what(v, depth + 1) for v in value.args]
-        arguments += [f"{k}={_what(v, depth + 1)}" for k, v in sorted(value.keywords.items())]
-        return f"functools.partial({', '.join([_what(value.func, depth + 1), *arguments])})"
-    named = value if isinstance(value, (type, types.FunctionType, types.BuiltinFunctionType, types.MethodType)) \
-        else type(value)
-    return f"{named.__module__}.{named.__qualname__}"
-
-
 __all__ = [
-    "BUDGET_S", "DEEP_PREFETCH", "KEEP_UP", "MEASUREMENT_VERSION", "MEMORY_SHARE", "MIN_BATCHES", "SETTING_SHARE",
-    "TIMEOUT_S", "choose", "dataset_signature", "keeps_up", "report", "workers_failed",
+    "BUDGET_S", "DEEP_PREFETCH", "KEEP_UP", "MEASUREMENT_VERSION", "MEMORY_SHARE", "SETTING_SHARE", "TIMEOUT_S",
+    "choose", "keeps_up", "report", "step_at", "workers_failed",
 ]

@@ -18,6 +18,7 @@ import contextlib
 import itertools
 import math
 import random
+import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -30,6 +31,7 @@ from autotune._records import Candidate, CandidateResult, ClockEvent, Failure, F
 from autotune._rules import margin, preference
 from autotune._variants import Facts
 from autotune.backends import ClockReading, backend_for
+from autotune.testing.traces import Cursor, Replay, TraceFile
 
 #: the control workload's true time: pure Python on the CPU
 CONTROL_MS = 1.0
@@ -190,6 +192,9 @@ class Truth:
     #: CPU candidate feels the load (``load_noise``) to the power (threads / default_threads) ** threads_load;
     #: 0: every candidate alike
     threads_load: float = 0.0
+    #: a real machine's recorded weather (:mod:`autotune.testing.traces`): each step also takes the machine's
+    #: factor at its moment in the recording (from an offset drawn per run) and its candidate's next own factor
+    replay: Replay | None = None
 
     def load_power(self, candidate: Candidate) -> float:
         """How strongly ``candidate``'s steps feel the machine's load: 1 at torch's thread count."""
@@ -268,6 +273,8 @@ class _Weather:
         #: each accelerator's steps (start, end, clock MHz) within the last clock window, and whose step ran last
         self.busy: dict[str, list[tuple[float, float, float]]] = {}
         self.last_on: dict[str, CandidateTruth | None] = {}
+        #: where in the recording this run's fake time 0 falls (``Truth.replay``)
+        self.replay_at_s = rng.uniform(0.0, truth.replay.duration_s) if truth.replay is not None else 0.0
 
     def load(self) -> float:
         """The machine-wide load factor, one AR(1) step further."""
@@ -293,13 +300,15 @@ class _Weather:
             value *= truth.clock_drop_factor
         if self.rng.random() < truth.outlier_rate:
             value *= truth.outlier_factor
+        if truth.replay is not None:
+            value *= truth.replay.machine(self.replay_at_s + now)
         return value
 
 
 class _FakeStep:
     def __init__(self, step_s: float, device: str, weather: _Weather, own: CandidateTruth | None = None,
                  launch_s: float = 0.0, loop: Loop | None = None, load_power: float = 1.0,
-                 pooled: bool = False) -> None:
+                 pooled: bool = False, recorded: Cursor | None = None) -> None:
         self.step_s = step_s
         self.device = device
         self.weather = weather
@@ -311,6 +320,8 @@ class _FakeStep:
         self.steps = 0
         #: its steps run on a thread pool that spin-waits after them (a CPU candidate on more than one thread)
         self.pooled = pooled
+        #: its own factors as recorded (``Truth.replay``)
+        self.recorded = recorded
 
     def run(self, steps: int = 1) -> None:
         """``steps`` steps, then a synchronisation. On an accelerator the host launches step i at i launch
@@ -385,6 +396,8 @@ class _FakeStep:
                 value *= 1 + truth.switch_penalty
             value *= 1 + truth.warmup_penalty * 0.5 ** self.steps
             weather.last_step = self
+        if self.recorded is not None:
+            value *= self.recorded.next()
         self.steps += 1
         if not weather.in_setup:
             weather.timed_steps += 1
@@ -453,7 +466,8 @@ class TruthLab:
         step = _FakeStep(self.truth.compute_ms(candidate) / 1000, candidate.device, self.weather, truth,
                          launch_s=self.truth.launch_ms(candidate) / 1000, loop=loop,
                          load_power=self.truth.load_power(candidate),
-                         pooled=candidate.device == "cpu" and candidate.num_threads != 1)
+                         pooled=candidate.device == "cpu" and candidate.num_threads != 1,
+                         recorded=self._recorded(candidate))
         recent_s = []
         self.weather.in_setup = True
         verify_steps = (self.settings.verify_steps if candidate == candidate.base
@@ -470,6 +484,11 @@ class TruthLab:
                                  first_step_ms=1000 * recent_s[0], numerics=numerics,
                                  device_name="simulated")
         return Prepared(step, result, recent_s[1:], self.truth.facts)
+
+    def _recorded(self, candidate: Candidate) -> Cursor | None:
+        """``candidate``'s own recorded factors from a point drawn for this set-up (``Truth.replay``)."""
+        own = self.truth.replay.own_of(candidate) if self.truth.replay is not None else None
+        return Cursor(own, self.weather.rng.randrange(len(own.factors))) if own is not None else None
 
 
 def simulate(truth: Truth, seed: int, settings: CalibrationSettings | None = None, *,
@@ -507,11 +526,18 @@ class _ControlWeather(_Weather):
         super().__init__(weather.truth, weather.clock, weather.rng)
         self._load = weather._load
         self.pool_until = weather.pool_until
+        self.replay_at_s = weather.replay_at_s
+        #: the control's runs so far (``Replay.control``)
+        self.runs = 0
 
     def factor(self, device: str, *, sigma: float | None = None, load_power: float = 1.0) -> float:
         """The machine's factor on one step of the control now, and a spinning thread pool's."""
         truth, now = self.truth, self.clock.now
-        value = (1 + truth.ramp_per_s * now) * math.exp(self.rng.gauss(0.0, 0.01)) * self.load()
+        if truth.replay is not None:
+            value = (1 + truth.ramp_per_s * now) * truth.replay.control(self.replay_at_s + now, self.runs)
+            self.runs += 1
+        else:
+            value = (1 + truth.ramp_per_s * now) * math.exp(self.rng.gauss(0.0, 0.01)) * self.load()
         if truth.burst is not None and truth.burst[0] <= now < truth.burst[1]:
             value *= truth.burst_factor
         if now < self.pool_until[0]:
@@ -588,7 +614,46 @@ def truth_from_record(measured: FamilyResult, **weather: object) -> Truth:
                  **weather)  # type: ignore[arg-type]
 
 
+def truth_from_trace(trace: TraceFile, replay: Replay, *, name: str,
+                     faster: tuple[Candidate, Candidate, float] | None = None, ties: bool = False) -> Truth:
+    """A recorded trace (``fixtures/traces/*.json.gz``) as a truth profile replaying its weather
+    (``Truth.replay``): each plain candidate's recorded mean step time (its warm-up's where it was left out, far
+    behind) becomes its truth, and each one-setting variant's mean over its plain candidate's that candidate's
+    factor for the setting (a combination's is the product).
+
+    ``faster`` = (rival, reference, gap) makes the rival's true mean the reference's / (1 + gap): where the rival
+    is the reference with one setting more, through that setting's factor; where it is another precision with
+    the same settings, through its plain candidate's time (its variants keep their ratios to it). Its recorded
+    spread, tail and bursts stay as they were. ``ties``: every other setting's factor is 1, so the pair is the
+    only question (a tie is never wrong), where a short recording's means would add close calls of their own."""
+    means = {one.candidate: statistics.fmean(one.steps.step_ms) for one in trace.candidates}
+    means.update({candidate: ms for candidate, ms in trace.left_out})
+    candidates = {c: CandidateTruth(step_ms=ms) for c, ms in means.items() if c == c.base}
+    factors: dict[Candidate, dict[str, float]] = {}
+    for candidate, ms in means.items():
+        if len(candidate.variants) == 1 and candidate.base in means:
+            factors.setdefault(candidate.base, {})[candidate.variants[0]] = 1.0 if ties else ms / means[candidate.base]
+
+    def truth() -> Truth:
+        return Truth(name=name, candidates=candidates, candidate_variant_factors=factors, facts=trace.facts,
+                     default_threads=trace.machine.default_threads, noise=0.0, replay=replay)
+
+    if faster is None:
+        return truth()
+    rival, reference, gap = faster
+    scale = truth().compute_ms(reference) / (1 + gap) / truth().compute_ms(rival)
+    more = set(rival.variants) - set(reference.variants)
+    if rival.base == reference.base and len(more) == 1 and set(reference.variants) <= set(rival.variants):
+        word = more.pop()
+        factors.setdefault(rival.base, {})[word] = factors.get(rival.base, {}).get(word, 1.0) * scale
+    elif rival.base != reference.base and set(rival.variants) == set(reference.variants):
+        candidates[rival.base] = CandidateTruth(step_ms=candidates[rival.base].step_ms * scale)
+    else:
+        raise ValueError(f"{rival.label} is neither {reference.label} with one setting more nor another precision "
+                         "with its settings: shift a pair of those")
+    return truth()
+
 __all__ = [
     "CandidateTruth", "FakeClock", "Loop", "Truth", "TruthLab", "loop_step_s", "run_steps", "simulate", "true_pick",
-    "true_score", "truth_from_record",
+    "true_score", "truth_from_record", "truth_from_trace",
 ]
