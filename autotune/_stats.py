@@ -145,16 +145,18 @@ def machine_tails(series: Mapping[K, Sequence[float]]) -> dict[K, frozenset[int]
     """Each series' slow rounds that the machine's disturbances explain (to be left out of its pairs), or None
     where they are its own (they stay: its training loop pays them).
 
-    A round is slow for a series where its log ratio to another's same round lies beyond :data:`TRIM_MADS`
-    robust deviations above that pair's median, for every other series it shares :data:`TRIM_FROM` rounds with
-    (a drift, or a burst that slowed both, cancels in a pair). The machine's disturbances hit every candidate
-    alike, so a series' slow rounds are the machine's where others show some too and its rate of them is not
-    clearly above (one-sided, at :data:`ALPHA` over the others) any other's: pooled over every series of a
-    comparison, not one pair. A stall of its own, in its rounds at a steady rate while the others' are clean,
-    stays."""
-    # Each round's verdicts against each other series that has it: slow only against every one of them (a round
-    # where another was unusually fast is not this one's).
+    A round is slow for a series against another where its log ratio to the other's same round lies beyond
+    :data:`TRIM_MADS` robust deviations above that pair's median, once they share :data:`TRIM_FROM` rounds (a
+    drift, or a burst that slowed both, cancels in a pair). The machine's disturbances hit every candidate alike,
+    so a series' slow rounds are the machine's where others show some too and its rate of rounds slow against
+    every other is not clearly above (one-sided, at :data:`ALPHA` over the others) any other's: pooled over every
+    series of a comparison, not one pair. Then every round slow against any other is left out (a disturbance
+    that slowed two candidates of a round is not slow in their pair, but is against a third). A stall of its own,
+    in its rounds at a steady rate while the others' are clean, stays."""
+    # Each round's verdicts against each other series that has it: slow against every one of them counts towards
+    # its rate (a round where another was unusually fast is not this one's); slow against any one is left out.
     votes: dict[K, dict[int, bool]] = {}
+    against_any: dict[K, set[int]] = {}
     for a, b in itertools.permutations(series, 2):
         n = min(len(series[a]), len(series[b]))
         if n < TRIM_FROM:
@@ -162,19 +164,20 @@ def machine_tails(series: Mapping[K, Sequence[float]]) -> dict[K, frozenset[int]
         logs = [math.log(x / y) for x, y in zip(series[a][:n], series[b][:n], strict=True)]
         center = statistics.median(logs)
         deviation = 1.4826 * statistics.median(abs(x - center) for x in logs)
-        mine = votes.setdefault(a, {})
+        mine, any_one = votes.setdefault(a, {}), against_any.setdefault(a, set())
         for i, x in enumerate(logs):
-            mine[i] = mine.get(i, True) and deviation > 0 and x - center > TRIM_MADS * deviation
+            slow_here = deviation > 0 and x - center > TRIM_MADS * deviation
+            mine[i] = mine.get(i, True) and slow_here
+            if slow_here:
+                any_one.add(i)
     slow = {key: {i for i, is_slow in each.items() if is_slow} for key, each in votes.items()}
-    found: dict[K, frozenset[int] | None] = {key: frozenset() for key in series}
+    found: dict[K, frozenset[int] | None] = {key: frozenset(against_any.get(key, ())) for key in series}
     for key, rounds in slow.items():
-        if not rounds:
-            continue
         others = [other for other in slow if other != key]
-        own = not any(slow[other] for other in others) or any(
-            _rate_above(len(rounds), len(series[key]), len(slow[other]), len(series[other])) < ALPHA / len(others)
-            for other in others)
-        found[key] = None if own else frozenset(rounds)
+        if rounds and (not any(slow[other] for other in others) or any(
+                _rate_above(len(rounds), len(series[key]), len(slow[other]), len(series[other])) < ALPHA / len(others)
+                for other in others)):
+            found[key] = None
     return found
 
 

@@ -431,6 +431,22 @@ def test_leaders_are_ranked_on_paired_estimates_over_each_pairs_own_rounds() -> 
     assert result.series["c"].dropped is None
 
 
+def test_a_candidate_resolved_against_the_pick_stays_timed_while_the_typically_fastest_may_beat_it() -> None:
+    # "fast" is 4.5% faster than "a" on every round but one, 3x slow: the ratio of means puts it behind "a", the
+    # pick, in the first looks. "b", as fast as a, is resolved against a then; paired only with a (the fastest by
+    # the means too), it would leave the rounds, and its pair with "fast", which drops a later, stay open on
+    # four rounds, the slow one in them.
+    a = [10.0, 10.1, 9.9, 10.05]
+    b = [x * f for x, f in zip(a, [1.001, 0.999, 1.0, 1.0005], strict=True)]
+    fast = [x / 1.045 * (3 if i == 1 else 1) for i, x in enumerate(a)]
+    series = {k: Series[str](steps_per_round=1, round_ms=v) for k, v in {"a": a, "b": b, "fast": fast}.items()}
+    assert _stats.ratio_interval(fast, a)[0] > 1
+    active = list(series)
+    look(series, active, Comparisons(group=lambda key: "cpu", margin=lambda x, y: 0.0,
+                                     tie_winner=lambda x, y: "a" if "a" in (x, y) else None), len(a))
+    assert "b" in active
+
+
 def test_a_candidates_own_periodic_stall_counts_in_its_ratio_and_its_ranking() -> None:
     # "b" is 10% faster on 7 rounds of 8 and stalls 2.8x on the 8th: its loop pays 1.1x "a"'s time per step.
     a = [10.0] * 16
@@ -474,6 +490,21 @@ def test_the_machines_slow_rounds_are_told_from_every_candidate_of_a_comparison(
     # A stall of b's own every 8th round while the others' rounds are clean stays in its mean.
     stalled = [2.8 * x if i % 8 == 0 else x for i, x in enumerate(b)]
     assert _stats.machine_tails({"a": quiet, "b": stalled, "c": [x * 1.01 for x in quiet]})["b"] is None
+
+
+def test_a_disturbance_that_slowed_two_candidates_of_a_round_is_left_out_of_their_pairs_with_a_third() -> None:
+    # Another program slows round 5 of both "a" and "b" 3x (not slow in their pair), round 12 of a and two rounds
+    # of "c": the machine's, left out of a's and b's pairs with c, as c's are.
+    quiet = [10.0 * (1 + 0.01 * ((7 * i) % 5 - 2)) for i in range(20)]
+    a = [3 * x if i in (5, 12) else x for i, x in enumerate(quiet)]
+    b = [3 * 0.95 * x if i == 5 else 0.95 * x * (1 + 0.005 * (-1) ** i) for i, x in enumerate(quiet)]
+    c = [3 * 0.9 * x if i in (9, 14) else 0.9 * x * (1 - 0.005 * (-1) ** i) for i, x in enumerate(quiet)]
+    pooled = _stats.machine_tails({"a": a, "b": b, "c": c})
+    for one in ("a", "b"):
+        out = _stats.left_out(pooled, one, "c", 20)
+        assert out == {5, 9, 14} | ({12} if one == "a" else set())
+        estimate = _stats.ratio_interval(a if one == "a" else b, c, left_out=out)[0]
+        assert estimate == pytest.approx(1 / 0.9 if one == "a" else 0.95 / 0.9, rel=0.01)
 
 
 def test_each_pair_spends_its_alpha_once_per_look() -> None:

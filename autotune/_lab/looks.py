@@ -1,15 +1,15 @@
 """What one look of the sequential test decides, pair by pair, from the paired ratio intervals (``_stats``).
 
 Successive elimination with an indifference zone (Even-Dar, Mannor & Mansour 2006; Kim & Nelson 2001 for paired
-rounds): every look forms the pick the decision would make on the rounds so far and tests each candidate against
-its group's pick and, while that pick's pair with it is open, against its group's fastest (in the final
-comparison each group's pick against the overall pick too): at most k - 1 pairs per candidate, each at a look's
-share of ``_stats.ALPHA`` over k - 1. One clearly slower by more than the pair's margin is *dropped*, a group
-clearly slower than another is *outpaced*, a pair is *resolved* once the one the decision prefers is surely
-within what the pair allows of the other (``_rules.is_open``), and a candidate whose pairs are all resolved is
-*settled*. Pairs are ordered on the rounds they share, as the ratio of their mean step times, less the rounds a
-disturbance of the machine slowed (``_stats.machine_tails``, judged once per look over every candidate of the
-comparison). The rounds are timed by ``measure.interleave``.
+rounds): every look forms the pick the decision would make on the rounds so far and tests each candidate against its
+group's pick and, while that pick's pair with it is open, against its group's fastest, by the means and on a typical
+round (in the final comparison each group's pick against the overall pick too): at most k - 1 pairs per candidate,
+each at a look's share of ``_stats.ALPHA`` over k - 1. One clearly slower by more than the pair's margin is
+*dropped*, a group clearly slower than another is *outpaced*, a pair is *resolved* once the one the decision prefers
+is surely within what the pair allows of the other (``_rules.is_open``), and a candidate whose pairs are all
+resolved is *settled*. Pairs are ordered on the rounds they share, as the ratio of their mean step times, less the
+rounds a disturbance of the machine slowed (``_stats.machine_tails``, judged once per look over every candidate of
+the comparison). The rounds are timed by ``measure.interleave``.
 """
 
 from __future__ import annotations
@@ -141,8 +141,10 @@ def _pairs(series: Mapping[K, Series[K]], keys: list[K], comparisons: Comparison
     overall pick. Where the pick is not the fastest, each is paired with the fastest too, which matters only while
     the pick's own pair with the fastest is open: the fastest may yet beat the pick, and one no longer timed must
     not become the pick unresolved then. Another candidate matters against the pick only while its pair with the
-    fastest is open: resolved, the pick's pair with the fastest answers for it. Any two candidates share one pair
-    at most."""
+    fastest is open: resolved, the pick's pair with the fastest answers for it. So is the fastest on a typical
+    round (:func:`_typically_fastest`), where it is another: one slow round moves the means' order in the first
+    looks, and a candidate resolved only against a pick that the true leader drops later would have left the
+    rounds with its pair against that leader open. Any two candidates share one pair at most."""
     groups: dict[Hashable, list[K]] = {}
     for key in keys:
         groups.setdefault(comparisons.group(key), []).append(key)
@@ -152,18 +154,31 @@ def _pairs(series: Mapping[K, Series[K]], keys: list[K], comparisons: Comparison
         order = _order(series, members, comparisons, tails)
         place = {key: index for index, key in enumerate(order)}
         pick, fastest = order[0], ranked(series, members, tails)[0]
+        rivals = list(dict.fromkeys((fastest, _typically_fastest(series, pick, members))))
         for key in members:
             if key == pick:
                 continue
             pairs[(pick, key)] = frozenset((key, fastest)) if key != fastest else None
-            if fastest not in (pick, key):
-                pairs[(key, fastest) if place[key] < place[fastest] else (fastest, key)] = frozenset((pick, fastest))
+            for rival in rivals:
+                if rival not in (pick, key):
+                    pairs.setdefault((key, rival) if place[key] < place[rival] else (rival, key),
+                                     frozenset((pick, rival)))
         return pick
 
     picks = [against(members) for members in groups.values()]
     if comparisons.across_groups:
         return against(picks), pairs
     return _order(series, picks, comparisons, tails)[0], pairs
+
+
+def _typically_fastest(series: Mapping[K, Series[K]], pick: K, keys: list[K]) -> K:
+    """The one of ``keys`` fastest on a typical round: the lowest median of its rounds' ratios to ``pick``'s same
+    rounds (``pick`` itself at 1), which no single slow round moves, as it moves a ratio of means."""
+    def typical(key: K) -> float:
+        mine, theirs = series[key].round_ms, series[pick].round_ms
+        return 1.0 if key == pick else _stats.median([a / b for a, b in zip(mine, theirs, strict=False)])
+
+    return min(keys, key=typical)
 
 
 def _left_out(series: Mapping[K, Series[K]], a: K, b: K, tails: _stats.Tails[K]) -> frozenset[int]:
@@ -251,6 +266,7 @@ def look(series: dict[K, Series[K]], active: list[K], comparisons: Comparisons[K
     alpha = _stats.ALPHA_PER_LOOK / max(1, sum(s.dropped is None and s.outpaced is None for s in series.values()) - 1)
     # Which slow rounds the machine caused is judged over every series of the comparison, not pair by pair.
     tails = _stats.machine_tails({k: s.round_ms for k, s in series.items()})
+
     while True:
         # A settled candidate's pairs were resolved: the open ones are decided against the leaders still timed (a
         # leader no longer timed would leave its rivals' pairs open with no rounds to close them).
