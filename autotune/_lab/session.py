@@ -303,7 +303,8 @@ class Session:
         until their ratio is known within ``_rules.HEADLINE_ERROR``, so the first figure a user reads is an
         estimate, not the low end of a chain of intervals: fp32's evidence becomes that ratio. Only where it
         costs at most ``_rules.HEADLINE_COST`` x the calibration's time so far (its set-up where it is not held:
-        fp32 on the CPU is, its warm-up and rounds); else the notes say the headline stays a bound."""
+        fp32 on the CPU is, its warm-up and rounds), and on an accelerator only where both are still held; else the
+        notes say the headline stays a bound."""
         reference = Candidate(device=pick.device, precision="fp32")
         result = self.roster.results.get(reference)
         if result is None or result.timing is None or result.timing.dropped is None or reference == pick:
@@ -314,7 +315,10 @@ class Session:
         started = self.clock()
         cap_s = _rules.HEADLINE_COST * (started - self.started)
         series = None
-        held = reference in self.roster.ready or (result.setup_s or 0.0) < cap_s
+        # Built again on the CPU only: on an accelerator a build beside the pick could run out of its memory, and
+        # fail a candidate (or poison the device) that the search had timed and dropped cleanly.
+        held = all(c in self.roster.ready for c in (reference, pick)) or (
+            pick.device == "cpu" and (result.setup_s or 0.0) < cap_s)
         if held and self.roster.rebuild([reference, pick], 1.0) == [reference, pick]:
             settings = self._stage_settings(FINAL_STAGE).model_copy(update={"order_seed": FINAL_STAGE + 1})
             warm = {c: warm_up(self.roster.ready[c].step, self.clock, self.roster.ready[c].recent_s, settings,
@@ -327,9 +331,11 @@ class Session:
         estimate, low, high = (_stats.ratio_interval(series[reference].round_ms, series[pick].round_ms)
                                if series is not None else (0.0, 0.0, 0.0))
         if series is None or low <= 1 + _rules.margin(reference, pick):
+            why = (f"which would cost more than {_rules.HEADLINE_COST:.0%} of the calibration's time" if held or
+                   pick.device == "cpu" else f"{reference.label} no longer held (built again beside the pick, it "
+                   "could run out of the device's memory)")
             self.notes.append(f"{reference.label} against {pick.label}: their ratio not timed to within "
-                              f"{_rules.HEADLINE_ERROR:.0%}, which would cost more than {_rules.HEADLINE_COST:.0%} "
-                              "of the calibration's time; the headline is a bound")
+                              f"{_rules.HEADLINE_ERROR:.0%}, {why}; the headline is a bound")
             return
         drop = Drop(by=pick, ratio=Interval(estimate=estimate, low=low, high=high),
                     rounds=len(series[pick].round_ms), far_behind=False)
