@@ -321,7 +321,7 @@ def explain(kind: str, *, recalibrate: bool, as_json: bool, prefer: Prefer = "au
     out.print(fitted(out, [
         Col("candidate", [r.candidate.label for r in rows]),
         Col("timed in", [timed_in(r) for r in rows]),
-        Col("step", [time_words(r.timing.median_ms) if r.timing else
+        Col("step", [time_words(r.timing.mean_ms) if r.timing else
                      f"({time_words(r.first_step_ms)})" if r.first_step_ms else "-" for r in rows], wraps=False),
         Col("rounds", [f"{r.timing.n} x {r.timing.steps_per_round}" if r.timing else "-" for r in rows],
             wraps=False),
@@ -530,7 +530,7 @@ def vs_fp32_cpu(result: CandidateResult, measured: FamilyResult, config: Config)
     mine, fp32 = over_pick(result.candidate), over_pick(FP32_CPU)
     if mine is not None and fp32:
         return ratio_words(mine / fp32)
-    return f"~{ratio_words(timing.median_ms / baseline.timing.median_ms)}"
+    return f"~{ratio_words(timing.mean_ms / baseline.timing.mean_ms)}"
 
 
 def timed_in(result: CandidateResult) -> str:

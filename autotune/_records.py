@@ -4,6 +4,7 @@ the profiling tools (``trace``, ``max_batch_report``)."""
 from __future__ import annotations
 
 import math
+import statistics
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -107,7 +108,7 @@ class Drop(Record):
 
 
 class Timing(Record):
-    """Interleaved timing of one candidate: one sample per round (the median of that round's steps)."""
+    """Interleaved timing of one candidate: one sample per round (that round's time over its steps)."""
 
     round_ms: list[float]
     steps_per_round: int
@@ -137,6 +138,11 @@ class Timing(Record):
     @property
     def n(self) -> int:
         return len(self.round_ms)
+
+    @property
+    def mean_ms(self) -> float:
+        """The mean step time over its rounds, stalls included: what a training loop pays per step."""
+        return statistics.fmean(self.round_ms)
 
 
 class Numerics(Record):

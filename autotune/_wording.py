@@ -26,6 +26,7 @@ from autotune._records import (
     Replay,
     Rival,
 )
+from autotune._rules import known
 
 # -- others' text ------------------------------------------------------------------------------------------------
 
@@ -391,15 +392,10 @@ def times_over(found: Rival, pick: Candidate, evidence: Evidence, seen: frozense
     return None if rest is None else found.ratio.estimate * rest
 
 
-#: a speed-up is stated as measured when its interval lies within this of the estimate, else as the bound the
-#: interval shows
-HEADLINE_ERROR = 0.10
-
-
 def headline(found: Rival, pick: Candidate, evidence: Evidence) -> tuple[float, bool] | None:
     """``found``'s step time over the pick's as a user reads it, from paired evidence: its ratio to the pick, or
     to what it stopped against times that one's to the pick (a chain of drops, the intervals multiplied). The
-    estimate where the interval lies within :data:`HEADLINE_ERROR` of it; else the interval's low end, a bound
+    estimate where the interval lies within ``_rules.HEADLINE_ERROR`` of it; else the interval's low end, a bound
     (True), e.g. fp32 dropped after a few noisy rounds: (2.9, True), "at least 2.9x faster". None where the chain
     breaks or the bound says no more than "not slower"."""
     estimate = low = high = 1.0
@@ -409,7 +405,7 @@ def headline(found: Rival, pick: Candidate, evidence: Evidence) -> tuple[float, 
         seen.add(link.candidate)
         estimate, low, high = estimate * link.ratio.estimate, low * link.ratio.low, high * link.ratio.high
         if link.against == pick:
-            if low >= estimate / (1 + HEADLINE_ERROR) and high <= estimate * (1 + HEADLINE_ERROR):
+            if known((estimate, low, high)):
                 return estimate, False
             return (low, True) if low > 1 else None
         link = next((r for r in evidence.rivals if r.candidate == link.against), None)
@@ -537,7 +533,6 @@ def _fitting(answer: str, forms: Sequence[str], *, short: str | None = None) -> 
 
 
 __all__ = [
-    "HEADLINE_ERROR",
     "REASON_CHARS",
     "TEXT_CHARS",
     "agreed_reason",
