@@ -8,7 +8,7 @@ import inspect
 import logging
 import sys
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import torch
 from pydantic import Field
@@ -16,12 +16,14 @@ from torch import nn
 
 from autotune import _fp32
 from autotune._errors import ConfigurationError, FrameworkError
-from autotune._guard.watch import Guard, OnFailure
 from autotune._precision import AUTOCAST_DTYPES, DEFAULT_INIT_SCALE
 from autotune._ranks.group import joined
 from autotune._records import Candidate, Choice, Evidence, LoaderReport, Precision, Ranks
 from autotune._variants import apply
 from autotune.backends import backend_for
+
+if TYPE_CHECKING:
+    from autotune._guard.watch import Guard, OnFailure
 
 Source = Literal["measured", "forced", "heuristic"]
 Batch = TypeVar("Batch")
@@ -259,6 +261,8 @@ class Config(Choice):
         the job's: every rank warns at the same step, each machine records one demotion (and keeps its first rank's
         loop summary), and every rank must call ``step`` (and ``check``) alike.
         """
+        from autotune._guard.watch import Guard  # the guard's machinery: for a loop that asks for it
+
         return Guard(self.model_kind, self.candidate, self.fingerprint_digest, on_failure=on_failure, model=model,
                      optimizer=optimizer, loss_fn=loss_fn, step_ms=self.step_ms, speedup=self.speedup_vs_fp32_cpu,
                      job=joined(required=True) if self.ranks is not None else None)

@@ -26,11 +26,12 @@ import time
 import warnings
 from collections import deque
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import torch
 from torch import nn
 
+from autotune import _fallback
 from autotune._cache import demotions as _demotions
 from autotune._cache import loops as _loops
 from autotune._errors import ConfigMisbehaved, ConfigurationError
@@ -89,21 +90,6 @@ def _within_window(seen: deque[tuple[int, float]], step: int, value: float) -> l
 def is_reference(candidate: Candidate) -> bool:
     """fp32 on the CPU, whatever its variants: what every candidate is verified against, never demoted."""
     return candidate.device == "cpu" and candidate.precision == "fp32"
-
-
-class _Answer(Protocol):
-    def __call__(self, model_kind: str, *, model: nn.Module | None, prefer: Prefer, expected_steps: int | None,
-                 wait: bool) -> Config: ...
-
-
-#: ``best_config``, registered by the module that answers (it imports this one through Config, so this one cannot
-#: import it back): what :meth:`Guard.fallback` asks
-_answering: list[_Answer] = []
-
-
-def answer_with(answer: _Answer) -> None:
-    """Register the function :meth:`Guard.fallback` answers with (``autotune._answer.best_config``)."""
-    _answering[:] = [answer]
 
 
 class Guard:
@@ -282,7 +268,7 @@ class Guard:
         In a job it is a collective, as ``best_config`` is: every rank calls it (after the finding every rank's
         guard shares), so that every rank trains the one answer DDP needs; a rank that calls it alone raises
         :class:`RanksError` within ``AUTOTUNE_RANKS_LOOP_TIMEOUT_S``."""
-        (answer,) = _answering  # autotune._answer registers itself when it loads; autotune.Guard loads it first
+        answer = _fallback.answering()  # autotune._answer registers itself when it loads; autotune.Guard loads it first
         if self.job is not None:
             # Every rank here first, within the loop's bound: the answer's own exchanges wait as long as a
             # calibration may take, which a rank that never calls would turn into that long a hang.
