@@ -18,14 +18,13 @@ from autotune._records import (
     Evidence,
     FailureKind,
     FamilyResult,
-    LoaderTrial,
-    LoopSummary,
     MachineLoad,
     NoiseCause,
     Precision,
     Replay,
     Rival,
 )
+from autotune._reports import LoaderTrial, LoopSummary
 
 # -- others' text ------------------------------------------------------------------------------------------------
 

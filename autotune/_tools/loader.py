@@ -58,7 +58,8 @@ from autotune._errors import ConfigurationError, DatasetError
 from autotune._families import get_family
 from autotune._fingerprint import default_threads
 from autotune._quota import usable_cores
-from autotune._records import Candidate, LoaderReport, LoaderTrial
+from autotune._records import Candidate
+from autotune._reports import LoaderReport, LoaderTrial
 from autotune._tools.apart import Continuing, Silent, Tick, apart, sampling, untouched
 from autotune._tools.question import dataset_signature, described, named
 from autotune._tools.stand_in import StandIn
