@@ -32,18 +32,10 @@ from autotune._env import check_all as check_settings
 from autotune._errors import AutotuneError, CalibrationError, UnknownFamilyError
 from autotune._families import builtin_family_names, family_names, register_family
 from autotune._fingerprint import fingerprint
+from autotune._loop_wording import demotion_words, loop_words
 from autotune._records import FP32_CPU, Candidate, CandidateResult, FamilyResult, Prefer, Rival
 from autotune._version import __version__
-from autotune._wording import (
-    demotion_words,
-    loop_words,
-    mib_words,
-    qualifiers,
-    ratio_words,
-    retry_words,
-    time_words,
-    times_over,
-)
+from autotune._wording import mib_words, qualifiers, ratio_words, retry_words, time_words, times_over
 from autotune.backends import diagnose
 
 if TYPE_CHECKING:

@@ -37,10 +37,10 @@ from autotune._cache import loops as _loops
 from autotune._errors import ConfigMisbehaved, ConfigurationError
 from autotune._guard.model import family_model, model_signature
 from autotune._guard.replay import LossFn, Tape
+from autotune._loop_wording import data_bound_words, replay_words
 from autotune._records import Candidate, Demotion, Misbehaviour, Prefer, Record, Replay
 from autotune._reports import LoopSummary
 from autotune._version import __version__
-from autotune._wording import data_bound_words, replay_words
 
 if TYPE_CHECKING:
     from autotune._config import Config

@@ -57,6 +57,7 @@ from autotune._cache.loader_answers import Answers
 from autotune._errors import ConfigurationError, DatasetError
 from autotune._families import get_family
 from autotune._fingerprint import default_threads
+from autotune._loop_wording import loader_reason
 from autotune._quota import usable_cores
 from autotune._records import Candidate
 from autotune._reports import LoaderReport, LoaderTrial
@@ -64,7 +65,6 @@ from autotune._tools.apart import Continuing, Silent, Tick, apart, sampling, unt
 from autotune._tools.question import dataset_signature, described, named
 from autotune._tools.stand_in import StandIn
 from autotune._variants import threads_per_process
-from autotune._wording import loader_reason
 from autotune.backends import _linux, backend_for, resolve_device
 
 log = logging.getLogger("autotune")
