@@ -66,20 +66,18 @@ def best_config(
     waits for another process's calibration: without a measurement it answers at once with a ``heuristic``
     Config whose reason says why ("calibration running", "not measured yet") and what it is based on (a
     record of the same hardware with other software, else fp32 on the CPU); ``calibrate_on_miss=False`` is the
-    older spelling. ``prefer`` is the user's choice: "auto", "cpu", "gpu" (whichever accelerator is here) or a
-    backend's name, "cuda", "mps" or "xpu" (that one's GPU), the words ``AUTOTUNE_DEVICE`` takes; ``expected_steps``
-    makes set-up cost count for short jobs. What training runs demoted here holds for what they
-    trained: the answer leaves out the demotions of ``model`` (an ``nn.Module``), by default of the model the
-    family builds.
+    older spelling. ``prefer``: "auto", "cpu", "gpu" (whichever accelerator is here) or a backend's name, "cuda",
+    "mps" or "xpu", the words ``AUTOTUNE_DEVICE`` takes; ``expected_steps`` makes set-up cost count for short
+    jobs. The answer leaves out what training runs demoted here for ``model`` (an ``nn.Module``; by default the
+    model the family builds).
 
-    In a job of many processes (torchrun, ``accelerate launch``, Lightning under torchrun: the launcher's
-    ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE`` and ``LOCAL_WORLD_SIZE``, or torch.distributed's default group of
-    more than one) every rank must call it, with the same arguments, in the same order (a rank that asks for another
-    family or other options makes every rank raise :class:`RanksError`, naming both): each machine's first rank
-    measures, with a CPU candidate timed while as many copies of its step run as the machine has processes, and
-    every rank gets rank 0's machine's choice on its own device (``cuda:LOCAL_RANK``), its CPU thread count
-    measured for its machine (``Config.ranks`` says where it stands). ``distributed=False`` answers for this
-    process alone; ``distributed=True`` raises :class:`RanksError` outside a job.
+    In a job of many processes (torchrun, ``accelerate launch``, Lightning under torchrun: the launcher's ``RANK``
+    and ``WORLD_SIZE``, or torch.distributed's default group of more than one) every rank calls it with the same
+    arguments, in the same order (else every rank raises :class:`RanksError`, naming both): each machine's first
+    rank measures, a CPU candidate timed while as many copies of its step run as the machine has processes, and
+    every rank gets rank 0's machine's choice on its own device (``cuda:LOCAL_RANK``) and its machine's CPU thread
+    count (``Config.ranks`` says where it stands). ``distributed=False`` answers for this process alone;
+    ``distributed=True`` raises :class:`RanksError` outside a job.
     """
     _validate(prefer, expected_steps)
     signature = None

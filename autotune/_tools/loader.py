@@ -1,38 +1,23 @@
 """DataLoader settings measured against the training step's time, for one dataset: ``cfg.dataloader_kwargs(dataset,
 batch_size=64)``.
 
-For about ``BUDGET_S`` seconds it runs the loop as the user runs it, but for the step: a DataLoader over the user's
-dataset delivers batches that are copied to the config's device, each followed by the step time calibration
-recorded for the config (scaled to the loader's batch size) spent on the training's threads (``stand_in``), one
-setting after another. No model is built and nothing but a batch is placed on the device; nothing of the caller's
-process changes (``apart``): its random streams and generators are not drawn from, its sampler is copied, its
-``torch.backends`` settings are not touched, and its process never reads the dataset where workers are measured
-(what the measurement reads itself it reads in a forked process). Where the config has no step time (made by hand or
-by heuristic), the loader is measured alone and the fastest setting wins.
+For about ``BUDGET_S`` seconds it runs the loop as the user runs it, but for the step: the user's dataset in a
+DataLoader, each batch copied to the config's device and followed by the step time calibration recorded for the
+config (``stand_in``), one setting after another. No model is built; nothing of the caller's process changes
+(``apart``). Without a recorded step time (a Config made by hand or by heuristic) the loader is measured alone.
 
-Without workers first, then the most workers (the cores this process may use, its CPU quota included, or in a job of
-many processes its share of them; no more than fit in ``MEMORY_SHARE`` of the available memory), then the counts
-between, fewest first; on the CPU each worker count with the config's training threads and with fewer, leaving the
-workers their cores: workers and training threads share the cores, so they are measured together, never added up.
-Each setting is timed from its steady rate: once every worker has delivered its first batch, over at least two more
-of each worker's batches (two periods of the wave the workers load side by side) and ``SETTING_SHARE`` of the
-budget; each setting reads on where the last left off, so no setting reads what the page cache holds from another.
-Without workers the loop is its loading (timed apart, on one thread as a worker loads), its copy and its step, one
-after the other. A loop within ``KEEP_UP`` of its step keeps up: the cheapest setting that keeps up wins (costlier
-ones are not measured), else the fastest. The budget bounds which settings start, not a setting's window: the report
-says what the measurement cost (``wall_s``). Workers persist across epochs; memory is pinned where copies from it
-are asynchronous (CUDA, XPU); workers start as the user's DataLoader starts them: by the platform's default start
-method, or the ``multiprocessing_context`` fixed.
+The settings tried (``workers``): none, then the most workers, then the counts between; on the CPU each with the
+config's training threads and with fewer. Each is timed from its steady rate, over at least two of each worker's
+batches and ``SETTING_SHARE`` of the budget, reading on where the last left off. A loop within ``KEEP_UP`` of its
+step keeps up: the cheapest setting that keeps up wins (costlier ones are not measured), else the fastest. The
+budget bounds which settings start, not a setting's window: the report says what the measurement cost.
 
-A setting whose worker dies or stays silent for ``TIMEOUT_S`` is ruled out and reported, with the cause where one is
-found (workers started by spawn or forkserver that cannot receive the dataset: the exception pickling or unpickling
-it); an answer without workers because none could run is not kept, so the next call measures again; a dataset that
-raises surfaces as a :class:`DatasetError` (its exception the cause) and nothing is cached. Answers are kept per
-machine configuration, family, candidate and question (``autotune._cache.loader_answers``): the dataset by its
-type, length and first sample's structure without sizes (a random crop's size changes from run to run), the fixed
-arguments by what they are (a function or class by its name, a ``partial`` by its function and arguments).
+A setting whose workers die or stay silent is ruled out, with the cause where one is found; an answer without
+workers because none could run is not kept; a dataset that raises surfaces as a :class:`DatasetError` and nothing
+is cached. Answers are kept per machine configuration, family, candidate and question
+(``autotune._cache.loader_answers``): the dataset by its type, length and first sample's structure without sizes,
+the fixed arguments by what they are.
 """
-
 from __future__ import annotations
 
 import dataclasses
