@@ -166,6 +166,11 @@ _remembered_here: set[tuple[Path, str]] = set()
 _REMEMBERED = "rules.digest"
 
 
+def reset() -> None:
+    """Forget which cache directories this process gave the rules digest to: the next call writes it again."""
+    _remembered_here.clear()
+
+
 def _plain(value: object) -> object:
     """A rule constant JSON cannot write as it is, as plain data; TypeError for anything without a stable form."""
     if isinstance(value, BaseModel):
@@ -279,6 +284,7 @@ __all__ = [
     "freshness",
     "now_utc",
     "reference_failure",
+    "reset",
     "retry_at",
     "rules_change",
     "rules_digest",

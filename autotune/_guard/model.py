@@ -52,4 +52,9 @@ def family_model(model_kind: str) -> str | None:
     return _family_models[key]
 
 
-__all__ = ["family_model", "model_signature"]
+def forget() -> None:
+    """Forget the signatures of the models families build: a family registered again may build another."""
+    _family_models.clear()
+
+
+__all__ = ["family_model", "forget", "model_signature"]
