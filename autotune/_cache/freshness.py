@@ -133,7 +133,7 @@ def _spec(name: str) -> importlib.machinery.ModuleSpec | None:
     for finder in sys.meta_path:
         find = getattr(finder, "find_spec", None)
         spec = find(name, path) if find is not None else None
-        if spec is not None:
+        if isinstance(spec, importlib.machinery.ModuleSpec):
             return spec
     return None
 
