@@ -19,12 +19,12 @@ from autotune._errors import ConfigurationError, FrameworkError
 from autotune._precision import AUTOCAST_DTYPES, DEFAULT_INIT_SCALE
 from autotune._ranks.group import joined
 from autotune._records import Candidate, Choice, Evidence, Precision, Ranks
-from autotune._reports import LoaderReport
 from autotune._variants import apply
 from autotune.backends import backend_for
 
 if TYPE_CHECKING:
     from autotune._guard.watch import Guard, OnFailure
+    from autotune._reports import LoaderReport
 
 Source = Literal["measured", "forced", "heuristic"]
 Batch = TypeVar("Batch")
