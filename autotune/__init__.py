@@ -48,8 +48,9 @@ _WHERE = {
     # never needs a framework the app may not have.
     "GuardCallback": "_lightning",
     "max_batch_report": "_tools.max_batch", "max_batch_size": "_tools.max_batch",
-    **dict.fromkeys(["Evidence", "LoaderReport", "LoaderTrial", "LoopSummary", "MaxBatchReport", "MemoryLine",
-                     "MemoryProbe", "OperatorTime", "Rival", "TraceReport"], "_records"),
+    "Evidence": "_records", "Rival": "_records",
+    **dict.fromkeys(["LoaderReport", "LoaderTrial", "LoopSummary", "MaxBatchReport", "MemoryLine", "MemoryProbe",
+                     "OperatorTime", "TraceReport"], "_reports"),
 }
 #: a guard answers again through the module that answers, which registers itself when it loads: a Config or a
 #: Guard made by hand loads it first
@@ -86,8 +87,8 @@ if TYPE_CHECKING:
     from autotune._guard.watch import Guard
     from autotune._lab.entry import freeze_support, set_worker_python
     from autotune._lightning import GuardCallback as GuardCallback  # re-exported; not in __all__: it loads Lightning
-    from autotune._records import (
-        Evidence,
+    from autotune._records import Evidence, Rival
+    from autotune._reports import (
         LoaderReport,
         LoaderTrial,
         LoopSummary,
@@ -95,7 +96,6 @@ if TYPE_CHECKING:
         MemoryLine,
         MemoryProbe,
         OperatorTime,
-        Rival,
         TraceReport,
     )
     from autotune._tools.max_batch import max_batch_report, max_batch_size

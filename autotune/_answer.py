@@ -13,10 +13,11 @@ from __future__ import annotations
 import datetime as dt
 import logging
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from torch import nn
 
-from autotune import _env
+from autotune import _env, _fallback
 from autotune._cache import demotions as _demotions
 from autotune._cache import exchange as _exchange
 from autotune._cache import lookup as _lookup
@@ -28,14 +29,14 @@ from autotune._decide import PREFERENCES, decide, finalists, restate, step_ms
 from autotune._errors import CalibrationError, ConfigurationError
 from autotune._families import Family, family_names, get_family
 from autotune._fingerprint import Fingerprint, fingerprint
-from autotune._guard import watch as _guard
-from autotune._ranks.agree import device_counts, own_device, view
 from autotune._ranks.group import JobGroup, joined
-from autotune._ranks.job import Machine, agreed
 from autotune._records import Candidate, Demotion, Difference, Evidence, FamilyResult, Prefer, SimilarMachine
 from autotune._rules import preference
 from autotune._variants import threads_per_process
 from autotune._wording import demoted_reason, reason
+
+if TYPE_CHECKING:
+    from autotune._ranks.job import Machine
 
 log = logging.getLogger("autotune")
 
@@ -65,28 +66,31 @@ def best_config(
     waits for another process's calibration: without a measurement it answers at once with a ``heuristic``
     Config whose reason says why ("calibration running", "not measured yet") and what it is based on (a
     record of the same hardware with other software, else fp32 on the CPU); ``calibrate_on_miss=False`` is the
-    older spelling. ``prefer`` is the user's choice: "auto", "cpu", "gpu" (whichever accelerator is here) or a
-    backend's name, "cuda", "mps" or "xpu" (that one's GPU), the words ``AUTOTUNE_DEVICE`` takes; ``expected_steps``
-    makes set-up cost count for short jobs. What training runs demoted here holds for what they
-    trained: the answer leaves out the demotions of ``model`` (an ``nn.Module``), by default of the model the
-    family builds.
+    older spelling. ``prefer``: "auto", "cpu", "gpu" (whichever accelerator is here) or a backend's name, "cuda",
+    "mps" or "xpu", the words ``AUTOTUNE_DEVICE`` takes; ``expected_steps`` makes set-up cost count for short
+    jobs. The answer leaves out what training runs demoted here for ``model`` (an ``nn.Module``; by default the
+    model the family builds).
 
-    In a job of many processes (torchrun, ``accelerate launch``, Lightning under torchrun: the launcher's
-    ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE`` and ``LOCAL_WORLD_SIZE``, or torch.distributed's default group of
-    more than one) every rank must call it, with the same arguments, in the same order (a rank that asks for another
-    family or other options makes every rank raise :class:`RanksError`, naming both): each machine's first rank
-    measures, with a CPU candidate timed while as many copies of its step run as the machine has processes, and
-    every rank gets rank 0's machine's choice on its own device (``cuda:LOCAL_RANK``), its CPU thread count
-    measured for its machine (``Config.ranks`` says where it stands). ``distributed=False`` answers for this
-    process alone; ``distributed=True`` raises :class:`RanksError` outside a job.
+    In a job of many processes (torchrun, ``accelerate launch``, Lightning under torchrun: the launcher's ``RANK``
+    and ``WORLD_SIZE``, or torch.distributed's default group of more than one) every rank calls it with the same
+    arguments, in the same order (else every rank raises :class:`RanksError`, naming both): each machine's first
+    rank measures, a CPU candidate timed while as many copies of its step run as the machine has processes, and
+    every rank gets rank 0's machine's choice on its own device (``cuda:LOCAL_RANK``) and its machine's CPU thread
+    count (``Config.ranks`` says where it stands). ``distributed=False`` answers for this process alone;
+    ``distributed=True`` raises :class:`RanksError` outside a job.
     """
     _validate(prefer, expected_steps)
-    if model is not None and not isinstance(model, nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module (whose demotions apply), got {type(model).__name__}")
+    signature = None
+    if model is not None:
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"model must be a torch.nn.Module (whose demotions apply), got {type(model).__name__}")
+        from autotune._guard.model import model_signature  # with a model only: the warm path loads no guard
+
+        signature = model_signature(model)
     return answer(get_family(model_kind), prefer=prefer, expected_steps=expected_steps,
                   may_measure=wait and calibrate_on_miss,
                   unmeasured="calibration not allowed by calibrate_on_miss=False" if wait else None,
-                  model=_guard.model_signature(model) if model is not None else None, distributed=distributed)
+                  model=signature, distributed=distributed)
 
 
 def answer(family: Family, *, prefer: Prefer = "auto", expected_steps: int | None = None, may_measure: bool = True,
@@ -96,6 +100,8 @@ def answer(family: Family, *, prefer: Prefer = "auto", expected_steps: int | Non
     signature of the model whose demotions apply (None: the family's own)."""
     job = joined(required=True) if distributed else None if distributed is False else joined()
     if job is not None:
+        from autotune._ranks.job import agreed  # the ranks' agreement: in a job only
+
         def machine(job: JobGroup) -> Machine:
             return _machine(job, family, prefer=prefer, expected_steps=expected_steps, may_measure=may_measure,
                             unmeasured=unmeasured, model=model)
@@ -151,6 +157,9 @@ def _machine(job: JobGroup, family: Family, *, prefer: Prefer, expected_steps: i
     """What this machine's first rank answers for each rank of its machine in ``job``: measured for as many
     processes as share it, each rank on its own view (its own device of each kind; ``AUTOTUNE_DEVICE`` names the
     kind)."""
+    from autotune._ranks.agree import device_counts, own_device, view  # in a job only
+    from autotune._ranks.job import Machine
+
     fp = fingerprint(processes=job.ranks.local_world_size)
     store = _lookup.store()
     counts = device_counts(fp.accelerators)
@@ -197,7 +206,12 @@ def demotions_of(digest: str, kind: str, model: str | None = None) -> list[Demot
     found = _demotions.of(digest, kind)
     if not found:
         return []
-    own = _guard.family_model(kind) if any(d.model is not None for d in found) else None
+    if any(d.model is not None for d in found):
+        from autotune._guard.model import family_model  # builds the family's model: for demotions of a model only
+
+        own = family_model(kind)
+    else:
+        own = None
     if model is not None and model != own:
         return [d for d in found if d.model == model]
     return [d for d in found if d.model is None or (d.model == own if own is not None else d.family_model)]
@@ -326,7 +340,7 @@ def forget() -> None:
 
 
 # A guard answers again after it demotes; it cannot import this module (the Config it guards is made here).
-_guard.answer_with(best_config)
+_fallback.answer_with(best_config)
 
 __all__ = [
     "answer",

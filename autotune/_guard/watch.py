@@ -19,7 +19,6 @@ of ``read_every`` batches in a row gets one WARNING, and each pass's summary is 
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import logging
 import math
 import statistics
@@ -27,19 +26,21 @@ import time
 import warnings
 from collections import deque
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import torch
 from torch import nn
 
+from autotune import _fallback
 from autotune._cache import demotions as _demotions
 from autotune._cache import loops as _loops
-from autotune._errors import ConfigMisbehaved, ConfigurationError, UnknownFamilyError
-from autotune._families import get_family
-from autotune._guard.replay import LossFn, Tape, unwrapped
-from autotune._records import Candidate, Demotion, LoopSummary, Misbehaviour, Prefer, Record, Replay
+from autotune._errors import ConfigMisbehaved, ConfigurationError
+from autotune._guard.model import family_model, model_signature
+from autotune._guard.replay import LossFn, Tape
+from autotune._loop_wording import data_bound_words, replay_words
+from autotune._records import Candidate, Demotion, Misbehaviour, Prefer, Record, Replay
+from autotune._reports import LoopSummary
 from autotune._version import __version__
-from autotune._wording import data_bound_words, replay_words
 
 if TYPE_CHECKING:
     from autotune._config import Config
@@ -90,58 +91,6 @@ def _within_window(seen: deque[tuple[int, float]], step: int, value: float) -> l
 def is_reference(candidate: Candidate) -> bool:
     """fp32 on the CPU, whatever its variants: what every candidate is verified against, never demoted."""
     return candidate.device == "cpu" and candidate.precision == "fp32"
-
-
-def model_signature(model: nn.Module) -> str:
-    """What was trained, e.g. ``'Sequential 5c3e2a09d1f4'``: the model's class and a digest of its parameters' names
-    and shapes (through ``torch.compile``'s and DataParallel's wrappers)."""
-    model = unwrapped(model)
-    digest = hashlib.sha256()
-    for name, parameter in model.named_parameters():
-        digest.update(f"{name}:{tuple(parameter.shape)};".encode())
-    return f"{type(model).__qualname__} {digest.hexdigest()[:12]}"
-
-
-#: (build reference, version) -> the signature of the model that family builds (None: it could not be built)
-_family_models: dict[tuple[str, str | None], str | None] = {}
-
-
-def family_model(model_kind: str) -> str | None:
-    """The signature of the model ``model_kind``'s family builds (built once per process, on the meta device where
-    it can be); None when the family is not registered here or its build fails."""
-    try:
-        family = get_family(model_kind)
-    except UnknownFamilyError:
-        return None
-    key = (family.ref, family.version)
-    if key not in _family_models:
-        with torch.random.fork_rng(devices=[]):  # a build that seeds must not move the app's random state
-            try:
-                with torch.device("meta"):
-                    _family_models[key] = model_signature(family.build().model)
-            except Exception:  # some builds need real tensors (loaded weights): built as they are
-                try:
-                    _family_models[key] = model_signature(family.build().model)
-                except Exception as exc:  # the app's build: its failure is said, not raised here
-                    log.warning("cannot build %s to tell its demotions from other models' (%s: %s)", model_kind,
-                                type(exc).__name__, exc)
-                    _family_models[key] = None
-    return _family_models[key]
-
-
-class _Answer(Protocol):
-    def __call__(self, model_kind: str, *, model: nn.Module | None, prefer: Prefer, expected_steps: int | None,
-                 wait: bool) -> Config: ...
-
-
-#: ``best_config``, registered by the module that answers (it imports this one through Config, so this one cannot
-#: import it back): what :meth:`Guard.fallback` asks
-_answering: list[_Answer] = []
-
-
-def answer_with(answer: _Answer) -> None:
-    """Register the function :meth:`Guard.fallback` answers with (``autotune._answer.best_config``)."""
-    _answering[:] = [answer]
 
 
 class Guard:
@@ -320,7 +269,7 @@ class Guard:
         In a job it is a collective, as ``best_config`` is: every rank calls it (after the finding every rank's
         guard shares), so that every rank trains the one answer DDP needs; a rank that calls it alone raises
         :class:`RanksError` within ``AUTOTUNE_RANKS_LOOP_TIMEOUT_S``."""
-        (answer,) = _answering  # autotune._answer registers itself when it loads; autotune.Guard loads it first
+        answer = _fallback.answering()  # autotune._answer registers itself when it loads; autotune.Guard loads it first
         if self.job is not None:
             # Every rank here first, within the loop's bound: the answer's own exchanges wait as long as a
             # calibration may take, which a rank that never calls would turn into that long a hang.
