@@ -9,8 +9,9 @@ config (``stand_in``), one setting after another. No model is built; nothing of 
 The settings tried (``workers``): none, then the most workers, then the counts between; on the CPU each with the
 config's training threads and with fewer. Each is timed from its steady rate, over at least two of each worker's
 batches and ``SETTING_SHARE`` of the budget, reading on where the last left off. A loop within ``KEEP_UP`` of its
-step keeps up: the cheapest setting that keeps up wins (costlier ones are not measured), else the fastest. The
-budget bounds which settings start, not a setting's window: the report says what the measurement cost.
+step keeps up: the cheapest setting that keeps up wins (costlier ones are not measured), else the fastest. Where
+batches load slowly, the loop without workers tells how long the most workers' windows take, and the budget grows to
+that (logged); a setting starts only where its window fits the budget, and the report says what the measurement cost.
 
 A setting whose workers die or stay silent is ruled out, with the cause where one is found; an answer without
 workers because none could run is not kept; a dataset that raises surfaces as a :class:`DatasetError` and nothing
@@ -176,19 +177,27 @@ def _measure(candidate: Candidate, model_kind: str, dataset: Any, signature: str
         if "batch_sampler" not in loading:  # DataLoader refuses a batch size beside a batch sampler's batches
             loading["batch_size"] = batch_size
         timing = functools.partial(_trials, dataset, stand_in, loading=loading, pin=pin, method=method,
-                                   setting_s=setting_s, deadline=started + budget_s)
+                                   setting_s=setting_s)
         always = counts[:2] if counts[0] == 0 else counts[:1]  # no workers, and the most
         remaining = list(counts)
+        load_s = 0.0  # a batch's loading on one thread, once the loop without workers has told it
         while remaining:
             workers = remaining.pop(0)
-            if time.perf_counter() > started + budget_s and workers not in always:
+            tried = _workers.thread_counts(threads, workers, cores)
+            if workers not in always and time.perf_counter() + _window_s(
+                    workers, len(tried), load_s=load_s, step_s=step / 1000, setting_s=setting_s) > started + budget_s:
                 break
             if workers == 0:
                 trials.append(_alone(dataset, stand_in, loading, threads=threads, method=method,
                                      setting_s=setting_s))
+                if trials[-1].loop_ms is not None:
+                    load_s = max(0.0, trials[-1].loop_ms - step) / 1000
+                    budget_s = _stated(budget_s, time.perf_counter() - started, _window_s(
+                        max(counts), len(_workers.thread_counts(threads, max(counts), cores)), load_s=load_s,
+                        step_s=step / 1000, setting_s=setting_s))
             else:
                 try:
-                    trials += timing(workers, _workers.thread_counts(threads, workers, cores), prefetch=2)
+                    trials += timing(workers, tried, prefetch=2, deadline=started + budget_s)
                 except _Unreceivable as exc:
                     if needs_workers:
                         raise DatasetError(named(dataset), f"the fixed arguments need workers, and {exc}") from exc
@@ -198,8 +207,11 @@ def _measure(candidate: Candidate, model_kind: str, dataset: Any, signature: str
                 break
         chosen = choose(trials, step)
         if (chosen is not None and chosen.num_workers and not keeps_up(chosen, step)
-                and "prefetch_factor" not in fixed and time.perf_counter() < started + budget_s):
-            trials += timing(chosen.num_workers, [chosen.num_threads], prefetch=DEEP_PREFETCH)
+                and "prefetch_factor" not in fixed and time.perf_counter() + _window_s(
+                    chosen.num_workers, 1, load_s=load_s, step_s=step / 1000, setting_s=setting_s)
+                <= started + budget_s):
+            trials += timing(chosen.num_workers, [chosen.num_threads], prefetch=DEEP_PREFETCH,
+                             deadline=started + budget_s)
             chosen = choose(trials, step)
     if chosen is None:
         raise DatasetError(named(dataset), "every setting was ruled out: " + "; ".join(
@@ -214,6 +226,24 @@ def _measure(candidate: Candidate, model_kind: str, dataset: Any, signature: str
                              workers_failed=workers_failed(trials), wall_s=wall_s, budget_s=budget_s),
         step_ms=step_ms, trials=trials, measured_at=at, wall_s=wall_s, budget_s=budget_s,
     )
+
+
+def _window_s(workers: int, thread_counts: int, *, load_s: float, step_s: float, setting_s: float) -> float:
+    """About how long ``workers`` take to be timed at ``thread_counts`` training thread counts: their first wave
+    (a batch's loading), then per count two periods of their wave (each worker's next two batches, or the steps
+    that consume them) and at least ``setting_s``."""
+    return load_s + thread_counts * max(setting_s, 2 * max(load_s, workers * step_s))
+
+
+def _stated(budget_s: float, elapsed_s: float, most_s: float) -> float:
+    """The budget once the loop without workers has run: what the most workers need to be timed, where that is
+    more than the budget left (slow batches), said in the log."""
+    if elapsed_s + most_s <= budget_s:
+        return budget_s
+    stated = math.ceil(elapsed_s + most_s)
+    log.info("measuring DataLoader settings for about %d s, not %g: batches this slow need that long for two "
+             "periods of the workers' wave", stated, budget_s)
+    return float(stated)
 
 
 @dataclasses.dataclass(frozen=True)
