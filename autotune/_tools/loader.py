@@ -183,12 +183,14 @@ def _measure(candidate: Candidate, model_kind: str, dataset: Any, signature: str
         always = counts[:2] if counts[0] == 0 else counts[:1]  # no workers, and the most
         remaining = list(counts)
         load_s = 0.0  # a batch's loading on one thread, once the loop without workers has told it
+        count_s = 0.0  # what a thread count of the last worker setting cost beyond its window: its workers' start
         while remaining:
             workers = remaining.pop(0)
             tried = _workers.thread_counts(threads, workers, cores)
-            if workers not in always and time.perf_counter() + _window_s(
+            if workers not in always and time.perf_counter() + len(tried) * count_s + _window_s(
                     workers, len(tried), load_s=load_s, step_s=step / 1000, setting_s=setting_s) > started + budget_s:
                 break
+            before = time.perf_counter()
             if workers == 0:
                 trials.append(_alone(dataset, stand_in, loading, threads=threads, method=method,
                                      setting_s=setting_s))
@@ -200,6 +202,8 @@ def _measure(candidate: Candidate, model_kind: str, dataset: Any, signature: str
             else:
                 try:
                     trials += timing(workers, tried, prefetch=_PREFETCH, deadline=started + budget_s)
+                    count_s = max(0.0, (time.perf_counter() - before) / len(tried) - _window_s(
+                        workers, 1, load_s=load_s, step_s=step / 1000, setting_s=setting_s))
                 except _Unreceivable as exc:
                     if needs_workers:
                         raise DatasetError(named(dataset), f"the fixed arguments need workers, and {exc}") from exc
