@@ -42,7 +42,7 @@ from autotune._records import (
     Verdict,
 )
 from autotune._rules import indifference, is_open, margin, tie_winner
-from autotune._wording import headline, no_gpu_words, reason
+from autotune._wording import headline, no_gpu_words, reason, times_over
 
 log = logging.getLogger("autotune")
 
@@ -118,12 +118,20 @@ def decide(
     return config
 
 
-def _speedup(pick: CandidateResult, baseline: CandidateResult, evidence: Evidence) -> float:
+def _speedup(pick: CandidateResult, baseline: CandidateResult, evidence: Evidence) -> float | None:
     """fp32 on the CPU's step time over the pick's, as the reason words it: from paired evidence (a chain of
-    drops), its estimate or its bound (:func:`headline`); from the mean step times where that chain breaks."""
+    drops), its estimate or its bound (:func:`headline`), else the chain's estimate; from the mean step times of
+    different moments where the chain breaks, unless they contradict the evidence (fp32 found slower): None."""
     found = next((r for r in evidence.rivals if r.candidate == FP32_CPU), None)
     claim = headline(found, pick.candidate, evidence) if found is not None else None
-    return claim[0] if claim is not None else step_ms(baseline) / step_ms(pick)
+    if claim is not None:
+        return claim[0]
+    paired = times_over(found, pick.candidate, evidence) if found is not None else None
+    if paired is not None:
+        return paired
+    unpaired = step_ms(baseline) / step_ms(pick)
+    slower = found is not None and found.verdict in ("dropped", "slower", "outpaced")
+    return None if slower and unpaired < 1 else unpaired
 
 
 def restate(config: Config, **flags: object) -> Config:

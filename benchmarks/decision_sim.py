@@ -19,6 +19,10 @@ the same rules make on the exact truth. Printed per scenario (JSON lines):
 - ``sim_s``: simulated calibration seconds (set-up + every timed step), mean;
 - ``open_pct``: picks whose evidence names a pair the pick rests on still open when timing stopped (a close
   call its rounds could not afford: served as final, the pair named).
+- ``headline_estimate_pct``: of the picks clearly faster than plain fp32 on their device, those whose reason
+  states the ratio as an estimate ("2.5x faster per step than fp32"), not a bound ("at least ...");
+  ``headline_within_10pct`` the share of those estimates within 10% of the true ratio (goal >= 95%);
+  ``headline_bound_above_pct`` the share of bounds above the true ratio (a bound that claims too much).
 
 The ``trace/`` scenarios replay real step times recorded on a machine (``record_traces.py``, under
 ``fixtures/traces``): its bursts hit every candidate timed in them and the control alike, each candidate keeps
@@ -43,10 +47,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from autotune._cache.store import StoreFile
+from autotune._config import Config
 from autotune._decide import decide, finalists
 from autotune._records import Candidate, Failure
 from autotune._rules import MARGIN, complexity
 from autotune._variants import Facts, Situation, reachable
+from autotune._wording import headline
 from autotune.testing.simulate import (
     CandidateTruth,
     Truth,
@@ -331,6 +337,8 @@ def run(name: str, truth: Truth, expected_steps: int | None, runs: int) -> dict[
     whole = true_pick(truth, space(truth), expected_steps)
     right_count = claimed = noisy = wrong_final = over = whole_right = still_open = 0
     regrets, seconds = [], []
+    estimates: list[float] = []  # each stated estimate over the true ratio
+    bounds: list[float] = []  # each stated bound over the true ratio
     for seed in range(runs):
         measured, sim_s = simulate(truth, seed)
         pick = decide(measured, expected_steps=expected_steps, digest="sim")
@@ -348,6 +356,9 @@ def run(name: str, truth: Truth, expected_steps: int | None, runs: int) -> dict[
             true_score(truth, chosen, expected_steps), true_score(truth, whole, expected_steps), rel_tol=1e-9))
         over += regrets[-1] > MARGIN + 1e-9
         seconds.append(sim_s)
+        stated = _headline(truth, pick, chosen)
+        if stated is not None:
+            (bounds if stated[1] else estimates).append(stated[0])
     regrets.sort()
     return {
         "benchmark": "decision_sim", "scenario": name, "runs": runs,
@@ -362,7 +373,28 @@ def run(name: str, truth: Truth, expected_steps: int | None, runs: int) -> dict[
         "sim_s": round(statistics.fmean(seconds), 1),
         "whole_right_pct": round(100 * whole_right / runs, 1),
         "open_pct": round(100 * still_open / runs, 1),
+        "headline_estimate_pct": _pct(len(estimates), len(estimates) + len(bounds)),
+        "headline_within_10pct": _pct(sum(abs(r - 1) <= 0.10 for r in estimates), len(estimates)),
+        "headline_bound_above_pct": _pct(sum(r > 1 for r in bounds), len(bounds)),
     }
+
+
+def _pct(count: int, total: int) -> float | None:
+    return round(100 * count / total, 1) if total else None
+
+
+def _headline(truth: Truth, pick: Config, chosen: Candidate) -> tuple[float, bool] | None:
+    """The pick's stated ratio to plain fp32 on its device over the true one, and whether it is a bound; None where
+    the reason states none (an fp32 pick, fp32 failed, a chain of evidence that breaks)."""
+    evidence = pick.evidence
+    fp32 = Candidate(device=chosen.device, precision="fp32")
+    found = next((r for r in evidence.rivals if r.candidate == fp32), None) if evidence is not None else None
+    if evidence is None or found is None or chosen.precision == "fp32":
+        return None
+    claim = headline(found, pick.candidate, evidence)
+    if claim is None:
+        return None
+    return claim[0] / (truth.step_ms(fp32) / truth.step_ms(chosen)), claim[1]
 
 
 def space(truth: Truth) -> list[Candidate]:

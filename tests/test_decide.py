@@ -136,6 +136,20 @@ def test_the_headline_ratio_is_the_estimate_only_where_its_interval_knows_it(
     assert config.speedup_vs_fp32_cpu == pytest.approx(speedup)
 
 
+def test_the_speedup_never_contradicts_the_evidence_where_the_chain_of_drops_breaks() -> None:
+    # fp32 was dropped by a setting that is not in the record, on its slow rounds; its mean over them reads faster
+    # than the pick's, timed at another moment: the evidence says fp32 is slower, so no figure says otherwise.
+    fp32 = timed("cpu", "fp32", 20.0, rounds=4)
+    gone = Candidate(device="cpu", precision="bf16-mixed", memory_format="channels_last")
+    assert fp32.timing is not None
+    drop = Drop(by=gone, ratio=Interval(estimate=1.5, low=1.2, high=1.9), rounds=4)
+    fp32 = fp32.model_copy(update={"timing": fp32.timing.model_copy(update={"dropped": drop, "final": False})})
+    config = decide(family("cnn", fp32, timed("cpu", "bf16-mixed", 26.0)), digest=DIGEST)
+    assert config.candidate == Candidate(device="cpu", precision="bf16-mixed")
+    assert "fp32 was clearly slower" in config.reason
+    assert config.speedup_vs_fp32_cpu is None
+
+
 def test_forced_device_is_marked_forced() -> None:
     measured = family("cnn", timed("cpu", "fp32", 100.0), timed("cpu", "bf16-mixed", 50.0))
     config = decide(measured, forced_device="cpu", digest=DIGEST)

@@ -347,11 +347,11 @@ def interleave(
 
 
 def ratio_known(steps: Mapping[K, Steppable], *, estimate_s: Mapping[K, float], clock: Clock,
-                settings: MeasureSettings, error: float, cap_s: float) -> dict[K, Series[K]] | None:
+                settings: MeasureSettings, error: float, alpha: float, cap_s: float) -> dict[K, Series[K]] | None:
     """Time two candidates in interleaved rounds until the ratio of the first's mean step time to the second's
-    is known within ``error`` at a look (``_rules.known``: its interval at one look's error), e.g. a headline's; None
-    once the rounds it would still take (the interval narrows as one over the root of the rounds) would run past
-    ``cap_s`` seconds, or at the last look."""
+    is known within ``error`` at a look (``_rules.known``: its interval, each bound's error ``alpha``), e.g. a
+    headline's; None once the rounds it would still take (the interval narrows as one over the root of the rounds)
+    would run past ``cap_s`` seconds, or at the last look."""
     first, second = steps
     series: dict[K, Series[K]] = {
         key: Series(steps_per_round=steps_per_sample(step, estimate_s[key], settings)) for key, step in steps.items()
@@ -365,11 +365,10 @@ def ratio_known(steps: Mapping[K, Steppable], *, estimate_s: Mapping[K, float], 
             series[key].round_ms.append(1000 * statistics.fmean(samples))
         if rounds not in _stats.LOOKS:
             continue
-        ratio = _stats.ratio_interval(series[first].round_ms, series[second].round_ms)
+        ratio = _stats.ratio_interval(series[first].round_ms, series[second].round_ms, alpha=alpha)
         if known(ratio, error):
             return series
         # One round's spread in log units, from the interval's half width and its t quantile, at the normal one.
-        alpha = _stats.ALPHA_PER_LOOK
         spread = math.log(ratio[2] / ratio[1]) / 2 / _stats.t_quantile(1 - alpha, rounds - 1) * math.sqrt(rounds)
         needed = (spread * _stats.t_quantile(1 - alpha, 10_000) / math.log1p(error)) ** 2
         if (clock() - started) * max(needed, rounds + 1) / rounds > cap_s:

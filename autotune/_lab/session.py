@@ -300,8 +300,8 @@ class Session:
 
     def _headline(self, pick: Candidate) -> None:
         """Time ``pick`` against plain fp32 on its device, dropped before the final comparison after a few rounds,
-        until their ratio is known within ``_rules.HEADLINE_ERROR``, so the first figure a user reads is an
-        estimate, not the low end of a chain of intervals: fp32's evidence becomes that ratio. Only where it
+        until their ratio is known within ``_rules.HEADLINE_ERROR`` (a 95% interval), so the first figure a user
+        reads is an estimate, not the low end of a chain of intervals: fp32's evidence becomes that ratio. Only where it
         costs at most ``_rules.HEADLINE_COST`` x the calibration's time so far (its set-up where it is not held:
         fp32 on the CPU is, its warm-up and rounds), and on an accelerator only where both are still held; else the
         notes say the headline stays a bound."""
@@ -326,9 +326,10 @@ class Session:
             series = ratio_known({c: self.roster.ready[c].step for c in (reference, pick)},
                                  estimate_s={c: _stats.median(times[-3:]) for c, times in warm.items()},
                                  clock=self.clock, settings=settings, error=_rules.HEADLINE_ERROR,
-                                 cap_s=cap_s - (self.clock() - started))
+                                 alpha=_rules.HEADLINE_ALPHA, cap_s=cap_s - (self.clock() - started))
         self.roster.release({reference} - {BASELINE})
-        estimate, low, high = (_stats.ratio_interval(series[reference].round_ms, series[pick].round_ms)
+        estimate, low, high = (_stats.ratio_interval(series[reference].round_ms, series[pick].round_ms,
+                                                     alpha=_rules.HEADLINE_ALPHA)
                                if series is not None else (0.0, 0.0, 0.0))
         if series is None or low <= 1 + _rules.margin(reference, pick):
             why = (f"which would cost more than {_rules.HEADLINE_COST:.0%} of the calibration's time" if held or
