@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).parent.parent
+ROOT = Path(__file__).parents[2]
 README = ROOT / "README.md"
 EXAMPLES = ROOT / "examples"
 #: at most, for five minutes of reading (the anchors' READMEs are 4-18 KB)

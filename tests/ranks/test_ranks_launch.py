@@ -22,7 +22,7 @@ from autotune._cache import demotions
 from autotune._fingerprint import fingerprint
 from autotune._variants import threads_per_process
 
-TESTS = Path(__file__).parent
+TESTS = Path(__file__).parents[1]
 SCRIPT = str(TESTS / "ranks_for_tests.py")
 #: how long a launched job may take here at most (a busy 2-core machine starts 5 interpreters that import torch)
 JOB_TIMEOUT_S = 420

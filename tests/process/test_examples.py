@@ -18,7 +18,7 @@ import pytest
 import autotune
 from autotune._tools import loader as loader_tuner
 
-ROOT = Path(__file__).parent.parent
+ROOT = Path(__file__).parents[2]
 EXAMPLES = ROOT / "examples"
 #: how long the torchrun job may take at most (a busy 2-core machine starts 3 interpreters that import torch)
 JOB_TIMEOUT_S = 420

@@ -176,7 +176,7 @@ def test_wait_false_sees_another_process_calibrating(tiny_family: str) -> None:
     """)
     with lock:  # held in this process, as a calibrating process would
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True,
-                             cwd=Path(__file__).parent, env=os.environ).stdout
+                             cwd=Path(__file__).parents[1], env=os.environ).stdout
     assert out.startswith("heuristic") and "calibration running in another process" in out.lower()
     assert cached_families([tiny_family]) == {}
 
@@ -192,7 +192,7 @@ def test_an_app_that_exits_mid_job_leaves_no_worker(isolated_autotune: Path) -> 
         sys.exit(0)  # the job is still running: atexit cancels it
     """)
     app = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True,
-                         cwd=Path(__file__).parent, env=os.environ)
+                         cwd=Path(__file__).parents[1], env=os.environ)
     app_pid = int(app.stdout.split()[0])
     deadline = time.monotonic() + 10
     while workers_of(app_pid) and time.monotonic() < deadline:

@@ -14,7 +14,7 @@ from autotune._variants import Facts
 from autotune.testing.simulate import simulate, truth_from_trace
 from autotune.testing.traces import CandidateTrace, StepTrace, TraceFile, TraceMachine, read_replay
 
-TRACE = Path(__file__).parent.parent / "fixtures" / "traces" / "cnn.json.gz"
+TRACE = Path(__file__).parents[2] / "fixtures" / "traces" / "cnn.json.gz"
 PLAIN = Candidate(device="cpu", precision="fp32")
 CHANNELS_LAST = Candidate(device="cpu", precision="fp32", memory_format="channels_last")
 

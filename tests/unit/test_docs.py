@@ -17,7 +17,7 @@ import pytest
 import autotune
 from autotune import _args, _env, _errors
 
-ROOT = Path(__file__).parent.parent
+ROOT = Path(__file__).parents[2]
 DOCS = ROOT / "docs"
 PAGES = sorted(DOCS.rglob("*.md"))
 #: the names the pages give the objects they call methods on

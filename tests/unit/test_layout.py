@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).parent.parent / "autotune"
+PACKAGE = Path(__file__).parents[2] / "autotune"
 
 #: room -> all it imports of autotune: the variant table, the errors, the statistics, the walk of a batch and the
 #: answer a guard falls back on import nothing of it; the records, only the variant table (a Choice's fields are its

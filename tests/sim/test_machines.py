@@ -17,7 +17,7 @@ from autotune._decide import decide
 from autotune._records import Candidate
 from autotune.testing.simulate import simulate, truth_from_record
 
-MACHINES = Path(__file__).parent.parent / "fixtures" / "machines"
+MACHINES = Path(__file__).parents[2] / "fixtures" / "machines"
 
 
 def machine(name: str) -> StoreFile:

@@ -56,7 +56,7 @@ def test_one_kind_given_where_a_list_goes_says_so(call: object) -> None:
 
 def test_the_reference_and_the_signature_name_the_kind_alike() -> None:
     """The reference's calls are the signatures: its table lists every keyword best_config takes."""
-    reference = (Path(__file__).parent.parent / "docs" / "reference" / "api.md").read_text()
+    reference = (Path(__file__).parents[2] / "docs" / "reference" / "api.md").read_text()
     parameters = list(inspect.signature(autotune.best_config).parameters)
     assert parameters[0] == "model_kind"
     assert f"autotune.best_config({parameters[0]}, *, " in reference

@@ -227,7 +227,7 @@ def test_a_results_file_written_before_the_second_layout_step_loads_and_answers(
     from autotune._cache.store import Store
     from autotune._families import get_family
 
-    written = Path(__file__).parent.parent / "fixtures" / "stores" / "written-at-293623d.json"
+    written = Path(__file__).parents[2] / "fixtures" / "stores" / "written-at-293623d.json"
     digest = json.loads(written.read_text())["fingerprint"]["digest"]
     (tmp_path / f"{digest}.json").write_bytes(written.read_bytes())
     stored = Store(tmp_path).load(digest)

@@ -14,7 +14,7 @@ import pytest
 from autotune import _quota
 from autotune.backends import _darwin, _windows, cuda, xpu
 
-PLATFORMS = Path(__file__).parent.parent / "fixtures" / "platforms"
+PLATFORMS = Path(__file__).parents[2] / "fixtures" / "platforms"
 
 
 def _recorded(name: str) -> str:

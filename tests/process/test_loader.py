@@ -360,7 +360,7 @@ _MAIN_PROGRAM = textwrap.dedent("""
 def _run_main_program(device: str, start_method: str, transform: str) -> tuple[LoaderReport, str]:
     """The report the program printed, and what it wrote on stderr."""
     done = subprocess.run([sys.executable, "-c", _MAIN_PROGRAM, device, start_method, transform], capture_output=True,
-                          text=True, timeout=300, cwd=Path(__file__).parent, env=os.environ)
+                          text=True, timeout=300, cwd=Path(__file__).parents[1], env=os.environ)
     assert done.returncode == 0, done.stderr
     return LoaderReport.model_validate_json(done.stdout.strip().splitlines()[-1]), done.stderr
 

@@ -21,7 +21,7 @@ import pytest
 import autotune
 from autotune._worker import process
 
-TESTS = Path(__file__).parent
+TESTS = Path(__file__).parents[1]
 
 FAULTS = '''
 import os, sys, time

@@ -260,7 +260,7 @@ def _run(code: str) -> str:
 
 
 def _tests_dir() -> Path:
-    return Path(__file__).parent
+    return Path(__file__).parents[1]
 
 
 def test_a_calibration_records_the_rules_it_measured_by(tiny_family: str) -> None:

@@ -72,7 +72,7 @@ def test_a_second_process_is_answered_from_the_cache(tiny_family: str, isolated_
         "autotune.register_family('tiny', 'families_for_tests:build_tiny');"
         "print(autotune.best_config('tiny', calibrate_on_miss=False).model_dump_json())"
     )
-    out = subprocess.run([sys.executable, "-c", code, str(Path(__file__).parent)],
+    out = subprocess.run([sys.executable, "-c", code, str(Path(__file__).parents[1])],
                          capture_output=True, text=True, check=True).stdout
     again = autotune.Config.model_validate_json(out)
     assert again.source == "measured"

@@ -16,7 +16,7 @@ from autotune._answer import cached_configs, cached_families
 from autotune._cache.store import Store
 from autotune._cli import main
 
-TESTS = str(Path(__file__).parent)
+TESTS = str(Path(__file__).parents[1])
 
 
 def _builtins_measured(cache: Path) -> None:

@@ -23,7 +23,7 @@ from autotune._cache.store import Store
 from autotune._lab.probe import probe_batch
 from autotune._records import CandidateResult
 
-TESTS = Path(__file__).parent
+TESTS = Path(__file__).parents[1]
 
 
 @pytest.mark.parametrize(

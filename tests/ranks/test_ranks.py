@@ -32,7 +32,7 @@ from autotune._ranks.launch import Launch, from_environment, own_index
 from autotune._records import Candidate, FamilyResult, Ranks
 from autotune.testing.simulate import simulate, truth_from_record
 
-MACHINES = Path(__file__).parent.parent / "fixtures" / "machines"
+MACHINES = Path(__file__).parents[2] / "fixtures" / "machines"
 TORCHRUN = {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "1"}
 
 

@@ -21,7 +21,7 @@ from autotune._lab.measure import MeasureSettings
 from autotune._lab.protocol import CalibrationSettings
 from autotune._worker.worker import Worker
 
-TESTS = Path(__file__).parent
+TESTS = Path(__file__).parents[1]
 SETTINGS = CalibrationSettings(search="precision", measure=MeasureSettings(budget_s=0.2))
 
 

@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-TESTS = Path(__file__).parent
+TESTS = Path(__file__).parents[1]
 
 SITECUSTOMIZE = '''
 import json, os, sys

@@ -479,7 +479,8 @@ def test_demotions_of_two_families_written_at_once_by_two_processes_are_both_kep
             demotions.record(digest, _recorded(kind, step=run + 1))
     """)
     start = time.time() + 4.0  # both past their imports
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    tests = str(Path(__file__).parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")])}
     procs = [subprocess.Popen([sys.executable, "-c", script, kind, str(start)], env=env)
              for kind in (tiny_family, "other")]
     assert [p.wait(timeout=120) for p in procs] == [0, 0]
