@@ -1,11 +1,11 @@
+"""None"""
+
 from __future__ import annotations
 
 import getpass
 import json
 import os
 import socket
-import subprocess
-import sys
 
 import pytest
 
@@ -21,27 +21,9 @@ from autotune._fingerprint import (
 from autotune.backends import Accelerator
 from autotune.testing import reset_state
 
-#: prints the digest of a new process, after ``before`` ran
-FRESH = "import torch; {before}; import autotune; print(autotune.fingerprint().digest)"
-
-
-def _digest_of_a_new_process(before: str = "pass", **environment: str) -> str:
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
-    return subprocess.run([sys.executable, "-c", FRESH.format(before=before)], capture_output=True, text=True,
-                          check=True, env={**env, **environment}).stdout.strip()
-
 
 def test_fingerprint_is_stable_within_a_process() -> None:
     assert autotune.fingerprint().digest == autotune.fingerprint().digest
-
-
-def test_fingerprint_is_stable_across_processes() -> None:
-    code = "import autotune; print(autotune.fingerprint().digest)"
-    digests = {
-        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
-        for _ in range(2)
-    }
-    assert digests == {autotune.fingerprint().digest}
 
 
 CHANGES = {
@@ -153,26 +135,6 @@ def test_the_apps_thread_count_is_not_in_the_digest() -> None:
     reset_state()  # as a process that set its count before its first read
     assert autotune.fingerprint().digest == before
     assert "torch_threads" not in autotune.fingerprint().model_dump()
-
-
-def test_omp_num_threads_1_is_another_budget_and_set_num_threads_1_is_not() -> None:
-    unset = autotune.fingerprint().digest
-    assert _digest_of_a_new_process(OMP_NUM_THREADS="1") != unset
-    assert _digest_of_a_new_process("torch.set_num_threads(1)") == unset
-
-
-@pytest.mark.usefixtures("in_process")
-def test_a_measured_answer_holds_after_the_app_changes_its_thread_count(
-    tiny_family: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    import torch
-
-    monkeypatch.setenv("AUTOTUNE_SEARCH", "precision")
-    measured = autotune.best_config(tiny_family)
-    assert measured.source == "measured"
-    torch.set_num_threads(torch.get_num_threads() + 1)  # the conftest puts the count back
-    for answer in (autotune.best_config(tiny_family, wait=False), autotune.best_config(tiny_family)):
-        assert answer == measured and answer.fingerprint_digest == autotune.fingerprint().digest
 
 
 def test_torchs_default_thread_count_is_read_before_the_app_changes_it() -> None:
