@@ -4,7 +4,7 @@ own reasons are checked by conftest's ``reasons`` fixture, these are the longest
 from __future__ import annotations
 
 import pytest
-from conftest import one_sentence_problem
+from reasons_for_tests import one_sentence_problem
 from samples import family, timed
 
 from autotune._decide import decide, restate
