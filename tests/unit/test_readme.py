@@ -1,6 +1,6 @@
 """The README is read in five minutes: short, its example is the reader's own model as the files in examples/ hold it
-(tests/test_examples.py runs them), its test command is what CI runs, and its links lead somewhere. What the README
-used to hold is in docs/, checked against the code by tests/test_docs.py."""
+(tests/process/test_examples.py runs them), its test command is what CI runs, and its links lead somewhere. What the
+README used to hold is in docs/, checked against the code by tests/unit/test_docs.py."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ README = ROOT / "README.md"
 EXAMPLES = ROOT / "examples"
 #: at most, for five minutes of reading (the anchors' READMEs are 4-18 KB)
 README_LINES, README_BYTES = 200, 15_000
+#: the tiers that start no process run first, so that a failure there stops the run before the slow ones
+FAST_TIERS = "python -m pytest -q tests/unit tests/sim"
 
 
 def _blocks() -> list[str]:
@@ -36,7 +38,7 @@ def test_the_readme_shows_the_readers_own_model_as_the_examples_hold_it() -> Non
 def test_ci_runs_the_readmes_test_command() -> None:
     command = next(line for line in README.read_text().splitlines() if line.startswith("pip install torch==2.13.0 && "))
     steps = command.split(" && ")
-    assert steps[-1] == "python -m pytest -q"
+    assert steps[-2:] == [FAST_TIERS, "python -m pytest -q --ignore=tests/unit --ignore=tests/sim"]
     # .ci/run: every step, in order (pip quietly)
     ci = [re.sub(r"^pip install -q ", "pip install ", line) for line in (ROOT / ".ci" / "run").read_text().splitlines()]
     assert all(step in ci for step in steps), [step for step in steps if step not in ci]
@@ -50,7 +52,7 @@ def test_ci_runs_the_readmes_test_command() -> None:
 def test_ci_builds_the_documentation_strictly_before_the_tests() -> None:
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
     build = next(i for i, line in enumerate(ci) if re.search(r"\bmkdocs build --strict\b", line))
-    assert build < ci.index("python -m pytest -q")
+    assert build < ci.index(FAST_TIERS)
     assert any(re.fullmatch(r"pip install -q -e '\.\[(\w+,)*docs(,\w+)*\]'", line) for line in ci[:build])
 
 
