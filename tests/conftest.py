@@ -1,12 +1,14 @@
 from __future__ import annotations
 
+import multiprocessing.process
 import os
-import re
+import subprocess
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
 import torch
+from reasons_for_tests import one_sentence_problem
 
 import autotune
 from autotune import _fp32, _wording
@@ -31,6 +33,34 @@ def isolated_autotune(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterat
     torch.set_num_threads(threads)
 
 
+class ProcessStarted(BaseException):
+    """A test of a tier that starts no process started one (BaseException: no ``except Exception`` swallows it)."""
+
+
+@pytest.fixture
+def no_process(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """Creating a process fails loudly, at the OS boundary: ``subprocess.Popen`` (and so ``run``, ``os.popen``,
+    ``asyncio``), ``os.fork``, ``posix_spawn``, ``system``, ``spawn*``, and a ``multiprocessing`` start. Autouse in the
+    tiers that start none (tests/unit, tests/sim), so they stay fast: a test that needs a process belongs further on.
+    Yields what was attempted; the test fails on the first attempt, even one the code under test catches."""
+    attempted: list[str] = []
+
+    def refused(what: str) -> Callable[..., object]:
+        def start(*args: object, **kwargs: object) -> object:
+            attempted.append(what)
+            raise ProcessStarted(f"{what}: a test in this tier starts no process (move it to a later tier)")
+        return start
+
+    monkeypatch.setattr(subprocess.Popen, "_execute_child", refused("subprocess.Popen"))
+    for name in ("fork", "forkpty", "posix_spawn", "posix_spawnp", "system", "spawnv", "spawnve", "spawnvp",
+                 "spawnvpe", "startfile"):
+        if hasattr(os, name):
+            monkeypatch.setattr(os, name, refused(f"os.{name}"))
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", refused("multiprocessing"))
+    yield attempted
+    assert not attempted, f"processes started in a tier that starts none: {attempted}"
+
+
 @pytest.fixture
 def in_process(monkeypatch: pytest.MonkeyPatch) -> None:
     """Candidates run in this process: for tests whose subject is not the worker process (a calibration then
@@ -44,15 +74,6 @@ def tiny_family() -> str:
     """A healthy, very small family registered from an importable test module."""
     autotune.register_family("tiny", "families_for_tests:build_tiny")
     return "tiny"
-
-
-def one_sentence_problem(reason: str) -> str | None:
-    """Why ``reason`` is not one sentence of at most ``_wording.REASON_CHARS`` characters; None when it is."""
-    if len(reason) > _wording.REASON_CHARS:
-        return f"{len(reason)} characters"
-    if "\n" in reason or re.search(r"[.!?]\s+[A-Z]", reason):
-        return "more than one sentence"
-    return None
 
 
 @pytest.fixture(autouse=True)

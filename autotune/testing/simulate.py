@@ -9,7 +9,7 @@ burst). :func:`simulate` runs the real ``Session``
 returns the ``FamilyResult`` a worker would have returned; the real ``decide`` then picks from it. Nothing
 here hands ready-made timings to ``decide``: the code must find the right answer under the noise.
 
-Used by ``tests/test_simulated.py`` (a seeded subset) and ``benchmarks/decision_sim.py`` (rates over many runs).
+Used by ``tests/sim/test_simulated.py`` (a seeded subset) and ``benchmarks/decision_sim.py`` (rates over many runs).
 """
 
 from __future__ import annotations

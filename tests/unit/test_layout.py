@@ -1,0 +1,223 @@
+"""The package's layout as a rule: imports run one way, with no circle and no climb back to the package root.
+
+Read from the source (every import, function-local ones included; ``TYPE_CHECKING`` blocks are types only)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).parents[2] / "autotune"
+
+#: room -> all it imports of autotune: the variant table, the errors, the statistics, the walk of a batch and the
+#: answer a guard falls back on import nothing of it; the records, only the variant table (a Choice's fields are its
+#: rows); the loop's and the tools' reports, only the records; where a launcher put a process, only the errors; the
+#: job's group, no Config (the guard and the Config use it)
+ONLY = {
+    "autotune._variants": set(),
+    "autotune._batch": set(),
+    "autotune._errors": set(),
+    "autotune._stats": set(),
+    "autotune._records": {"autotune._variants"},
+    "autotune._reports": {"autotune._records"},
+    "autotune._fallback": set(),
+    "autotune._ranks.launch": {"autotune._errors"},
+    "autotune._ranks.group": {"autotune._env", "autotune._errors", "autotune._ranks.launch", "autotune._records",
+                              "autotune._version"},
+}
+#: room -> the rooms it never imports: the worker's package prunes and never decides or touches the cache; the cache
+#: times nothing and knows no Config; the decision is pure; the host side of the worker process holds no results; the
+#: ranks of a job exchange answers and never measure (the one way to an answer hands them what to exchange)
+NEVER = {
+    "autotune._ranks": {"autotune._answer", "autotune._calibrate", "autotune._cache", "autotune._lab",
+                        "autotune._worker", "autotune._background", "autotune._tools"},
+    "autotune.backends": {"autotune._cache", "autotune._lab", "autotune._worker", "autotune._config",
+                          "autotune._decide", "autotune._answer", "autotune._calibrate"},
+    "autotune._lab": {"autotune._answer", "autotune._cache", "autotune._decide", "autotune._config",
+                      "autotune._guard", "autotune._calibrate", "autotune._background", "autotune._worker",
+                      "autotune._tools"},
+    "autotune._cache": {"autotune._answer", "autotune._config", "autotune._decide", "autotune._guard",
+                        "autotune._lab", "autotune._calibrate", "autotune._background", "autotune._worker",
+                        "autotune._tools"},
+    "autotune._decide": {"autotune._cache", "autotune._lab", "autotune._worker", "autotune._calibrate",
+                         "autotune._answer", "autotune.backends"},
+    "autotune._worker": {"autotune._answer", "autotune._decide", "autotune._config", "autotune._calibrate",
+                         "autotune._cache.store", "autotune._cache.lookup"},
+}
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        found[name] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _imports(name: str, path: Path) -> set[str]:
+    """The autotune modules ``name`` imports anywhere in its source, but for type checking."""
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    found: set[str] = set()
+
+    class Visitor(ast.NodeVisitor):
+        def visit_If(self, node: ast.If) -> None:
+            if "TYPE_CHECKING" in ast.unparse(node.test):
+                for statement in node.orelse:
+                    self.visit(statement)
+                return
+            self.generic_visit(node)
+
+        def visit_Import(self, node: ast.Import) -> None:
+            found.update(alias.name for alias in node.names if alias.name.split(".")[0] == "autotune")
+
+        def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+            module = node.module or ""
+            if node.level:
+                base = package.rsplit(".", node.level - 1)[0]
+                module = f"{base}.{module}" if module else base
+            if module.split(".")[0] != "autotune":
+                return
+            for alias in node.names:  # ``from autotune import _env`` imports the submodule, not the root's names
+                found.add(f"{module}.{alias.name}" if f"{module}.{alias.name}" in MODULES else module)
+
+    Visitor().visit(ast.parse(path.read_text()))
+    return found - {name}
+
+
+GRAPH = {name: _imports(name, path) for name, path in MODULES.items()}
+
+
+def test_no_module_imports_the_package_root() -> None:
+    # The root re-exports the public names lazily; a module that climbs back to it depends on everything.
+    assert [name for name, imported in GRAPH.items() if "autotune" in imported and name != "autotune"] == []
+
+
+def test_imports_have_no_circle() -> None:
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles: list[list[str]] = []
+
+    def visit(node: str) -> None:  # Tarjan's strongly connected components
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for other in GRAPH[node] - {"autotune"}:
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for node in GRAPH:
+        if node not in index:
+            visit(node)
+    assert circles == []
+
+
+@pytest.mark.parametrize("room", sorted(ONLY))
+def test_the_lowest_rooms_import_only_what_they_name(room: str) -> None:
+    assert GRAPH[room] - {"autotune"} <= ONLY[room]
+
+
+@pytest.mark.parametrize("room", sorted(NEVER))
+def test_imports_run_one_way(room: str) -> None:
+    wrong = {
+        (name, imported)
+        for name, imports in GRAPH.items() if name == room or name.startswith(room + ".")
+        for imported in imports
+        for banned in NEVER[room]
+        if (imported == banned or imported.startswith(banned if banned.endswith(".") else banned + "."))
+        and not (imported == room or imported.startswith(room + "."))
+    }
+    assert sorted(wrong) == []
+
+
+def test_the_command_line_parses_its_arguments_before_it_imports_anything_heavy() -> None:
+    assert GRAPH["autotune._args"] == set()
+
+
+#: the most lines a module may have: past it, a module holds more than one room
+MODULE_LINES = 500
+#: the most lines a docstring may have: the rest belongs in the docs' pages
+DOCSTRING_LINES = 20
+#: modules over MODULE_LINES that others are reshaping in this round; each is split after their work lands (the test
+#: below fails once one is no longer over, so the entry goes with it)
+SPLIT_AFTER_MERGE = {"autotune/testing/simulate.py"}
+
+
+def test_no_module_is_over_500_lines() -> None:
+    sizes = {str(path.relative_to(PACKAGE.parent)): len(path.read_text().splitlines()) for path in MODULES.values()}
+    over = {name: lines for name, lines in sizes.items() if lines > MODULE_LINES}
+    assert set(over) == SPLIT_AFTER_MERGE, over
+
+
+def test_no_docstring_is_over_20_lines() -> None:
+    long = {}
+    for name, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                docstring = ast.get_docstring(node)
+                if docstring is not None and len(docstring.splitlines()) > DOCSTRING_LINES:
+                    long[f"{name}.{getattr(node, 'name', '')}".rstrip(".")] = len(docstring.splitlines())
+    assert long == {}
+
+
+#: module-level values that are state of a process, not constants: containers and what waits or locks
+_STORES = ("dict", "list", "set", "deque", "defaultdict", "OrderedDict", "WeakKeyDictionary", "WeakValueDictionary",
+           "WeakSet", "Event", "Lock", "RLock")
+#: modules whose module-level values are not the process's memory of earlier calls: the answer registered for the
+#: guard when the answering module loads (wiring, made once), the flag of a process serving as a calibration worker,
+#: and the PyInstaller hook's declarations (read by PyInstaller, never imported)
+NOT_MEMORY = {"autotune._fallback", "autotune._lab.entry", "autotune._pyinstaller.hook-autotune"}
+
+
+def _stores(path: Path) -> list[str]:
+    """The module-level names of ``path`` that hold state between calls (a memo of a pure function is no state)."""
+    found = []
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+            target = node.targets[0] if isinstance(node, ast.Assign) else node.target
+            value = node.value
+            called = ast.unparse(value.func).rsplit(".", 1)[-1] if isinstance(value, ast.Call) else None
+            if isinstance(target, ast.Name) and not target.id.isupper() and target.id != "__all__" and (
+                    isinstance(value, (ast.Dict, ast.List, ast.Set, ast.DictComp, ast.ListComp, ast.SetComp))
+                    or called in _STORES):
+                found.append(target.id)
+    return found
+
+
+def test_every_module_with_process_memory_is_reset_by_reset_state_through_its_own_public_function() -> None:
+    from autotune import testing
+
+    tree = ast.parse(Path(testing.__file__).read_text())
+    aliases = {alias.asname or alias.name: f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in MODULES
+               else node.module
+               for node in tree.body if isinstance(node, ast.ImportFrom) for alias in node.names}
+    (reset_state,) = [node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "reset_state"]
+    called: dict[str, set[str]] = {}
+    for node in ast.walk(reset_state):
+        if isinstance(node, ast.Call):
+            function = node.func
+            if isinstance(function, ast.Attribute) and isinstance(function.value, ast.Name):
+                called.setdefault(aliases[function.value.id], set()).add(function.attr)
+            elif isinstance(function, ast.Name):
+                called.setdefault(aliases[function.id], set()).add(function.id)
+    with_memory = {name for name, path in MODULES.items() if _stores(path)} - NOT_MEMORY
+    assert sorted(with_memory - set(called)) == [], "a module keeps state that reset_state does not reset"
+    assert {name: sorted(n for n in names if n.startswith("_")) for name, names in called.items()
+            if any(n.startswith("_") for n in names)} == {}, "reset_state reaches into private names"
