@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
+from samples import rival
 
 import autotune
 from autotune import Config
@@ -122,3 +125,18 @@ def test_apply_threads_sets_the_process_thread_count() -> None:
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_real_family_whose_fp32_steps_are_10x_slower_trains_in_mixed_precision(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Precisions only: on a busy 2-core machine a 1-thread variant of fp32 can really beat 2-thread bf16
+    # (OpenMP barriers wait for descheduled threads), which is a right answer, but not this test's question.
+    monkeypatch.setenv("AUTOTUNE_SEARCH", "precision")
+    autotune.register_family("tensor_core_like", "families_for_tests:build_tensor_core_like")
+    config = autotune.best_config("tensor_core_like")
+    assert config.precision in ("bf16-mixed", "fp16-mixed"), config.reason
+    # a figure where the paired evidence gives one; where a busy machine broke its chain, the verdict alone
+    assert re.search(r"(faster per step than fp32|fp32 was clearly slower) \(measured", config.reason), config.reason
+    fp32 = rival(config, "cpu fp32")
+    assert fp32.verdict in ("slower", "dropped") and fp32.ratio is not None and fp32.ratio.low > 1

@@ -4,32 +4,13 @@ a restart or ended by a device error, and GPU candidates timed as a training loo
 
 from __future__ import annotations
 
-import re
-
 import pytest
-from samples import rival
 from simulated_for_tests import SEEDS, gpu_machine, on, picks
 
-import autotune
 from autotune._decide import decide
 from autotune._records import Candidate, CandidateResult, Failure
 from autotune._variants import Facts
 from autotune.testing.simulate import CandidateTruth, Truth, simulate
-
-
-@pytest.mark.usefixtures("in_process")
-def test_a_real_family_whose_fp32_steps_are_10x_slower_trains_in_mixed_precision(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    # Precisions only: on a busy 2-core machine a 1-thread variant of fp32 can really beat 2-thread bf16
-    # (OpenMP barriers wait for descheduled threads), which is a right answer, but not this test's question.
-    monkeypatch.setenv("AUTOTUNE_SEARCH", "precision")
-    autotune.register_family("tensor_core_like", "families_for_tests:build_tensor_core_like")
-    config = autotune.best_config("tensor_core_like")
-    assert config.precision in ("bf16-mixed", "fp16-mixed"), config.reason
-    assert re.search(r"faster per step than fp32 \(measured", config.reason), config.reason
-    fp32 = rival(config, "cpu fp32")
-    assert fp32.verdict in ("slower", "dropped") and fp32.ratio is not None and fp32.ratio.low > 1
 
 
 def test_dropped_candidates_are_released_before_the_next_stage() -> None:
