@@ -20,14 +20,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from autotune._answer import best_config, cached_configs, cached_families, demotions, similar_record
+from autotune._answer import cached_configs, cached_families, demotions, similar_record
 from autotune._answer import forget_demotion as forget
 from autotune._args import parser
 from autotune._cache.freshness import retry_at
 from autotune._cache.lookup import cache_problem, clear_cache, export_results, import_results
 from autotune._cache.loops import of as loops_of
-from autotune._config import Config
+from autotune._config import best_config
 from autotune._decide import picked
+from autotune._decision import Decision
 from autotune._env import check_all as check_settings
 from autotune._errors import AutotuneError, CalibrationError, UnknownFamilyError
 from autotune._families import builtin_family_names, family_names, register_family
@@ -271,7 +272,7 @@ def fitted(out: Console, columns: Sequence[Col], *, title: str | None = None, ca
 
 
 def calibrate_with_progress(kinds: list[str], *, force: bool) -> None:
-    from autotune._calibrate import calibrate  # the calibration machinery: only where the table misses
+    from autotune._background import calibrate  # the calibration machinery: only where the table misses
 
     if not sys.stderr.isatty():
         calibrate(kinds, force=force, progress=plain_progress())
@@ -356,7 +357,7 @@ def explain(kind: str, *, recalibrate: bool, as_json: bool, prefer: Prefer = "au
     return 0
 
 
-def evidence_table(config: Config, out: Console) -> Table:
+def evidence_table(config: Decision, out: Console) -> Table:
     """Every other candidate against the pick: its verdict, time ratio (to the pick, or to the candidate it
     stopped against), interval and paired rounds, or its failure."""
     pick = config.candidate
@@ -509,7 +510,7 @@ def mib(peak_mb: float | None, reserved_mb: float | None = None) -> str:
     return f"{peak_mb:.3g}" + (f" of {reserved_mb:.4g}" if reserved_mb is not None else "")
 
 
-def vs_fp32_cpu(result: CandidateResult, measured: FamilyResult, config: Config) -> str:
+def vs_fp32_cpu(result: CandidateResult, measured: FamilyResult, config: Decision) -> str:
     """Its step time over fp32 on the CPU's, e.g. ``'0.55x (0.52-0.58)'`` where they were timed in the same rounds,
     ``'0.3x'`` from the decision's paired evidence (a chain of ratios to the pick), ``'~0.33x'`` from medians."""
     timing = result.timing

@@ -187,6 +187,23 @@ def test_nan_losses_from_step_n_demote(tiny_family: str, isolated_autotune: Path
     _demoted_answer(tiny_family, "fp16-mixed", "NaN losses", 150, "bf16-mixed")
 
 
+def test_calibrate_reports_the_answer_best_config_gives_after_a_demotion(tiny_family: str) -> None:
+    # One answer path: the report's Config for a family leaves out what training demoted here, as best_config does.
+    _demote_fp16(tiny_family)
+    report = autotune.calibrate([tiny_family])  # the stored record answers: nothing is measured again
+    assert report.configs[tiny_family] == autotune.best_config(tiny_family)
+    assert report.configs[tiny_family].precision == "bf16-mixed" and "demoted" in report.configs[tiny_family].reason
+
+
+def test_a_guard_made_by_hand_answers_again_through_the_function_it_is_given(tiny_family: str) -> None:
+    config = _measured(tiny_family, "bf16-mixed")
+    by_hand = autotune.Guard(tiny_family, config.candidate, config.fingerprint_digest)
+    with pytest.raises(autotune.ConfigurationError, match=r"answer=None is invalid: expected autotune.best_config"):
+        by_hand.fallback()
+    given = autotune.Guard(tiny_family, config.candidate, config.fingerprint_digest, answer=autotune.best_config)
+    assert given.fallback() == config == config.guard().fallback()
+
+
 def test_a_loop_through_guard_data_keeps_its_batches_for_the_replay(tiny_family: str) -> None:
     """Inside ``for batch in guard.data(loader):`` guard.step needs no batch=: the replay trains on the loader's."""
     config = _measured(tiny_family, "fp16-mixed")

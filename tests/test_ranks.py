@@ -23,6 +23,7 @@ from autotune import CalibrationError, Config, ConfigMisbehaved, ConfigurationEr
 from autotune._cache import demotions, loops
 from autotune._cache.store import StoreFile
 from autotune._decide import decide
+from autotune._decision import Decision
 from autotune._fingerprint import default_threads
 from autotune._guard.watch import Guard
 from autotune._ranks.agree import device_counts, digest, for_rank, own_device, view, words
@@ -139,7 +140,7 @@ def in_ranks(nodes: Sequence[str], act: Callable[[JobGroup], object], *, timeout
 def test_on_a_two_gpu_machine_rank_1_trains_on_cuda_1_with_rank_0s_settings() -> None:
     machine = _machine("rtx-3090-i9", "cnn", gpus=2)
     first, second = in_ranks(["0", "0"], lambda job: agreed(job, "cnn", {}, machine))
-    assert isinstance(first, Config) and isinstance(second, Config)
+    assert isinstance(first, Decision) and isinstance(second, Decision)
     assert (first.device, second.device) == ("cuda:0", "cuda:1")
     assert digest(first) == digest(second)
     assert words(second) == "cuda bf16-mixed channels_last fused-optimizer"
@@ -153,7 +154,7 @@ def test_two_machines_that_disagree_train_with_rank_0s_choice_and_say_what_it_co
     # An RTX 3090 (native bf16) and an RTX 2070 (emulated bf16: fp16 measured fastest there).
     machines = {"0": _machine("rtx-3090-i9", "cnn"), "1": _machine("rtx-2070", "cnn")}
     first, second = in_ranks(["0", "1"], lambda job: agreed(job, "cnn", {}, machines[job.launch.node or ""]))
-    assert isinstance(first, Config) and isinstance(second, Config)
+    assert isinstance(first, Decision) and isinstance(second, Decision)
     assert digest(first) == digest(second) and (first.precision, second.precision) == ("bf16-mixed", "bf16-mixed")
     assert first.reason.startswith("bf16 mixed precision with channels_last and the fused optimizer on cuda:0: ")
     assert second.device == "cuda:0" and second.fingerprint_digest == _stored("rtx-2070").fingerprint.digest
@@ -221,7 +222,7 @@ def test_ranks_that_ask_for_other_families_or_options_raise_on_every_rank_naming
         assert isinstance(result, RanksError)
         assert "rank 1 asked for 'cnn' with prefer='cpu', model='Sequential 5c3e2a09d1f4' but rank 0 with " \
             "prefer='auto', model=None" in str(result)
-    assert all(isinstance(result, Config) for result in asking(["cnn", "cnn"], [auto, dict(auto)]))
+    assert all(isinstance(result, Decision) for result in asking(["cnn", "cnn"], [auto, dict(auto)]))
 
 
 def test_ranks_at_other_exchanges_raise_naming_both_and_an_older_autotune_is_named() -> None:
@@ -315,7 +316,7 @@ def test_guard_fallback_is_a_collective_a_rank_calling_it_alone_raises_within_th
         if job.launch.rank == 1:
             time.sleep(6)  # alive, its group open, training on: it never calls guard.fallback()
             return None
-        return Guard("tiny_mlp", fp32, "digest", job=job).fallback()
+        return Guard("tiny_mlp", fp32, "digest", job=job, answer=autotune.best_config).fallback()
 
     first, _ = in_ranks(["0", "0"], alone, loop_timeout_s=2.0)
     assert isinstance(first, RanksError)
@@ -323,7 +324,7 @@ def test_guard_fallback_is_a_collective_a_rank_calling_it_alone_raises_within_th
         "rank calls best_config) (at most AUTOTUNE_RANKS_LOOP_TIMEOUT_S=2 s) and got: " in str(first)
 
     def reading(job: JobGroup) -> object:
-        guard = Guard("tiny_mlp", fp32, "digest", read_every=1, job=job)
+        guard = Guard("tiny_mlp", fp32, "digest", read_every=1, job=job, answer=autotune.best_config)
         if job.launch.rank == 1:
             guard.step(1.0)  # the guard's read: an exchange every rank makes at the same step
             return None
@@ -334,7 +335,8 @@ def test_guard_fallback_is_a_collective_a_rank_calling_it_alone_raises_within_th
         assert "was at the guard's read at step 1 while rank" in str(result) \
             or "was at guard.fallback() while rank 1 was at the guard's read at step 1" in str(result)
 
-    together = in_ranks(["0", "0"], lambda job: Guard("tiny_mlp", fp32, "digest", job=job).fallback())
+    together = in_ranks(["0", "0"], lambda job: Guard("tiny_mlp", fp32, "digest", job=job,
+                                                      answer=autotune.best_config).fallback())
     assert all(isinstance(result, Config) and result.model_kind == "tiny_mlp" for result in together)
 
 

@@ -27,7 +27,7 @@ import time
 import warnings
 from collections import deque
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar
 
 import torch
 from torch import nn
@@ -42,13 +42,15 @@ from autotune._version import __version__
 from autotune._wording import data_bound_words, replay_words
 
 if TYPE_CHECKING:
-    from autotune._config import Config
+    from autotune._decision import Decision
     from autotune._ranks.group import JobGroup
 
 log = logging.getLogger("autotune")
 
 OnFailure = Literal["warn", "raise"]
 Batch = TypeVar("Batch")
+#: what the guard's answer function answers: a Config where ``Config.guard()`` made it
+Answered = TypeVar("Answered", bound="Decision", covariant=True)
 
 #: steps between two reads of the device buffer (one synchronization each)
 READ_EVERY_STEPS = 50
@@ -129,34 +131,28 @@ def family_model(model_kind: str) -> str | None:
     return _family_models[key]
 
 
-class _Answer(Protocol):
+class Answer(Protocol[Answered]):
+    """``autotune.best_config``: what :meth:`Guard.fallback` answers with (``Config.guard()`` hands it over)."""
+
     def __call__(self, model_kind: str, *, model: nn.Module | None, prefer: Prefer, expected_steps: int | None,
-                 wait: bool) -> Config: ...
+                 wait: bool) -> Answered: ...
 
 
-#: ``best_config``, registered by the module that answers (it imports this one through Config, so this one cannot
-#: import it back): what :meth:`Guard.fallback` asks
-_answering: list[_Answer] = []
-
-
-def answer_with(answer: _Answer) -> None:
-    """Register the function :meth:`Guard.fallback` answers with (``autotune._answer.best_config``)."""
-    _answering[:] = [answer]
-
-
-class Guard:
+class Guard(Generic[Answered]):
     """Watches one training run of ``model_kind`` on ``candidate``; made by ``Config.guard()``.
 
     ``finding`` is the first misbehaviour seen (None while there is none), its ``replay`` whose doing it was; after
     it the guard stops watching. With ``model``, ``optimizer`` and ``loss_fn`` (``loss_fn(model, batch)`` -> the
     loss, as the loop computes it) and each step's ``batch``, a finding is replayed before anything is demoted.
     In a ``job`` of many processes the ranks compare at each read: the first rank's finding is every rank's.
+    ``answer`` is what :meth:`fallback` asks again (``autotune.best_config``: ``Config.guard()`` gives it).
     """
 
     def __init__(self, model_kind: str, candidate: Candidate, digest: str, *, on_failure: OnFailure = "warn",
                  read_every: int = READ_EVERY_STEPS, model: nn.Module | None = None,
                  optimizer: torch.optim.Optimizer | None = None, loss_fn: LossFn | None = None,
-                 step_ms: float | None = None, speedup: float | None = None, job: JobGroup | None = None) -> None:
+                 step_ms: float | None = None, speedup: float | None = None, job: JobGroup | None = None,
+                 answer: Answer[Answered] | None = None) -> None:
         if on_failure not in _ON_FAILURE:
             raise ConfigurationError("on_failure", on_failure, " | ".join(_ON_FAILURE))
         if isinstance(read_every, bool) or not isinstance(read_every, int) or read_every < 1:
@@ -164,6 +160,7 @@ class Guard:
         self.model: nn.Module | None = None
         self._tape: Tape | None = None
         self.job = job
+        self._answer = answer
         if model is not None and optimizer is not None and loss_fn is not None:
             self.watch(model, optimizer, loss_fn)
         elif model is not None or optimizer is not None or loss_fn is not None:
@@ -215,7 +212,7 @@ class Guard:
         self._warned_data = False
         self._data_batch: Any = None  # the batch data() handed the loop last, for a replay
 
-    def watch(self, model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: LossFn) -> Guard:
+    def watch(self, model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: LossFn) -> Guard[Answered]:
         """Watch ``model``, trained by ``optimizer``: a finding is replayed with ``loss_fn(model, batch)`` on the
         batches ``step`` is given before anything is demoted. For a guard made before the model (a callback's)."""
         if not isinstance(model, nn.Module):
@@ -312,7 +309,7 @@ class Guard:
             at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), autotune_version=__version__,
         )
 
-    def fallback(self, *, prefer: Prefer = "auto", expected_steps: int | None = None) -> Config:
+    def fallback(self, *, prefer: Prefer = "auto", expected_steps: int | None = None) -> Answered:
         """What ``best_config`` answers now for this guard's model, at once (never measuring): after a demotion, the
         best remaining candidate, for an app that restarts from its last checkpoint. Pass the options
         ``best_config`` got.
@@ -320,14 +317,16 @@ class Guard:
         In a job it is a collective, as ``best_config`` is: every rank calls it (after the finding every rank's
         guard shares), so that every rank trains the one answer DDP needs; a rank that calls it alone raises
         :class:`RanksError` within ``AUTOTUNE_RANKS_LOOP_TIMEOUT_S``."""
-        (answer,) = _answering  # autotune._answer registers itself when it loads; autotune.Guard loads it first
+        if self._answer is None:
+            raise ConfigurationError("answer", None, "autotune.best_config: a Guard made by hand answers again "
+                                     "through the function it is given (cfg.guard() gives it best_config)")
         if self.job is not None:
             # Every rank here first, within the loop's bound: the answer's own exchanges wait as long as a
             # calibration may take, which a rank that never calls would turn into that long a hang.
             self.job.allgather("", at="guard.fallback()", model_kind=self.model_kind, in_loop=True,
                                waiting_for="the other ranks to call guard.fallback() too (in a job every rank calls "
                                "it, as every rank calls best_config)")
-        return answer(self.model_kind, model=self.model, prefer=prefer, expected_steps=expected_steps, wait=False)
+        return self._answer(self.model_kind, model=self.model, prefer=prefer, expected_steps=expected_steps, wait=False)
 
     # -- reading and judging ---------------------------------------------------------------------------------
 

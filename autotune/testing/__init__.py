@@ -4,7 +4,7 @@ here (:mod:`autotune.testing.simulate`) drive the real measurement, search and d
 
 from __future__ import annotations
 
-from autotune import _answer, _background, _fingerprint
+from autotune import _answer, _background, _config, _fingerprint
 from autotune._cache import demotions, exchange, lookup
 from autotune._families import reset_registry
 
@@ -16,6 +16,7 @@ def reset_state() -> None:
     Tests call it around each test, which runs in a cache directory of its own."""
     _background.cancel_all(timeout_s=60)
     _answer.forget()
+    _config.forget()
     _fingerprint.forget()
     lookup.reset()
     demotions.reset()
