@@ -43,13 +43,14 @@ _WHERE = {
     "use_defaults": "_cache.exchange",
     "Family": "_families", "Workload": "_families", "get_family": "_families", "register_family": "_families",
     "Fingerprint": "_fingerprint", "fingerprint": "_fingerprint",
-    "Guard": "_guard.watch",
+    "Guard": "_guarded",
     # Loads Lightning: reachable as autotune.GuardCallback, left out of __all__ so that `from autotune import *`
     # never needs a framework the app may not have.
     "GuardCallback": "_lightning",
     "max_batch_report": "_tools.max_batch", "max_batch_size": "_tools.max_batch",
-    **dict.fromkeys(["Evidence", "LoaderReport", "LoaderTrial", "LoopSummary", "MaxBatchReport", "MemoryLine",
-                     "MemoryProbe", "OperatorTime", "Rival", "TraceReport"], "_records"),
+    "Evidence": "_records", "Rival": "_records",
+    **dict.fromkeys(["LoaderReport", "LoaderTrial", "LoopSummary", "MaxBatchReport", "MemoryLine", "MemoryProbe",
+                     "OperatorTime", "TraceReport"], "_reports"),
 }
 
 
@@ -79,11 +80,11 @@ if TYPE_CHECKING:
     )
     from autotune._families import Family, Workload, get_family, register_family
     from autotune._fingerprint import Fingerprint, fingerprint
-    from autotune._guard.watch import Guard
+    from autotune._guarded import Guard
     from autotune._lab.entry import freeze_support, set_worker_python
     from autotune._lightning import GuardCallback as GuardCallback  # re-exported; not in __all__: it loads Lightning
-    from autotune._records import (
-        Evidence,
+    from autotune._records import Evidence, Rival
+    from autotune._reports import (
         LoaderReport,
         LoaderTrial,
         LoopSummary,
@@ -91,7 +92,6 @@ if TYPE_CHECKING:
         MemoryLine,
         MemoryProbe,
         OperatorTime,
-        Rival,
         TraceReport,
     )
     from autotune._tools.max_batch import max_batch_report, max_batch_size

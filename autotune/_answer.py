@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from torch import nn
 
@@ -28,14 +29,14 @@ from autotune._decision import Decision
 from autotune._errors import CalibrationError, ConfigurationError
 from autotune._families import Family, family_names, get_family
 from autotune._fingerprint import Fingerprint, fingerprint
-from autotune._guard import watch as _guard
-from autotune._ranks.agree import device_counts, own_device, view
 from autotune._ranks.group import JobGroup, joined
-from autotune._ranks.job import Machine, agreed
 from autotune._records import Candidate, Demotion, Difference, Evidence, FamilyResult, Prefer, SimilarMachine
 from autotune._rules import preference
 from autotune._variants import threads_per_process
 from autotune._wording import demoted_reason, reason
+
+if TYPE_CHECKING:
+    from autotune._ranks.job import Machine
 
 log = logging.getLogger("autotune")
 
@@ -59,12 +60,17 @@ def best_decision(
 ) -> Decision:
     """What :func:`autotune.best_config` answers, as the decision it wraps in a Config (its arguments checked here)."""
     _validate(prefer, expected_steps)
-    if model is not None and not isinstance(model, nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module (whose demotions apply), got {type(model).__name__}")
+    signature = None
+    if model is not None:
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"model must be a torch.nn.Module (whose demotions apply), got {type(model).__name__}")
+        from autotune._guard.model import model_signature  # with a model only: the warm path loads no guard
+
+        signature = model_signature(model)
     return answer(get_family(model_kind), prefer=prefer, expected_steps=expected_steps,
                   may_measure=wait and calibrate_on_miss,
                   unmeasured="calibration not allowed by calibrate_on_miss=False" if wait else None,
-                  model=_guard.model_signature(model) if model is not None else None, distributed=distributed)
+                  model=signature, distributed=distributed)
 
 
 def answer(family: Family, *, prefer: Prefer = "auto", expected_steps: int | None = None, may_measure: bool = True,
@@ -74,6 +80,8 @@ def answer(family: Family, *, prefer: Prefer = "auto", expected_steps: int | Non
     signature of the model whose demotions apply (None: the family's own)."""
     job = joined(required=True) if distributed else None if distributed is False else joined()
     if job is not None:
+        from autotune._ranks.job import agreed  # the ranks' agreement: in a job only
+
         def machine(job: JobGroup) -> Machine:
             return _machine(job, family, prefer=prefer, expected_steps=expected_steps, may_measure=may_measure,
                             unmeasured=unmeasured, model=model)
@@ -129,6 +137,9 @@ def _machine(job: JobGroup, family: Family, *, prefer: Prefer, expected_steps: i
     """What this machine's first rank answers for each rank of its machine in ``job``: measured for as many
     processes as share it, each rank on its own view (its own device of each kind; ``AUTOTUNE_DEVICE`` names the
     kind)."""
+    from autotune._ranks.agree import device_counts, own_device, view  # in a job only
+    from autotune._ranks.job import Machine
+
     fp = fingerprint(processes=job.ranks.local_world_size)
     store = _lookup.store()
     counts = device_counts(fp.accelerators)
@@ -175,7 +186,12 @@ def demotions_of(digest: str, kind: str, model: str | None = None) -> list[Demot
     found = _demotions.of(digest, kind)
     if not found:
         return []
-    own = _guard.family_model(kind) if any(d.model is not None for d in found) else None
+    if any(d.model is not None for d in found):
+        from autotune._guard.model import family_model  # builds the family's model: for demotions of a model only
+
+        own = family_model(kind)
+    else:
+        own = None
     if model is not None and model != own:
         return [d for d in found if d.model == model]
     return [d for d in found if d.model is None or (d.model == own if own is not None else d.family_model)]

@@ -134,6 +134,12 @@ def running(kind: str) -> bool:
         return _in_background[kind] > 0
 
 
+def reset() -> None:
+    """Forget which families background jobs calibrate (``_background.cancel_all`` ends the jobs first)."""
+    with _in_background_guard:
+        _in_background.clear()
+
+
 def measuring_elsewhere(store: Store, digest: str, name: str) -> bool:
     """True while another process (or thread) calibrates ``name`` or measures anything on this machine: a worker
     started now would take CPU from that measurement, and may not be needed at all (``name`` is then read from
@@ -249,6 +255,7 @@ __all__ = [
     "measure_family",
     "measuring_elsewhere",
     "new_worker",
+    "reset",
     "run_calibration",
     "running",
 ]

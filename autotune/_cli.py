@@ -1,7 +1,8 @@
 """``python -m autotune``: the decisions table per model kind, ``--check``, ``--doctor``, one
 family in detail (``--explain``, ``--trace``, ``--max-batch``) and the progress display.
 
-Output is decided here; the logic is the library's, each name imported from the module that defines it: the
+Output is decided here (``--explain`` in ``autotune._explain``, the tables and progress in ``autotune._console``);
+the logic is the library's, each name imported from the module that defines it: the
 public API, and what it lacks (the cached measurements and decisions without measuring, the registered kinds,
 ``--doctor``'s findings, the words for a ratio, a time, an amount of memory). The arguments are parsed by
 ``autotune._args`` first, so ``python -m autotune`` starts its worker before this module loads torch. Errors
@@ -12,46 +13,27 @@ a family.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import os
 import sys
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
 
-from autotune._answer import cached_configs, cached_families, demotions, similar_record
+from autotune._answer import cached_configs, cached_families, similar_record
 from autotune._answer import forget_demotion as forget
 from autotune._args import parser
-from autotune._cache.freshness import retry_at
 from autotune._cache.lookup import cache_problem, clear_cache, export_results, import_results
-from autotune._cache.loops import of as loops_of
 from autotune._config import best_config
+from autotune._console import Col, calibrate_with_progress, console, fitted, mib, strict_json
 from autotune._decide import picked
-from autotune._decision import Decision
 from autotune._env import check_all as check_settings
 from autotune._errors import AutotuneError, CalibrationError, UnknownFamilyError
+from autotune._explain import explain
 from autotune._families import builtin_family_names, family_names, register_family
 from autotune._fingerprint import fingerprint
-from autotune._records import FP32_CPU, Candidate, CandidateResult, FamilyResult, Prefer, Rival
+from autotune._loop_wording import demotion_words
+from autotune._records import FamilyResult
 from autotune._version import __version__
-from autotune._wording import (
-    demotion_words,
-    loop_words,
-    mib_words,
-    qualifiers,
-    ratio_words,
-    retry_words,
-    time_words,
-    times_over,
-)
+from autotune._wording import mib_words, ratio_words, time_words
 from autotune.backends import diagnose
-
-if TYPE_CHECKING:
-    from rich.console import Console
-    from rich.table import Table
-
-    from autotune._calibrate import CalibrationProgress
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -221,192 +203,6 @@ def _doctor(args: argparse.Namespace) -> int:
     return 0
 
 
-
-def console() -> Console:
-    """A rich console on stdout, as wide as the terminal or ``COLUMNS``; pipes and logs without ``COLUMNS`` get
-    120 columns, not an 80-column squeeze."""
-    from rich.console import Console
-
-    return Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS", "").isdigit() else 120)
-
-
-@dataclass(frozen=True)
-class Col:
-    """One column of a :func:`fitted` table: its header, its cells (rich markup) and whether they wrap at spaces."""
-
-    header: str
-    cells: list[str]
-    wraps: bool = True
-
-
-def fitted(out: Console, columns: Sequence[Col], *, title: str | None = None, caption: str | None = None) -> Table:
-    """A table as wide as its cells or the console, whichever is narrower, that never splits a word: a column
-    whose cells are all ``-`` is left out, each column is at least as wide as its longest word (its longest cell
-    where it does not wrap), and the room left goes to the columns whose cells wrap, as far as they need it."""
-    from rich import box
-    from rich.table import Table
-    from rich.text import Text
-
-    def plain(markup: str) -> str:
-        return Text.from_markup(markup).plain
-
-    shown = [c for c in columns if not c.cells or any(plain(cell) not in ("-", "") for cell in c.cells)]
-    texts = [[plain(cell) for cell in c.cells] + [c.header] for c in shown]
-    longest = [max(len(t) for t in found) for found in texts]
-    least = [max(len(word) for t in found for word in t.split()) if c.wraps else widest
-             for c, found, widest in zip(shown, texts, longest, strict=True)]
-    room = out.width - 2 * (len(shown) - 1)  # a space of padding and one of the rule between two columns
-    widths = list(least)
-    while sum(widths) < room and any(w < most for w, most in zip(widths, longest, strict=True)):
-        short = min((i for i, (w, most) in enumerate(zip(widths, longest, strict=True)) if w < most),
-                    key=lambda i: widths[i] / longest[i])
-        widths[short] += 1  # the column furthest from its widest cell first
-    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0), title=title,
-                  caption=caption)
-    for column, width in zip(shown, widths, strict=True):
-        table.add_column(column.header, width=width, no_wrap=not column.wraps, overflow="fold")
-    for row in zip(*(c.cells for c in shown), strict=True):
-        table.add_row(*row)
-    return table
-
-
-
-def calibrate_with_progress(kinds: list[str], *, force: bool) -> None:
-    from autotune._background import calibrate  # the calibration machinery: only where the table misses
-
-    if not sys.stderr.isatty():
-        calibrate(kinds, force=force, progress=plain_progress())
-        return
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
-                  TimeElapsedColumn(), transient=True) as bar:
-        task = bar.add_task("calibrating", total=1.0)
-
-        def update(p: CalibrationProgress) -> None:
-            bar.update(task, completed=p.fraction, description=f"calibrating {p.family} {p.candidate or ''}")
-
-        calibrate(kinds, force=force, progress=update)
-
-
-def plain_progress() -> Callable[[CalibrationProgress], None]:
-    """One line per family and candidate on stderr, for logs and pipes."""
-    seen: set[tuple[str, str | None]] = set()
-
-    def report(p: CalibrationProgress) -> None:
-        key = (p.family, p.candidate)
-        if key not in seen and p.candidate is not None:
-            seen.add(key)
-            print(f"autotune: [{100 * p.fraction:3.0f}%] {p.family}: {p.candidate}", file=sys.stderr)
-
-    return report
-
-
-def explain(kind: str, *, recalibrate: bool, as_json: bool, prefer: Prefer = "auto", steps: int | None = None) -> int:
-
-    # A kind registered here is measured again when stale; one only another process registered is shown
-    # as the cache holds it.
-    fresh = cached_families([kind], fresh_only=kind in family_names())
-    if recalibrate or kind not in fresh:
-        calibrate_with_progress([kind], force=recalibrate)
-    measured = cached_families([kind])[kind]
-    config = cached_configs([kind], prefer=prefer, expected_steps=steps)[kind]
-    if as_json:  # the public record: the Config, its evidence every candidate against the pick
-        print(strict_json(config))
-        return 0
-
-    out = console()
-    out.print(f"[bold]{kind}[/bold] measured {measured.measured_at} in {measured.wall_s:.1f} s"
-              + ("  [yellow]noisy[/yellow]" if measured.noisy else ""))
-    rows = measured.candidates
-    out.print(fitted(out, [
-        Col("candidate", [r.candidate.label for r in rows]),
-        Col("timed in", [timed_in(r) for r in rows]),
-        Col("step", [time_words(r.timing.median_ms) if r.timing else
-                     f"({time_words(r.first_step_ms)})" if r.first_step_ms else "-" for r in rows], wraps=False),
-        Col("rounds", [f"{r.timing.n} x {r.timing.steps_per_round}" if r.timing else "-" for r in rows],
-            wraps=False),
-        Col("vs fp32 CPU", [vs_fp32_cpu(r, measured, config) for r in rows]),
-        Col("set-up", [time_words(1000 * r.setup_s) if r.setup_s is not None else "-" for r in rows], wraps=False),
-        Col("peak MiB", [mib(r.peak_bytes / 2**20 if r.peak_bytes is not None else None,
-                             r.peak_reserved_bytes / 2**20 if r.peak_reserved_bytes is not None else None)
-                         for r in rows]),
-        Col("numerics", [f"{r.numerics.loss_error:.1e} {r.numerics.update_cosine:.3f}" if r.numerics else "-"
-                         for r in rows]),
-    ], title="measured"))
-    out.print(f"[dim]{MEASURED_LEGEND}[/dim]", highlight=False)
-    for r in measured.candidates:
-        if r.failure is not None:
-            out.print(f"{r.candidate.label} {r.failure.kind}: {r.failure.detail}; {retry_words(retry_at(measured, r))}",
-                      highlight=False)
-    for note in measured.search_notes:
-        out.print(f"[dim]{note}[/dim]", highlight=False)
-    for backend, why in measured.backend_notes.items():
-        out.print(f"[dim]{backend}: {why}[/dim]")
-    for demotion in demotions(kind):
-        out.print(f"[yellow]{demotion_words(demotion)}[/yellow]; python -m autotune --forget-demotion {kind} "
-                  "undoes it", highlight=False)
-    for seen in loops_of(fingerprint().digest, kind):  # the loop end to end, beside the step measured above
-        out.print(loop_words(seen), highlight=False)
-    out.print(f"decision: {config.reason}", highlight=False)
-    if config.evidence is not None:
-        out.print(evidence_table(config, out))
-        out.print(f"[dim]{EVIDENCE_LEGEND}[/dim]", highlight=False)
-        for line in qualifiers(config.evidence, init_scale=config.init_scale):
-            out.print(f"[dim]{line}[/dim]", highlight=False)
-    return 0
-
-
-def evidence_table(config: Decision, out: Console) -> Table:
-    """Every other candidate against the pick: its verdict, time ratio (to the pick, or to the candidate it
-    stopped against), interval and paired rounds, or its failure."""
-    pick = config.candidate
-    rivals = config.evidence.rivals if config.evidence is not None else []
-
-    def why(rival: Rival) -> str:
-        against = "the pick" if rival.against == pick else rival.against.label if rival.against else ""
-        if rival.failure:
-            return f"{rival.failure.kind} (above)"
-        if rival.far_behind:
-            return f"{against}, far behind after one round"
-        if rival.verdict == "tie":
-            return f"{against}, not faster by more than {rival.margin:.0%}" if rival.margin else \
-                f"{against}, not confidently faster"
-        return against
-
-    def interval(rival: Rival) -> str:
-        ratio = rival.ratio
-        if ratio is None or rival.far_behind:
-            return "-"
-        return f"{ratio.low:.2f}-{ratio.high:.2f}" if ratio.high != float("inf") else "unpaired"
-
-    return fitted(out, [
-        Col("candidate", [r.candidate.label for r in rivals]),
-        Col("verdict", [r.verdict for r in rivals]),
-        Col("time ratio", [ratio_words(r.ratio.estimate) if r.ratio else "-" for r in rivals], wraps=False),
-        Col("interval", [interval(r) for r in rivals], wraps=False),
-        Col("rounds", [str(r.rounds) if r.rounds is not None else "-" for r in rivals], wraps=False),
-        Col("against / why", [why(r) for r in rivals]),
-    ], title=f"against the pick, {pick.label}")
-
-
-#: what the columns of --explain's tables say, printed under them
-MEASURED_LEGEND = (
-    "timed in: the search stage whose rounds give its step time (final: the paired comparison that decides), or "
-    "failed; step: median step time (in parentheses: its first step only); rounds: R x S, R interleaved rounds of "
-    "S steps each; vs fp32 CPU: its step time over fp32 on the CPU's (an interval: timed in the same rounds; "
-    "~: from medians of other rounds); set-up: device, model and first step; peak MiB: the most memory its steps "
-    "held (of what the allocator reserved); numerics: the largest relative loss error against fp32 on the CPU, "
-    "then the cosine of its parameter update with fp32's")
-EVIDENCE_LEGEND = (
-    "verdict: slower; tie (not faster by its margin: the simpler one wins); faster (the preference or "
-    "AUTOTUNE_DEVICE chose the pick); finishes later (its set-up outweighs its faster steps for --steps); dropped "
-    "or outpaced (a search stage found it, or its device, clearly slower); unpaired (never timed in the same "
-    "rounds); failed; time ratio: its step time over the pick's, or over what it was dropped or outpaced "
-    "against; interval: the 95% interval of that ratio; rounds: the paired rounds behind it; against / why: what "
-    "the ratio is against, and why it lost")
-
-
 def forget_demotion(kind: str) -> int:
 
     try:
@@ -484,66 +280,6 @@ def max_batch(kind: str, args: argparse.Namespace) -> int:
     out.print(f"[dim]measured {report.measured_at} in {report.wall_s:.1f} s; peaks are what training adds to "
               "the process (--recalibrate measures again)[/dim]", highlight=False)
     return 0
-
-
-def strict_json(value: object) -> str:
-    """Records (in lists and dicts) as strict JSON, as the files are written: a NaN or an unbounded interval is the
-    string ``"NaN"`` / ``"Infinity"``, which every JSON parser reads."""
-    from pydantic import BaseModel
-
-    def plain(found: object) -> object:
-        if isinstance(found, BaseModel):
-            return json.loads(found.model_dump_json())
-        if isinstance(found, dict):
-            return {k: plain(v) for k, v in found.items()}
-        if isinstance(found, (list, tuple)):
-            return [plain(v) for v in found]
-        return found
-
-    return json.dumps(plain(value), indent=1, allow_nan=False)
-
-
-def mib(peak_mb: float | None, reserved_mb: float | None = None) -> str:
-    """e.g. ``'61.5'``, ``'812 of 1024'`` (of what the allocator reserved), or ``'-'`` where none was measured."""
-    if peak_mb is None:
-        return "-"
-    return f"{peak_mb:.3g}" + (f" of {reserved_mb:.4g}" if reserved_mb is not None else "")
-
-
-def vs_fp32_cpu(result: CandidateResult, measured: FamilyResult, config: Decision) -> str:
-    """Its step time over fp32 on the CPU's, e.g. ``'0.55x (0.52-0.58)'`` where they were timed in the same rounds,
-    ``'0.3x'`` from the decision's paired evidence (a chain of ratios to the pick), ``'~0.33x'`` from medians."""
-    timing = result.timing
-    baseline = measured.result(FP32_CPU)
-    if timing is None or baseline is None or baseline.timing is None or result.candidate == FP32_CPU:
-        return "-"
-    if timing.vs_baseline is not None:
-        paired = timing.vs_baseline
-        return f"{ratio_words(paired.estimate)} ({paired.low:.2f}-{paired.high:.2f})"
-    evidence, pick = config.evidence, config.candidate
-
-    def over_pick(candidate: Candidate) -> float | None:
-        if candidate == pick:
-            return 1.0
-        rival = next((r for r in evidence.rivals if r.candidate == candidate), None) if evidence else None
-        return times_over(rival, pick, evidence) if rival is not None and evidence is not None else None
-
-    mine, fp32 = over_pick(result.candidate), over_pick(FP32_CPU)
-    if mine is not None and fp32:
-        return ratio_words(mine / fp32)
-    return f"~{ratio_words(timing.median_ms / baseline.timing.median_ms)}"
-
-
-def timed_in(result: CandidateResult) -> str:
-    """Where its timing comes from: ``'final'`` (the paired comparison), ``'stage 2'``, or ``'failed'`` (its kind and
-    detail follow the table)."""
-    if result.failure is not None:
-        return "failed"
-    if result.timing is None:
-        return "-"
-    return "final" if result.timing.final else f"stage {result.timing.stage}"
-
-
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ import inspect
 import logging
 import sys
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 from torch import nn
@@ -17,12 +17,15 @@ from autotune import _fp32
 from autotune._answer import best_decision
 from autotune._decision import Decision, Source
 from autotune._errors import ConfigurationError, FrameworkError
-from autotune._guard.watch import Guard, OnFailure
 from autotune._precision import AUTOCAST_DTYPES, DEFAULT_INIT_SCALE
 from autotune._ranks.group import joined
-from autotune._records import Choice, LoaderReport, Precision, Prefer
+from autotune._records import Choice, Precision, Prefer
 from autotune._variants import apply
 from autotune.backends import backend_for
+
+if TYPE_CHECKING:
+    from autotune._guard.watch import Guard, OnFailure
+    from autotune._reports import LoaderReport
 
 Batch = TypeVar("Batch")
 
@@ -128,23 +131,12 @@ class Config(Decision):
         process) and the precision (``"32-true"``, ``"bf16-mixed"``, ``"16-mixed"``). ``init_scale=True``: an fp16
         Config gets ``plugins=[MixedPrecision("16-mixed", device, scaler=cfg.grad_scaler())]`` in place of
         ``precision``, so GradScaler starts at the init_scale calibration found safe (the plugin comes from the
-        Lightning package the app imported: ``lightning`` first, else ``pytorch_lightning``). For many processes:
-
-        - a Config answered in a job (``ranks``: the script runs under torchrun, which Lightning detects) gives the
-          job's ``devices`` (the processes per machine), ``num_nodes`` and ``strategy="ddp"``: Lightning places each
-          rank on ``cuda:LOCAL_RANK``, as the Config does;
-        - ``devices=N`` asks Lightning's own launcher for N processes on this machine (``strategy="ddp"``); their
-          CPU thread counts are then Lightning's (the cores divided among them), not measured.
-
-        The rest you apply:
-
-        - tf32: ``torch.set_float32_matmul_precision("high")`` before ``fit`` (Lightning has no switch for it);
-        - threads: ``cfg.apply_threads()``;
-        - channels_last: ``model.to(memory_format=torch.channels_last)`` before ``fit``, and in the
-          LightningModule ``def on_after_batch_transfer(self, batch, i): return cfg.prepare_batch(batch)``;
-        - fused optimizer: in ``configure_optimizers``, ``torch.optim.AdamW(self.parameters(), lr=3e-4,
-          **cfg.optimizer_kwargs())``;
-        - compiled: ``trainer.fit(torch.compile(model))``.
+        Lightning package the app imported: ``lightning`` first, else ``pytorch_lightning``). A Config answered in a
+        job (``ranks``: under torchrun, which Lightning detects) gives the job's ``devices``, ``num_nodes`` and
+        ``strategy="ddp"``, each rank on ``cuda:LOCAL_RANK`` as the Config places it; ``devices=N`` asks Lightning's
+        own launcher for N processes here (``strategy="ddp"``; their CPU thread counts are then Lightning's, not
+        measured). What Lightning has no switch for (tf32, threads, channels_last, the fused optimizer, compilation)
+        you apply yourself: the docs' Lightning page (``docs/how-to/lightning.md``) shows each.
 
         Raises :class:`FrameworkError` where Lightning would run something else than was measured: fp16 on the
         CPU without ``init_scale=True`` (Lightning warns and trains in bf16 instead), Intel XPU (no built-in
@@ -187,18 +179,10 @@ class Config(Decision):
         Carries over the device (``cpu=True`` for the CPU; otherwise Accelerate takes the GPU it finds, the
         current CUDA device for CUDA) and the precision (``"no"``, ``"bf16"``, ``"fp16"``). In a job (``accelerate
         launch`` or torchrun) the launch is Accelerate's to read: it places each process on ``cuda:LOCAL_RANK``, as
-        the Config does, and with ``cpu=True`` trains every process on the CPU over gloo. The rest you apply:
-
-        - one process on a GPU other than the first: ``torch.cuda.set_device(cfg.device)`` before creating the
-          Accelerator;
-        - tf32: ``torch.set_float32_matmul_precision("high")``;
-        - threads: ``cfg.apply_threads()``;
-        - channels_last: ``model.to(memory_format=torch.channels_last)`` before ``prepare``, and
-          ``cfg.prepare_batch(batch)`` in the loop;
-        - fused optimizer: ``torch.optim.AdamW(model.parameters(), lr=3e-4, **cfg.optimizer_kwargs())``;
-        - fp16 init_scale: ``kwargs_handlers=[GradScalerKwargs(init_scale=cfg.init_scale)]`` (from
-          ``accelerate.utils``);
-        - compiled: ``model = torch.compile(model)`` before ``prepare``.
+        the Config does, and with ``cpu=True`` trains every process on the CPU over gloo. One process on a GPU other
+        than the first: ``torch.cuda.set_device(cfg.device)`` before creating the Accelerator. What Accelerate has
+        no switch for (tf32, threads, channels_last, the fused optimizer, fp16's init_scale, compilation) you apply
+        yourself: the docs' Accelerate page (``docs/how-to/accelerate.md``) shows each.
 
         Raises :class:`FrameworkError` for fp16 on the CPU: Accelerate accepts ``mixed_precision="fp16"`` with
         ``cpu=True`` and then trains without autocast, in fp32.
@@ -230,6 +214,8 @@ class Config(Decision):
         the job's: every rank warns at the same step, each machine records one demotion (and keeps its first rank's
         loop summary), and every rank must call ``step`` (and ``check``) alike.
         """
+        from autotune._guard.watch import Guard  # the guard's machinery: for a loop that asks for it
+
         return Guard(self.model_kind, self.candidate, self.fingerprint_digest, on_failure=on_failure, model=model,
                      optimizer=optimizer, loss_fn=loss_fn, step_ms=self.step_ms, speedup=self.speedup_vs_fp32_cpu,
                      job=joined(required=True) if self.ranks is not None else None, answer=best_config)
@@ -303,20 +289,18 @@ def best_config(
     waits for another process's calibration: without a measurement it answers at once with a ``heuristic``
     Config whose reason says why ("calibration running", "not measured yet") and what it is based on (a
     record of the same hardware with other software, else fp32 on the CPU); ``calibrate_on_miss=False`` is the
-    older spelling. ``prefer`` is the user's choice: "auto", "cpu", "gpu" (whichever accelerator is here) or a
-    backend's name, "cuda", "mps" or "xpu" (that one's GPU), the words ``AUTOTUNE_DEVICE`` takes; ``expected_steps``
-    makes set-up cost count for short jobs. What training runs demoted here holds for what they
-    trained: the answer leaves out the demotions of ``model`` (an ``nn.Module``), by default of the model the
-    family builds.
+    older spelling. ``prefer``: "auto", "cpu", "gpu" (whichever accelerator is here) or a backend's name, "cuda",
+    "mps" or "xpu", the words ``AUTOTUNE_DEVICE`` takes; ``expected_steps`` makes set-up cost count for short
+    jobs. The answer leaves out what training runs demoted here for ``model`` (an ``nn.Module``; by default the
+    model the family builds).
 
-    In a job of many processes (torchrun, ``accelerate launch``, Lightning under torchrun: the launcher's
-    ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE`` and ``LOCAL_WORLD_SIZE``, or torch.distributed's default group of
-    more than one) every rank must call it, with the same arguments, in the same order (a rank that asks for another
-    family or other options makes every rank raise :class:`RanksError`, naming both): each machine's first rank
-    measures, with a CPU candidate timed while as many copies of its step run as the machine has processes, and
-    every rank gets rank 0's machine's choice on its own device (``cuda:LOCAL_RANK``), its CPU thread count
-    measured for its machine (``Config.ranks`` says where it stands). ``distributed=False`` answers for this
-    process alone; ``distributed=True`` raises :class:`RanksError` outside a job.
+    In a job of many processes (torchrun, ``accelerate launch``, Lightning under torchrun: the launcher's ``RANK``
+    and ``WORLD_SIZE``, or torch.distributed's default group of more than one) every rank calls it with the same
+    arguments, in the same order (else every rank raises :class:`RanksError`, naming both): each machine's first
+    rank measures, a CPU candidate timed while as many copies of its step run as the machine has processes, and
+    every rank gets rank 0's machine's choice on its own device (``cuda:LOCAL_RANK``) and its machine's CPU thread
+    count (``Config.ranks`` says where it stands). ``distributed=False`` answers for this process alone;
+    ``distributed=True`` raises :class:`RanksError` outside a job.
     """
     return config_of(best_decision(model_kind, model=model, prefer=prefer, expected_steps=expected_steps,
                                     calibrate_on_miss=calibrate_on_miss, wait=wait, distributed=distributed))

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import statistics
 from collections.abc import Callable, Sequence
 
 from autotune import _stats
@@ -119,7 +120,7 @@ def decide(
 
 def _speedup(pick: CandidateResult, baseline: CandidateResult, evidence: Evidence) -> float:
     """fp32 on the CPU's step time over the pick's, as the reason words it: from paired evidence (a chain of
-    drops), its estimate or its bound (:func:`headline`); from the medians where that chain breaks."""
+    drops), its estimate or its bound (:func:`headline`); from the mean step times where that chain breaks."""
     found = next((r for r in evidence.rivals if r.candidate == FP32_CPU), None)
     claim = headline(found, pick.candidate, evidence) if found is not None else None
     return claim[0] if claim is not None else step_ms(baseline) / step_ms(pick)
@@ -244,7 +245,7 @@ def _unmeasured_forced(measured: FamilyResult, device: str, digest: str) -> Deci
     return config
 
 
-# -- comparisons: step medians on shared final rounds, paired ratios -------------------------------------------
+# -- comparisons: mean step times on shared final rounds, paired ratios -------------------------------------------
 
 
 def is_cpu(result: CandidateResult) -> bool:
@@ -252,28 +253,30 @@ def is_cpu(result: CandidateResult) -> bool:
 
 
 def step_ms(result: CandidateResult) -> float:
+    """Its mean step time (``Timing.mean_ms``): what a training loop pays per step, stalls included."""
     assert result.timing is not None
-    return result.timing.median_ms
+    return result.timing.mean_ms
 
 
-def score_ms(result: CandidateResult, expected_steps: int | None, median_ms: float | None = None) -> float:
-    """Step time (``median_ms``, else the timing's median), or set-up + ``expected_steps`` steps for a short job."""
-    median_ms = step_ms(result) if median_ms is None else median_ms
+def score_ms(result: CandidateResult, expected_steps: int | None, mean_ms: float | None = None) -> float:
+    """Step time (``mean_ms``, else the timing's mean), or set-up + ``expected_steps`` steps for a short job."""
+    mean_ms = step_ms(result) if mean_ms is None else mean_ms
     if expected_steps is None:
-        return median_ms
-    return 1000 * (result.setup_s or 0.0) + expected_steps * median_ms
+        return mean_ms
+    return 1000 * (result.setup_s or 0.0) + expected_steps * mean_ms
 
 
 def ranking(results: Sequence[CandidateResult], expected_steps: int | None) -> dict[int, float]:
     """Each result's score (by ``id``) for ranking ``results`` against one another: in the final comparison, the
-    longest-timed one's median times each one's paired ratio to it over the rounds the two share
+    longest-timed one's mean times each one's paired ratio to it over the rounds the two share
     (:func:`_stats.paired_scores`), so one settled early is compared on its own rounds, never on a prefix; a
-    timing from an earlier stage (a device outpaced there) by its own median."""
+    timing from an earlier stage (a device outpaced there) by its own mean."""
     final = {id(r): r.timing.round_ms for r in results if r.timing is not None and r.timing.final}
     if len(final) < 2:
         return {id(r): score_ms(r, expected_steps) for r in results}
     ratios = _stats.paired_scores(final)
-    anchor_ms = _stats.median(max(final.values(), key=len))
+    longest: list[float] = max(final.values(), key=len)
+    anchor_ms = statistics.fmean(longest)
     return {id(r): score_ms(r, expected_steps, anchor_ms * ratios[id(r)] if id(r) in final else None)
             for r in results}
 
@@ -339,7 +342,7 @@ def rival(pick: CandidateResult, other: CandidateResult, expected_steps: int | N
         else "variant"
     timing = other.timing
     facts = Rival(candidate=theirs, role=role, verdict="untimed", setup_s=other.setup_s, margin=margin(theirs, mine),
-                  step_ms=timing.median_ms if timing is not None else None)
+                  step_ms=timing.mean_ms if timing is not None else None)
     if other.failure is not None:
         return facts.model_copy(update={"verdict": "failed", "failure": other.failure})
     if timing is None:

@@ -186,5 +186,11 @@ def pinned(values: Mapping[str, str]) -> Iterator[None]:
         _PINNED.reset(token)
 
 
-__all__ = ["ISOLATIONS", "KNOBS", "SEARCHES", "Isolation", "Knob", "check_all", "measured_for", "pinned",
-           "snapshot"]
+def reset() -> None:
+    """Forget the settings :func:`check_all` found valid and the devices ``AUTOTUNE_DEVICE`` named: read afresh."""
+    _checked.clear()
+    _device.cache_clear()
+
+
+__all__ = ["ISOLATIONS", "KNOBS", "SEARCHES", "Isolation", "Knob", "Search", "check_all", "measured_for", "pinned",
+           "reset", "snapshot"]

@@ -17,6 +17,11 @@ MARGIN = 0.03
 #: a 1% near-tie may go either way, a 4-5% gap may not
 INDIFFERENCE = 0.01
 SAME_MATH_INDIFFERENCE = 0.03
+#: a speed-up is stated as measured when its interval lies within this of the estimate, else as the bound the
+#: interval shows; the calibration times the pick against plain fp32 on its device until it lies within, where
+#: that costs at most ``HEADLINE_COST`` x the calibration's time so far
+HEADLINE_ERROR = 0.10
+HEADLINE_COST = 0.10
 
 #: where the rules a result is measured by live: the rules digest (``_cache.freshness.rules_digest``) reads every
 #: public UPPER_CASE constant these modules define, with the calibration settings' defaults. A module of the
@@ -78,12 +83,18 @@ def is_open(ratio: tuple[float, float, float], margin: float, indifference: floa
     return ratio[2] >= 1 + (margin + indifference if tie_to_pick else max(margin, indifference))
 
 
+def known(ratio: tuple[float, float, float], error: float = HEADLINE_ERROR) -> bool:
+    """Does the interval (estimate, low, high) lie within ``error`` of its estimate?"""
+    estimate, low, high = ratio
+    return low >= estimate / (1 + error) and high <= estimate * (1 + error)
+
+
 def complexity(candidate: Candidate) -> tuple[int, int]:
     """Lower is simpler: the CPU, then fp32 < tf32 < bf16 < fp16, then each non-default variant adds one."""
     return _SIMPLICITY[candidate.precision], len(_variants.changed(candidate))
 
 
 __all__ = [
-    "INDIFFERENCE", "MARGIN", "RULE_MODULES", "SAME_MATH_INDIFFERENCE", "complexity", "indifference", "is_open",
-    "margin", "preference", "tie_winner",
+    "HEADLINE_COST", "HEADLINE_ERROR", "INDIFFERENCE", "MARGIN", "RULE_MODULES", "SAME_MATH_INDIFFERENCE",
+    "complexity", "indifference", "is_open", "known", "margin", "preference", "tie_winner",
 ]

@@ -7,8 +7,9 @@ between looks, the chance that any look wrongly claims a gap beyond the margin i
 decision. A confidence sequence would allow a look every round, but its intervals are wider still at the 10-931
 rounds a calibration can afford.
 
-The interval is Student's t on the per-round log ratios, which are paired because the rounds were
-interleaved: drift that slows a round slows every candidate in it.
+The estimand is a candidate's mean step time, tails included: what its training loop pays. The interval is
+Student's t on the ratio of the means, paired by round because the rounds were interleaved: drift that slows a
+round slows every candidate in it.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import functools
 import itertools
 import math
 import statistics
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Collection, Hashable, Mapping, Sequence
 from typing import TypeVar
 
 K = TypeVar("K", bound=Hashable)
@@ -105,52 +106,121 @@ def spread(samples: Sequence[float]) -> float:
 
 
 def ratio_interval(
-    numerator: Sequence[float], denominator: Sequence[float], *, alpha: float = ALPHA_PER_LOOK
+    numerator: Sequence[float], denominator: Sequence[float], *, alpha: float = ALPHA_PER_LOOK,
+    left_out: Collection[int] | None = None,
 ) -> tuple[float, float, float]:
-    """Paired ratio numerator/denominator over the rounds both have: (geometric mean, low, high).
+    """Paired ratio of the mean step times numerator/denominator over the rounds both have: (estimate, low, high).
 
-    Each bound has one-sided error ``alpha``; the default is one look's share of :data:`ALPHA`. From
-    :data:`TRIM_FROM` rounds on, rounds whose log ratio lies beyond :data:`TRIM_MADS` robust deviations of the
-    median are left out (:func:`trimmed`): a step hit by another program is not the candidate's speed, and one
-    such round would otherwise widen the interval more than dozens of clean rounds narrow it. One round gives
-    ``(estimate, 0, inf)``.
+    The estimate is what a training loop pays, every step's time in it: a candidate's own stalls (an allocator
+    returning memory every few steps, a periodic synchronisation) count. Rounds a disturbance of the machine
+    slowed are neither one's speed and are left out: ``left_out`` (:func:`left_out`, judged over every candidate
+    of a comparison), else as the pair alone shows them (:func:`machine_tails`). The bounds are the ratio
+    estimator's (the delta method): each round's residual, its numerator less the ratio times its denominator,
+    is paired, so a disturbance that slowed both candidates of a round moves neither the estimate nor the
+    residuals' spread much. Each bound has one-sided error ``alpha``; the default is one look's share of
+    :data:`ALPHA`. One round gives ``(estimate, 0, inf)``.
     """
     n = min(len(numerator), len(denominator))
-    logs = trimmed([math.log(a / b) for a, b in zip(numerator[:n], denominator[:n], strict=True)])
-    center = statistics.fmean(logs)
-    if len(logs) < 2:
-        return math.exp(center), 0.0, math.inf
-    half = t_quantile(1.0 - alpha, len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
-    return math.exp(center), math.exp(center - half), math.exp(center + half)
+    out = left_out if left_out is not None else pair_left_out(numerator, denominator)
+    pairs = [(a, b) for i, (a, b) in enumerate(zip(numerator[:n], denominator[:n], strict=True)) if i not in out]
+    mean = statistics.fmean(a for a, _ in pairs)
+    ratio = mean / statistics.fmean(b for _, b in pairs)
+    if len(pairs) < 2:
+        return ratio, 0.0, math.inf
+    residuals = [a - ratio * b for a, b in pairs]
+    half = t_quantile(1.0 - alpha, len(pairs) - 1) * statistics.stdev(residuals) / mean / math.sqrt(len(pairs))
+    return ratio, ratio * math.exp(-half), ratio * math.exp(half)
 
 
-#: rounds from which outlying log ratios are left out of an interval, and how far out (in robust deviations:
-#: 1.4826 x the median absolute deviation, the standard deviation of normal data) a round must lie
+#: rounds from which slow rounds may be left out of an interval, and how far out (in robust deviations:
+#: 1.4826 x the median absolute deviation, the standard deviation of normal data) a round's log ratio must lie
 TRIM_FROM = 10
 TRIM_MADS = 5.0
 
-
-def trimmed(logs: list[float]) -> list[float]:
-    """``logs`` without the values beyond :data:`TRIM_MADS` robust deviations of their median (from
-    :data:`TRIM_FROM` values on; never more than a quarter of them)."""
-    if len(logs) < TRIM_FROM:
-        return logs
-    center = statistics.median(logs)
-    deviation = 1.4826 * statistics.median(abs(x - center) for x in logs)
-    if deviation == 0.0:
-        return logs
-    kept = [x for x in logs if abs(x - center) <= TRIM_MADS * deviation]
-    return kept if len(kept) >= 0.75 * len(logs) else logs
+#: each series' rounds a disturbance of the machine slowed, or None where its slow rounds are its own
+Tails = Mapping[K, frozenset[int] | None]
 
 
-def paired_scores(series: Mapping[K, Sequence[float]]) -> dict[K, float]:
-    """Each series' paired ratio to the longest one: the median of its per-round ratios over the rounds the two
-    share. Every series is compared on its own rounds (round ``i`` is the same round in every series), never on
-    a prefix cut to the shortest one, and one disturbed round cannot reorder a ranking."""
+def machine_tails(series: Mapping[K, Sequence[float]]) -> dict[K, frozenset[int] | None]:
+    """Each series' slow rounds that the machine's disturbances explain (to be left out of its pairs), or None
+    where they are its own (they stay: its training loop pays them).
+
+    A round is slow for a series against another where its log ratio to the other's same round lies beyond
+    :data:`TRIM_MADS` robust deviations above that pair's median, once they share :data:`TRIM_FROM` rounds (a
+    drift, or a burst that slowed both, cancels in a pair). The machine's disturbances hit every candidate alike,
+    so a series' slow rounds are the machine's where others show some too and its rate of rounds slow against
+    every other is not clearly above (one-sided, at :data:`ALPHA` over the others) any other's: pooled over every
+    series of a comparison, not one pair. Then every round slow against any other is left out (a disturbance
+    that slowed two candidates of a round is not slow in their pair, but is against a third). A stall of its own,
+    in its rounds at a steady rate while the others' are clean, stays."""
+    # Each round's verdicts against each other series that has it: slow against every one of them counts towards
+    # its rate (a round where another was unusually fast is not this one's); slow against any one is left out.
+    votes: dict[K, dict[int, bool]] = {}
+    against_any: dict[K, set[int]] = {}
+    for a, b in itertools.permutations(series, 2):
+        n = min(len(series[a]), len(series[b]))
+        if n < TRIM_FROM:
+            continue
+        logs = [math.log(x / y) for x, y in zip(series[a][:n], series[b][:n], strict=True)]
+        center = statistics.median(logs)
+        deviation = 1.4826 * statistics.median(abs(x - center) for x in logs)
+        mine, any_one = votes.setdefault(a, {}), against_any.setdefault(a, set())
+        for i, x in enumerate(logs):
+            slow_here = deviation > 0 and x - center > TRIM_MADS * deviation
+            mine[i] = mine.get(i, True) and slow_here
+            if slow_here:
+                any_one.add(i)
+    slow = {key: {i for i, is_slow in each.items() if is_slow} for key, each in votes.items()}
+    found: dict[K, frozenset[int] | None] = {key: frozenset(against_any.get(key, ())) for key in series}
+    for key, rounds in slow.items():
+        others = [other for other in slow if other != key]
+        if rounds and (not any(slow[other] for other in others) or any(
+                _rate_above(len(rounds), len(series[key]), len(slow[other]), len(series[other])) < ALPHA / len(others)
+                for other in others)):
+            found[key] = None
+    return found
+
+
+def _rate_above(hits: int, rounds: int, other_hits: int, other_rounds: int) -> float:
+    """One-sided p-value of "a rate of ``hits`` in ``rounds`` is above ``other_hits`` in ``other_rounds``": the
+    hits given their total, binomial at the share of the rounds (the conditional test of two Poisson rates)."""
+    total, share = hits + other_hits, rounds / (rounds + other_rounds)
+    return sum(math.comb(total, k) * share**k * (1 - share) ** (total - k) for k in range(hits, total + 1))
+
+
+def left_out(tails: Tails[K], a: K, b: K, rounds: int) -> frozenset[int]:
+    """The rounds of the pair ``a``, ``b`` (``rounds`` shared) a disturbance of the machine slowed: none where
+    either one's slow rounds are its own (both keep the machine's, which then cancel in the ratio) or where they
+    would leave fewer than half the rounds (the machine's disturbances are the exception)."""
+    mine, theirs = tails.get(a), tails.get(b)
+    if mine is None or theirs is None:
+        return frozenset()
+    out = frozenset(i for i in mine | theirs if i < rounds)
+    return out if 2 * len(out) <= rounds else frozenset()
+
+
+def pair_left_out(numerator: Sequence[float], denominator: Sequence[float]) -> frozenset[int]:
+    """:func:`left_out` as the pair alone shows it."""
+    n = min(len(numerator), len(denominator))
+    return left_out(machine_tails({0: numerator[:n], 1: denominator[:n]}), 0, 1, n)
+
+
+def paired_scores(series: Mapping[K, Sequence[float]], tails: Tails[K] | None = None) -> dict[K, float]:
+    """Each series' paired ratio to the longest one: the ratio of their means over the rounds the two share
+    (:func:`ratio_interval`'s estimate), less those the machine's disturbances slowed (``tails``, default
+    :func:`machine_tails` of ``series``). Every series is compared on its own rounds (round ``i`` is the same
+    round in every series), never on a prefix cut to the shortest one."""
+    tails = machine_tails(series) if tails is None else tails
     anchor = max(series, key=lambda k: len(series[k]))
     reference = series[anchor]
-    return {k: 1.0 if k == anchor or not one else statistics.median(a / b for a, b in zip(one, reference, strict=False))
-            for k, one in series.items()}
+
+    def score(key: K) -> float:
+        one = series[key]
+        out = left_out(tails, key, anchor, len(one))
+        kept = [i for i in range(len(one)) if i not in out]
+        return statistics.fmean(one[i] for i in kept) / statistics.fmean(reference[i] for i in kept)
+
+    return {k: 1.0 if k == anchor or not one else score(k) for k, one in series.items()}
 
 
 def level_shift(samples: Sequence[float]) -> tuple[float, float]:
@@ -176,6 +246,7 @@ def relative_range(samples: Sequence[float]) -> float:
 
 
 __all__ = [
-    "ALPHA", "ALPHA_PER_LOOK", "LOOKS", "TRIM_FROM", "TRIM_MADS", "level_shift", "median", "paired_scores",
-    "ratio_interval", "relative_range", "spread", "t_quantile", "t_sf", "trimmed",
+    "ALPHA", "ALPHA_PER_LOOK", "LOOKS", "TRIM_FROM", "TRIM_MADS", "Tails", "left_out", "level_shift",
+    "machine_tails", "median", "pair_left_out", "paired_scores", "ratio_interval", "relative_range", "spread",
+    "t_quantile", "t_sf",
 ]

@@ -31,7 +31,8 @@ import autotune
 from autotune import _fp32
 from autotune._families import get_family
 from autotune._lab.protocol import MemoryProbed, MemoryProbeJob
-from autotune._records import Candidate, MaxBatchReport
+from autotune._records import Candidate
+from autotune._reports import MaxBatchReport
 from autotune._worker.worker import Worker
 
 MARGIN = 0.15

@@ -19,9 +19,11 @@ import autotune
 from autotune._args import EPILOG
 from autotune._cache import demotions, loops
 from autotune._cache import lookup as _cached
-from autotune._cli import EVIDENCE_LEGEND, MEASURED_LEGEND, main
+from autotune._cli import main
+from autotune._explain import EVIDENCE_LEGEND, MEASURED_LEGEND
 from autotune._guard.watch import model_signature
-from autotune._records import Candidate, CandidateResult, Demotion, Drop, FamilyResult, Interval, LoopSummary
+from autotune._records import Candidate, CandidateResult, Demotion, Drop, FamilyResult, Interval
+from autotune._reports import LoopSummary
 
 KIND = "tiny"
 

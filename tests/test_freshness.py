@@ -217,21 +217,26 @@ def test_every_module_of_the_worker_package_is_named_as_a_rule_module_or_not() -
         "calibration, into NOT_RULES here")
 
 
-def test_a_fresh_process_answers_from_the_cache_without_the_calibration_machinery(tiny_family: str) -> None:
+#: what a warm ``best_config`` never loads: the calibration, the worker, the tools, the guard, the ranks' agreement,
+#: the framework adapters and the frameworks themselves
+COLD = ("autotune._lab", "autotune._worker", "autotune._calibrate", "autotune._background", "autotune._tools",
+        "autotune._guard", "autotune._ranks.agree", "autotune._ranks.job", "autotune._lightning", "lightning",
+        "pytorch_lightning", "accelerate")
+
+
+def test_a_fresh_process_answers_from_the_cache_without_anything_cold(tiny_family: str, in_process: None) -> None:
     autotune.calibrate([tiny_family])
     code = ("import sys, autotune; sys.path.insert(0, sys.argv[1]);"
             "autotune.register_family('tiny', 'families_for_tests:build_tiny');"
             "config = autotune.best_config('tiny');"
             "print(config.source, 'older rules' in config.reason);"
-            "print(*sorted(m for m in sys.modules if m.startswith('autotune.')))")
+            "print(*sorted(sys.modules))")
     for _ in range(2):  # the calibration remembered the rules digest for these files; each process reads it
         out = subprocess.run([sys.executable, "-c", code, str(_tests_dir())], capture_output=True, text=True,
                              check=True).stdout.splitlines()
         assert out[0] == "measured False", out
-        loaded = set(out[1].split())
-        heavy = {m for m in loaded if m.startswith(("autotune._lab.", "autotune._worker", "autotune._calibrate",
-                                                    "autotune._background", "autotune._tools"))}
-        assert not heavy, f"a warm best_config loaded {sorted(heavy)}"
+        cold = sorted(m for m in out[1].split() if any(m == room or m.startswith(room + ".") for room in COLD))
+        assert not cold, f"a warm best_config loaded {cold}"
 
 
 def test_a_remembered_rules_digest_is_used_only_for_the_files_it_was_computed_from() -> None:

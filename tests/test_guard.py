@@ -195,13 +195,13 @@ def test_calibrate_reports_the_answer_best_config_gives_after_a_demotion(tiny_fa
     assert report.configs[tiny_family].precision == "bf16-mixed" and "demoted" in report.configs[tiny_family].reason
 
 
-def test_a_guard_made_by_hand_answers_again_through_the_function_it_is_given(tiny_family: str) -> None:
+def test_a_guard_made_by_hand_answers_again_with_best_config_or_the_function_it_is_given(tiny_family: str) -> None:
     config = _measured(tiny_family, "bf16-mixed")
     by_hand = autotune.Guard(tiny_family, config.candidate, config.fingerprint_digest)
-    with pytest.raises(autotune.ConfigurationError, match=r"answer=None is invalid: expected autotune.best_config"):
-        by_hand.fallback()
-    given = autotune.Guard(tiny_family, config.candidate, config.fingerprint_digest, answer=autotune.best_config)
-    assert given.fallback() == config == config.guard().fallback()
+    assert by_hand.fallback() == config == config.guard().fallback()
+    given = autotune.Guard(tiny_family, config.candidate, config.fingerprint_digest,
+                           answer=lambda kind, **options: autotune.best_config(kind, **{**options, "prefer": "cpu"}))
+    assert given.fallback() == autotune.best_config(tiny_family, prefer="cpu")
 
 
 def test_a_loop_through_guard_data_keeps_its_batches_for_the_replay(tiny_family: str) -> None:

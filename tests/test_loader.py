@@ -12,6 +12,7 @@ every bad input's clear answer.
 from __future__ import annotations
 
 import functools
+import logging
 import multiprocessing
 import os
 import random
@@ -639,3 +640,20 @@ def test_each_setting_is_timed_over_two_waves_of_its_workers_reading_on(tiny_fam
     alone = _config(tiny_family).dataloader_report(Logged(tmp_path / "alone", length=2048, wait_s=0.005),
                                                    batch_size=4, num_workers=0, budget_s=0.3)
     assert alone.trials[0].batches >= 3  # the first, then two timed
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one core: the most workers are one")
+def test_batches_too_slow_for_the_budget_state_a_larger_one_before_the_workers_are_timed(
+        tiny_family: str, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Batches of 0.2 s against a budget of 0.5 s: two periods of the most workers' wave cannot fit, so once the
+    loop without workers has told how slow a batch is, the budget grows to what they need, the log says so, and the
+    reason states the larger budget beside what the measurement cost."""
+    dataset = Logged(tmp_path / "log", length=64, wait_s=0.1)
+    with caplog.at_level(logging.INFO, logger="autotune"):
+        report = _config(tiny_family).dataloader_report(dataset, batch_size=2, budget_s=0.5)
+    assert report.budget_s >= 2 and report.budget_s == int(report.budget_s)
+    assert any(t.num_workers and t.loop_ms for t in report.trials)
+    assert [r.message for r in caplog.records if "measuring DataLoader settings for about" in r.message] == [
+        f"measuring DataLoader settings for about {report.budget_s:g} s, not 0.5: batches this slow need that long "
+        "for two periods of the workers' wave"]
+    assert report.reason.endswith(f"(budget {report.budget_s:g} s)")

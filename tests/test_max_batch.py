@@ -22,7 +22,8 @@ from autotune._cache.batch_answers import Answers
 from autotune._cli import main
 from autotune._families import Family
 from autotune._lab.protocol import MemoryProbeJob
-from autotune._records import Candidate, MaxBatchReport
+from autotune._records import Candidate
+from autotune._reports import MaxBatchReport
 from autotune._worker.worker import Worker
 
 MIB = 2**20

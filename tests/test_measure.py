@@ -64,6 +64,8 @@ def jittered(step_s: float, jitter: float = 0.02, phase: int = 0) -> Iterator[fl
 
 
 SETTINGS = MeasureSettings(budget_s=5.0, round_min_s=0.0)
+#: one device's settings of the same math: no margin, the faster wins a tie
+SAME_MATH: Comparisons[str] = Comparisons(group=lambda key: "cpu", margin=lambda a, b: 0.0)
 #: everything is one group (one device) with a 3% margin and ties to fp32, as precisions on one device are
 ONE_DEVICE: Comparisons[str] = Comparisons(group=lambda key: "cpu", margin=lambda a, b: 0.03,
                                            tie_winner=lambda a, b: "fp32" if "fp32" in (a, b) else None)
@@ -419,29 +421,90 @@ def test_t_quantiles_match_the_tables(p: float, df: int, expected: float) -> Non
 
 
 def test_leaders_are_ranked_on_paired_estimates_over_each_pairs_own_rounds() -> None:
-    # "b" ties "a" tightly and settles at the first look; "a" then slows to 0.11 s. Ranked on medians over
+    # "b" ties "a" tightly (0.1% behind) and settles at the first look; "a" then slows to 0.11 s. Ranked on medians over
     # different rounds, b's early rounds would make it the leader, and since b is no longer timed, a's and c's
     # open comparison would end there. Ranked on paired estimates among the candidates still timed, it goes on.
-    result, _ = _run({"a": itertools.chain([0.1] * 3, itertools.repeat(0.11)), "b": itertools.repeat(0.1),
+    result, _ = _run({"a": itertools.chain([0.1] * 3, itertools.repeat(0.11)), "b": itertools.repeat(0.1001),
                       "c": jittered(0.101, 0.2)})
     assert len(result.series["b"].round_ms) == _stats.LOOKS[0]
     assert result.rounds > 6
     assert result.series["c"].dropped is None
 
 
-def test_outlying_rounds_are_left_out_of_an_interval_from_ten_rounds_on() -> None:
-    clean = [0.0, 0.01, -0.01, 0.02, -0.02, 0.01, 0.0, -0.01, 0.015, -0.015]
-    assert _stats.trimmed([*clean, 1.1]) == clean  # a round hit by another program
-    assert _stats.trimmed([*clean[:8], 1.1]) == [*clean[:8], 1.1]  # too few rounds to tell
-    assert _stats.trimmed([0.0] * 10 + [1.1]) == [0.0] * 10 + [1.1]  # no spread to measure it against
-    many = [*clean, 1.1, 1.2, 1.3, 1.4]  # 4 of 14 beyond the cap of a quarter: kept, the interval widens
-    assert _stats.trimmed(many) == many
+def test_a_candidate_resolved_against_the_pick_stays_timed_while_the_typically_fastest_may_beat_it() -> None:
+    # "fast" is 4.5% faster than "a" on every round but one, 3x slow: the ratio of means puts it behind "a", the
+    # pick, in the first looks. "b", as fast as a, is resolved against a then; paired only with a (the fastest by
+    # the means too), it would leave the rounds, and its pair with "fast", which drops a later, stay open on
+    # four rounds, the slow one in them.
+    a = [10.0, 10.1, 9.9, 10.05]
+    b = [x * f for x, f in zip(a, [1.001, 0.999, 1.0, 1.0005], strict=True)]
+    fast = [x / 1.045 * (3 if i == 1 else 1) for i, x in enumerate(a)]
+    series = {k: Series[str](steps_per_round=1, round_ms=v) for k, v in {"a": a, "b": b, "fast": fast}.items()}
+    assert _stats.ratio_interval(fast, a)[0] > 1
+    active = list(series)
+    look(series, active, Comparisons(group=lambda key: "cpu", margin=lambda x, y: 0.0,
+                                     tie_winner=lambda x, y: "a" if "a" in (x, y) else None), len(a))
+    assert "b" in active
 
 
-def test_one_disturbed_round_does_not_reorder_a_paired_ranking() -> None:
-    series = {"a": [10.0, 10.0, 40.0, 10.0, 10.0], "b": [10.5, 10.5, 10.5, 10.5, 10.5]}
-    scores = _stats.paired_scores(series)
-    assert scores["a"] < scores["b"]  # the mean of the log ratios would put a behind b
+def test_a_candidates_own_periodic_stall_counts_in_its_ratio_and_its_ranking() -> None:
+    # "b" is 10% faster on 7 rounds of 8 and stalls 2.8x on the 8th: its loop pays 1.1x "a"'s time per step.
+    a = [10.0] * 16
+    b = [9.0 if i % 8 else 25.0 for i in range(1, 17)]
+    estimate, low, high = _stats.ratio_interval(b, a)
+    assert estimate == pytest.approx(1.1)
+    assert low < 1.1 < high
+    scores = _stats.paired_scores({"a": a, "b": b})
+    assert scores["b"] == pytest.approx(1.1 * scores["a"])
+
+
+def test_a_disturbance_both_candidates_saw_cancels_in_the_pair() -> None:
+    # A burst doubles both candidates' steps in three rounds: the ratio and its spread stay those of the quiet
+    # rounds, where the same burst hitting one candidate only widens the interval.
+    quiet_a = [10.0, 10.2, 9.8, 10.1, 9.9, 10.0, 10.2, 9.8, 10.1, 9.9]
+    quiet_b = [0.9 * x * (1 + 0.01 * (-1) ** i) for i, x in enumerate(quiet_a)]
+    burst = [2.0 if i in (3, 4, 5) else 1.0 for i in range(10)]
+    both = _stats.ratio_interval([x * f for x, f in zip(quiet_b, burst, strict=True)],
+                                 [x * f for x, f in zip(quiet_a, burst, strict=True)])
+    alone = _stats.ratio_interval([x * f for x, f in zip(quiet_b, burst, strict=True)], quiet_a)
+    assert both[0] == pytest.approx(0.9, rel=0.01)
+    assert both[2] < 0.93 < alone[2]
+
+
+def test_the_machines_slow_rounds_are_told_from_every_candidate_of_a_comparison() -> None:
+    # Another program slows one round of "a" 3x and two of "c"; "b" happens to be spared. The pair a, b alone
+    # cannot tell a's slow round from a stall of its own and keeps it; over the whole comparison the machine's
+    # hits show in c too, at a rate a's is not clearly above, and the round is left out of the pair.
+    quiet = [10.0 * (1 + 0.01 * ((7 * i) % 5 - 2)) for i in range(20)]
+    a = [3 * x if i == 3 else x for i, x in enumerate(quiet)]
+    b = [0.9 * x * (1 + 0.005 * (-1) ** i) for i, x in enumerate(quiet)]
+    c = [3 * x if i in (7, 15) else x * (1 - 0.005 * (-1) ** i) for i, x in enumerate(quiet)]
+    assert _stats.machine_tails({"a": a, "b": b})["a"] is None
+    pooled = _stats.machine_tails({"a": a, "b": b, "c": c})
+    assert pooled == {"a": frozenset({3}), "b": frozenset(), "c": frozenset({7, 15})}
+    alone = _stats.ratio_interval(b, a)
+    told = _stats.ratio_interval(b, a, left_out=_stats.left_out(pooled, "b", "a", 20))
+    assert told[0] == pytest.approx(0.9, rel=0.01)
+    assert told[0] > alone[0] + 0.05
+    assert told[2] - told[1] < (alone[2] - alone[1]) / 5
+    # A stall of b's own every 8th round while the others' rounds are clean stays in its mean.
+    stalled = [2.8 * x if i % 8 == 0 else x for i, x in enumerate(b)]
+    assert _stats.machine_tails({"a": quiet, "b": stalled, "c": [x * 1.01 for x in quiet]})["b"] is None
+
+
+def test_a_disturbance_that_slowed_two_candidates_of_a_round_is_left_out_of_their_pairs_with_a_third() -> None:
+    # Another program slows round 5 of both "a" and "b" 3x (not slow in their pair), round 12 of a and two rounds
+    # of "c": the machine's, left out of a's and b's pairs with c, as c's are.
+    quiet = [10.0 * (1 + 0.01 * ((7 * i) % 5 - 2)) for i in range(20)]
+    a = [3 * x if i in (5, 12) else x for i, x in enumerate(quiet)]
+    b = [3 * 0.95 * x if i == 5 else 0.95 * x * (1 + 0.005 * (-1) ** i) for i, x in enumerate(quiet)]
+    c = [3 * 0.9 * x if i in (9, 14) else 0.9 * x * (1 - 0.005 * (-1) ** i) for i, x in enumerate(quiet)]
+    pooled = _stats.machine_tails({"a": a, "b": b, "c": c})
+    for one in ("a", "b"):
+        out = _stats.left_out(pooled, one, "c", 20)
+        assert out == {5, 9, 14} | ({12} if one == "a" else set())
+        estimate = _stats.ratio_interval(a if one == "a" else b, c, left_out=out)[0]
+        assert estimate == pytest.approx(1 / 0.9 if one == "a" else 0.95 / 0.9, rel=0.01)
 
 
 def test_each_pair_spends_its_alpha_once_per_look() -> None:
@@ -458,7 +521,7 @@ def test_each_pair_spends_its_alpha_once_per_look() -> None:
     series = {k: Series[str](steps_per_round=1, round_ms=v) for k, v in
               {"a": a, "b": b, "c": c, "d": [3 * x for x in a]}.items()}
     active = list(series)
-    look(series, active, Comparisons(group=lambda key: "cpu", margin=lambda a, b: 0.0), len(a))
+    look(series, active, SAME_MATH, len(a))
     assert series["d"].dropped is not None
     assert series["b"].dropped is None
 

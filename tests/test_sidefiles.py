@@ -12,7 +12,8 @@ import pytest
 
 from autotune._cache import batch_answers, demotions, loader_answers, loops
 from autotune._cache.sidefiles import Change, Section, SideFile
-from autotune._records import FP32_CPU, MaxBatchReport
+from autotune._records import FP32_CPU
+from autotune._reports import MaxBatchReport
 
 KINDS = [demotions.FILES, loops.FILES, batch_answers.FILES, loader_answers.FILES]
 IDS = [files.room for files in KINDS]

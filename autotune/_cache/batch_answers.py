@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from autotune._cache import sidefiles
 from autotune._cache.sidefiles import SideFile
-from autotune._records import MaxBatchReport
+from autotune._reports import MaxBatchReport
 
 FILES = SideFile("max_batch", "reports", "the max-batch cache", "its answers are measured again when asked for")
 

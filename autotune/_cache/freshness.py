@@ -24,7 +24,7 @@ import dataclasses
 import datetime as dt
 import hashlib
 import importlib
-import importlib.util
+import importlib.machinery
 import json
 import os
 import sys
@@ -110,13 +110,32 @@ def _files_stamp() -> str:
     frozen app the modules are inside the app's executable, whose own file then stands for them."""
     parts: list[object] = [sys.version, __version__]
     for name in (*RULE_MODULES, _SETTINGS):
-        spec = importlib.util.find_spec(name)
+        spec = _spec(name)
         origin = spec.origin if spec is not None else None
         if origin is not None and not os.path.isfile(origin):
             origin = sys.executable
         st = os.stat(origin) if origin is not None else None
         parts.append((name, origin, st.st_mtime_ns if st else None, st.st_size if st else None))
     return hashlib.sha256(repr(parts).encode()).hexdigest()[:16]
+
+
+def _spec(name: str) -> importlib.machinery.ModuleSpec | None:
+    """Where module ``name`` would load from, found as the import system finds it but without importing its
+    packages (``importlib.util.find_spec`` imports them): reading the stamp loads none of the calibration."""
+    package, _, _ = name.rpartition(".")
+    path = None
+    if package:
+        loaded = sys.modules.get(package)
+        outer = _spec(package) if loaded is None else None
+        path = loaded.__path__ if loaded is not None else outer.submodule_search_locations if outer else None
+        if path is None:
+            return None
+    for finder in sys.meta_path:
+        find = getattr(finder, "find_spec", None)
+        spec = find(name, path) if find is not None else None
+        if isinstance(spec, importlib.machinery.ModuleSpec):
+            return spec
+    return None
 
 
 def _remembered(files: str) -> str | None:
@@ -145,6 +164,11 @@ def _remember(digest: str) -> None:
 
 _remembered_here: set[tuple[Path, str]] = set()
 _REMEMBERED = "rules.digest"
+
+
+def reset() -> None:
+    """Forget which cache directories this process gave the rules digest to: the next call writes it again."""
+    _remembered_here.clear()
 
 
 def _plain(value: object) -> object:
@@ -260,6 +284,7 @@ __all__ = [
     "freshness",
     "now_utc",
     "reference_failure",
+    "reset",
     "retry_at",
     "rules_change",
     "rules_digest",

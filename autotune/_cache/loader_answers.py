@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from autotune._cache import sidefiles
 from autotune._cache.sidefiles import SideFile
-from autotune._records import LoaderReport
+from autotune._reports import LoaderReport
 
 FILES = SideFile("loaders", "reports", "the DataLoader answers", "measuring again")
 #: answers kept per machine configuration, the most recently measured: datasets come and go

@@ -122,4 +122,9 @@ def measuring(*, cancelled: Callable[[], bool] = lambda: False) -> Iterator[None
         lock.release()
 
 
-__all__ = ["acquire", "held_elsewhere", "lock_file", "measuring", "measuring_lock"]
+def reset() -> None:
+    """Forget which locks this process warned it cannot use: the next failure warns again."""
+    _warned.clear()
+
+
+__all__ = ["acquire", "held_elsewhere", "lock_file", "measuring", "measuring_lock", "reset"]

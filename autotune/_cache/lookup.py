@@ -8,11 +8,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from autotune._cache import batch_answers as _batch_answers
 from autotune._cache import demotions as _demotions
 from autotune._cache import exchange as _exchange
-from autotune._cache import loader_answers as _loader_answers
-from autotune._cache import loops as _loops
 from autotune._cache.store import Store, StoreFile, default_root
 from autotune._fingerprint import Fingerprint
 from autotune._records import FamilyResult
@@ -106,6 +103,11 @@ def find_similar(fp: Fingerprint, kind: str, files: Iterable[StoreFile]) -> Simi
 def clear_cache() -> list[str]:
     """Delete every stored measurement of every machine configuration (max-batch and DataLoader answers,
     demotions and training loops' summaries too); returns the removed paths."""
+    # the tools' and the loops' side files, with their reports: loaded here, not for an answer from the cache
+    from autotune._cache import batch_answers as _batch_answers
+    from autotune._cache import loader_answers as _loader_answers
+    from autotune._cache import loops as _loops
+
     return ([str(p) for p in store().clear()] + _batch_answers.clear() + _demotions.clear()
             + _loader_answers.clear() + _loops.clear())
 

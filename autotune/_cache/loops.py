@@ -14,7 +14,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from autotune._cache.sidefiles import Section, SideFile
-from autotune._records import LoopSummary
+from autotune._reports import LoopSummary
 
 SCHEMA_VERSION = 1
 FILES = SideFile("loops", "loops", "the loop summaries file", "the training loops' summaries are not shown",

@@ -223,4 +223,10 @@ def warn_once(key: str, message: str, *args: object) -> None:
         log.warning(message, *args)
 
 
-__all__ = ["Answers", "Change", "Section", "SideFile", "warn_once"]
+def reset() -> None:
+    """Forget what this process keeps of every side file: changes it could not write, warnings it gave."""
+    _pending.clear()
+    _warned.clear()
+
+
+__all__ = ["Answers", "Change", "Section", "SideFile", "reset", "warn_once"]

@@ -1,36 +1,24 @@
 """The guard's replay: whether a misbehaviour the guard found is the configuration's doing or the training's.
 
-The guard keeps a state to replay from: the model's, the optimizer's and GradScaler's state, copied to the host
-when it starts and again at reads whose steps were clean (finite losses, no skipped step), each copy only once the
-run has trained ``1 / SNAPSHOT_SHARE`` times as long as the last one took; and the batches ``guard.step`` was given
-since, as references (at most ``REPLAY_STEPS`` of them, and no more than ``REPLAY_BYTES`` in all: the latest). On a
-finding, copies of the model and optimizer restart from that state and train on those batches, first in the
-reference precision (fp32 on the run's device; on the CPU for a GPU's own fp32), then in the run's precision. The
-run's model, optimizer, GradScaler, fp32 settings and random state are left as they were.
+The guard keeps a state to replay from (the model's, the optimizer's and GradScaler's, copied to the host when it
+starts and at clean reads, each copy once the run has trained ``1 / SNAPSHOT_SHARE`` times as long as the last
+took) and the batches ``guard.step`` was given since (at most ``REPLAY_STEPS``, ``REPLAY_BYTES`` in all: the
+latest). On a finding, copies restart from that state and train on those batches, in the reference precision (fp32
+on the run's device; on the CPU for a GPU's own fp32), then in the run's; the run's model, optimizer, GradScaler,
+fp32 settings and random state are left as they were. Its cost: the copies to the host (at most ``SNAPSHOT_SHARE``
+of the run's time), one state in host memory (none over ``SNAPSHOT_MEMORY_SHARE`` of the available memory), and at
+a finding twice the replayed steps, stopped at ``REPLAY_STEP_TIMES`` times the run's step time per step.
 
-Its cost: outside findings, the copies to the host (at most ``SNAPSHOT_SHARE`` of the run's time after the first)
-and one copy of the state in host memory (the old one released before the new one is built; a state over
-``SNAPSHOT_MEMORY_SHARE`` of the host's available memory, shared by the machine's ranks, is not kept); at a finding,
-one copy of the model and optimizer on the device and twice the replayed steps, stopped at ``REPLAY_STEP_TIMES``
-times the run's step time per replayed step.
+The guard follows the run's optimizer (each step's hyperparameters, a scheduler's included), how many backward
+passes each step follows and whether the gradients change before the step. A loop the replay cannot reproduce
+(accumulated, clipped or averaged gradients) is said in the finding, and only evidence that is the configuration's
+alone demotes: the run's precision judged batch by batch on the reference's weights, a non-finite loss or gradient
+where fp32's are finite. A divergence is replayed at the learning rate of the finding and not judged so.
 
-The guard watches the run's own optimizer and one of its parameters (torch's step and gradient hooks) for what a
-replay must do alike: each optimizer step's learning rate and other hyperparameters (a scheduler's, followed step by
-step in the replay of a non-finite loss or skipped steps; a divergence is replayed at the run's learning rate at the
-finding: whether fp32 diverges at it too, where a faithful fp32 path could merely take longer), how many backward
-passes each optimizer step follows, and whether the gradients change between the backward pass and the step. A loop
-the replay cannot reproduce (one that accumulates gradients, or changes them before the step: clipping,
-DistributedDataParallel's average over the ranks) is said in the finding, and only evidence that is the
-configuration's alone demotes: the run's precision judged batch by batch on the reference's own weights, a
-non-finite loss or gradient where fp32's are finite. A divergence, which follows the loop's own path, is not judged
-there.
-
-The replay trains on the finding rank alone, so its copy must join no collective: it copies the module inside
-DistributedDataParallel, DataParallel and ``torch.compile``'s wrappers, and its SyncBatchNorm layers normalize over
-the local batch. A model sharded across ranks (FSDP) or an optimizer whose state is (ZeroRedundancyOptimizer) has no
-whole state on one rank: the guard says so once, keeps no snapshot, and its findings demote nothing.
+The replay trains on the finding rank alone and joins no collective: it copies the module inside DDP, DataParallel
+and ``torch.compile``'s wrappers, its SyncBatchNorm layers normalize over the local batch; a sharded model (FSDP,
+ZeroRedundancyOptimizer) has no whole state on one rank: the guard says so once and its findings demote nothing.
 """
-
 from __future__ import annotations
 
 import copy

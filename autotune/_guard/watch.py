@@ -19,7 +19,6 @@ of ``read_every`` batches in a row gets one WARNING, and each pass's summary is 
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import logging
 import math
 import statistics
@@ -27,30 +26,29 @@ import time
 import warnings
 from collections import deque
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 import torch
 from torch import nn
 
 from autotune._cache import demotions as _demotions
 from autotune._cache import loops as _loops
-from autotune._errors import ConfigMisbehaved, ConfigurationError, UnknownFamilyError
-from autotune._families import get_family
-from autotune._guard.replay import LossFn, Tape, unwrapped
-from autotune._records import Candidate, Demotion, LoopSummary, Misbehaviour, Prefer, Record, Replay
+from autotune._errors import ConfigMisbehaved, ConfigurationError
+from autotune._guard.answer import Answer, Answered
+from autotune._guard.model import family_model, model_signature
+from autotune._guard.replay import LossFn, Tape
+from autotune._loop_wording import data_bound_words, replay_words
+from autotune._records import Candidate, Demotion, Misbehaviour, Prefer, Record, Replay
+from autotune._reports import LoopSummary
 from autotune._version import __version__
-from autotune._wording import data_bound_words, replay_words
 
 if TYPE_CHECKING:
-    from autotune._decision import Decision
     from autotune._ranks.group import JobGroup
 
 log = logging.getLogger("autotune")
 
 OnFailure = Literal["warn", "raise"]
 Batch = TypeVar("Batch")
-#: what the guard's answer function answers: a Config where ``Config.guard()`` made it
-Answered = TypeVar("Answered", bound="Decision", covariant=True)
 
 #: steps between two reads of the device buffer (one synchronization each)
 READ_EVERY_STEPS = 50
@@ -94,50 +92,6 @@ def is_reference(candidate: Candidate) -> bool:
     return candidate.device == "cpu" and candidate.precision == "fp32"
 
 
-def model_signature(model: nn.Module) -> str:
-    """What was trained, e.g. ``'Sequential 5c3e2a09d1f4'``: the model's class and a digest of its parameters' names
-    and shapes (through ``torch.compile``'s and DataParallel's wrappers)."""
-    model = unwrapped(model)
-    digest = hashlib.sha256()
-    for name, parameter in model.named_parameters():
-        digest.update(f"{name}:{tuple(parameter.shape)};".encode())
-    return f"{type(model).__qualname__} {digest.hexdigest()[:12]}"
-
-
-#: (build reference, version) -> the signature of the model that family builds (None: it could not be built)
-_family_models: dict[tuple[str, str | None], str | None] = {}
-
-
-def family_model(model_kind: str) -> str | None:
-    """The signature of the model ``model_kind``'s family builds (built once per process, on the meta device where
-    it can be); None when the family is not registered here or its build fails."""
-    try:
-        family = get_family(model_kind)
-    except UnknownFamilyError:
-        return None
-    key = (family.ref, family.version)
-    if key not in _family_models:
-        with torch.random.fork_rng(devices=[]):  # a build that seeds must not move the app's random state
-            try:
-                with torch.device("meta"):
-                    _family_models[key] = model_signature(family.build().model)
-            except Exception:  # some builds need real tensors (loaded weights): built as they are
-                try:
-                    _family_models[key] = model_signature(family.build().model)
-                except Exception as exc:  # the app's build: its failure is said, not raised here
-                    log.warning("cannot build %s to tell its demotions from other models' (%s: %s)", model_kind,
-                                type(exc).__name__, exc)
-                    _family_models[key] = None
-    return _family_models[key]
-
-
-class Answer(Protocol[Answered]):
-    """``autotune.best_config``: what :meth:`Guard.fallback` answers with (``Config.guard()`` hands it over)."""
-
-    def __call__(self, model_kind: str, *, model: nn.Module | None, prefer: Prefer, expected_steps: int | None,
-                 wait: bool) -> Answered: ...
-
-
 class Guard(Generic[Answered]):
     """Watches one training run of ``model_kind`` on ``candidate``; made by ``Config.guard()``.
 
@@ -145,7 +99,8 @@ class Guard(Generic[Answered]):
     it the guard stops watching. With ``model``, ``optimizer`` and ``loss_fn`` (``loss_fn(model, batch)`` -> the
     loss, as the loop computes it) and each step's ``batch``, a finding is replayed before anything is demoted.
     In a ``job`` of many processes the ranks compare at each read: the first rank's finding is every rank's.
-    ``answer`` is what :meth:`fallback` asks again (``autotune.best_config``: ``Config.guard()`` gives it).
+    ``answer`` is what :meth:`fallback` asks again: ``autotune.best_config``, which ``Config.guard()`` gives it and
+    ``autotune.Guard`` (``autotune._guarded``) takes by default.
     """
 
     def __init__(self, model_kind: str, candidate: Candidate, digest: str, *, on_failure: OnFailure = "warn",

@@ -1,13 +1,15 @@
 """What one look of the sequential test decides, pair by pair, from the paired ratio intervals (``_stats``).
 
 Successive elimination with an indifference zone (Even-Dar, Mannor & Mansour 2006; Kim & Nelson 2001 for paired
-rounds): every look forms the pick the decision would make on the rounds so far and tests each candidate against
-its group's pick and, while that pick's pair with it is open, against its group's fastest (in the final
-comparison each group's pick against the overall pick too): at most k - 1 pairs per candidate, each at a look's
-share of ``_stats.ALPHA`` over k - 1. One clearly slower by more than the pair's margin is *dropped*, a group
-clearly slower than another is *outpaced*, a pair is *resolved* once the one the decision prefers is surely
-within what the pair allows of the other (``_rules.is_open``), and a candidate whose pairs are all resolved is
-*settled*. Pairs are ordered on the rounds they share. The rounds are timed by ``measure.interleave``.
+rounds): every look forms the pick the decision would make on the rounds so far and tests each candidate against its
+group's pick and, while that pick's pair with it is open, against its group's fastest, by the means and on a typical
+round (in the final comparison each group's pick against the overall pick too): at most k - 1 pairs per candidate,
+each at a look's share of ``_stats.ALPHA`` over k - 1. One clearly slower by more than the pair's margin is
+*dropped*, a group clearly slower than another is *outpaced*, a pair is *resolved* once the one the decision prefers
+is surely within what the pair allows of the other (``_rules.is_open``), and a candidate whose pairs are all
+resolved is *settled*. Pairs are ordered on the rounds they share, as the ratio of their mean step times, less the
+rounds a disturbance of the machine slowed (``_stats.machine_tails``, judged once per look over every candidate of
+the comparison). The rounds are timed by ``measure.interleave``.
 """
 
 from __future__ import annotations
@@ -62,9 +64,10 @@ class Comparisons(Generic[K]):
     indifference: Callable[[K, K], float] = lambda a, b: INDIFFERENCE
 
 
-def ranked(series: Mapping[K, Series[K]], keys: list[K]) -> list[K]:
-    """``keys`` fastest first, by their paired ratios to the longest-timed of them (:func:`_stats.paired_scores`)."""
-    scores = _stats.paired_scores({k: series[k].round_ms for k in keys})
+def ranked(series: Mapping[K, Series[K]], keys: list[K], tails: _stats.Tails[K] | None = None) -> list[K]:
+    """``keys`` fastest first, by their paired ratios to the longest-timed of them (:func:`_stats.paired_scores`;
+    ``tails``: the look's, default judged over ``keys``)."""
+    scores = _stats.paired_scores({k: series[k].round_ms for k in keys}, tails)
     return sorted(keys, key=scores.__getitem__)
 
 
@@ -114,21 +117,23 @@ def _outpace(series: dict[K, Series[K]], active: list[K], comparisons: Compariso
                 active.remove(key)
 
 
-def _order(series: Mapping[K, Series[K]], keys: list[K], comparisons: Comparisons[K]) -> list[K]:
+def _order(series: Mapping[K, Series[K]], keys: list[K], comparisons: Comparisons[K],
+           tails: _stats.Tails[K]) -> list[K]:
     """``keys`` as a decision prefers them: the one a tie goes to first, else the faster on the rounds the two
     share (their paired estimate: one no longer timed keeps its place against another still timed)."""
     def before(a: K, b: K) -> int:
         winner = comparisons.tie_winner(a, b)
         if winner is not None:
             return -1 if winner == a else 1
-        estimate = _stats.ratio_interval(series[a].round_ms, series[b].round_ms)[0]
+        estimate = _stats.ratio_interval(series[a].round_ms, series[b].round_ms,
+                                         left_out=_left_out(series, a, b, tails))[0]
         return (estimate > 1) - (estimate < 1)
 
     return sorted(keys, key=functools.cmp_to_key(before))
 
 
-def _pairs(series: Mapping[K, Series[K]], keys: list[K],
-           comparisons: Comparisons[K]) -> tuple[K, dict[tuple[K, K], frozenset[K] | None]]:
+def _pairs(series: Mapping[K, Series[K]], keys: list[K], comparisons: Comparisons[K],
+           tails: _stats.Tails[K]) -> tuple[K, dict[tuple[K, K], frozenset[K] | None]]:
     """The pick among ``keys`` (the decision's rule on the estimates so far), and every pair the stage decides,
     each as (the one the decision prefers, the other) with the pair it matters through (None: by itself).
 
@@ -136,29 +141,48 @@ def _pairs(series: Mapping[K, Series[K]], keys: list[K],
     overall pick. Where the pick is not the fastest, each is paired with the fastest too, which matters only while
     the pick's own pair with the fastest is open: the fastest may yet beat the pick, and one no longer timed must
     not become the pick unresolved then. Another candidate matters against the pick only while its pair with the
-    fastest is open: resolved, the pick's pair with the fastest answers for it. Any two candidates share one pair
-    at most."""
+    fastest is open: resolved, the pick's pair with the fastest answers for it. So is the fastest on a typical
+    round (:func:`_typically_fastest`), where it is another: one slow round moves the means' order in the first
+    looks, and a candidate resolved only against a pick that the true leader drops later would have left the
+    rounds with its pair against that leader open. Any two candidates share one pair at most."""
     groups: dict[Hashable, list[K]] = {}
     for key in keys:
         groups.setdefault(comparisons.group(key), []).append(key)
     pairs: dict[tuple[K, K], frozenset[K] | None] = {}
 
     def against(members: list[K]) -> K:
-        order = _order(series, members, comparisons)
+        order = _order(series, members, comparisons, tails)
         place = {key: index for index, key in enumerate(order)}
-        pick, fastest = order[0], ranked(series, members)[0]
+        pick, fastest = order[0], ranked(series, members, tails)[0]
+        rivals = list(dict.fromkeys((fastest, _typically_fastest(series, pick, members))))
         for key in members:
             if key == pick:
                 continue
             pairs[(pick, key)] = frozenset((key, fastest)) if key != fastest else None
-            if fastest not in (pick, key):
-                pairs[(key, fastest) if place[key] < place[fastest] else (fastest, key)] = frozenset((pick, fastest))
+            for rival in rivals:
+                if rival not in (pick, key):
+                    pairs.setdefault((key, rival) if place[key] < place[rival] else (rival, key),
+                                     frozenset((pick, rival)))
         return pick
 
     picks = [against(members) for members in groups.values()]
     if comparisons.across_groups:
         return against(picks), pairs
-    return _order(series, picks, comparisons)[0], pairs
+    return _order(series, picks, comparisons, tails)[0], pairs
+
+
+def _typically_fastest(series: Mapping[K, Series[K]], pick: K, keys: list[K]) -> K:
+    """The one of ``keys`` fastest on a typical round: the lowest median of its rounds' ratios to ``pick``'s same
+    rounds (``pick`` itself at 1), which no single slow round moves, as it moves a ratio of means."""
+    def typical(key: K) -> float:
+        mine, theirs = series[key].round_ms, series[pick].round_ms
+        return 1.0 if key == pick else _stats.median([a / b for a, b in zip(mine, theirs, strict=False)])
+
+    return min(keys, key=typical)
+
+
+def _left_out(series: Mapping[K, Series[K]], a: K, b: K, tails: _stats.Tails[K]) -> frozenset[int]:
+    return _stats.left_out(tails, a, b, min(len(series[a].round_ms), len(series[b].round_ms)))
 
 
 @dataclass(frozen=True)
@@ -199,9 +223,11 @@ class Verdict(Generic[K]):
 
 
 def verdict(series: Mapping[K, Series[K]], first: K, other: K, comparisons: Comparisons[K],
-            alpha: float) -> Verdict[K]:
-    """The pair of ``first`` (the one the decision prefers) and ``other`` on the rounds both have."""
-    ratio = _stats.ratio_interval(series[first].round_ms, series[other].round_ms, alpha=alpha)
+            alpha: float, tails: _stats.Tails[K]) -> Verdict[K]:
+    """The pair of ``first`` (the one the decision prefers) and ``other`` on the rounds both have, less those the
+    machine's disturbances slowed (``tails``: :func:`_stats.machine_tails` over the look's series)."""
+    ratio = _stats.ratio_interval(series[first].round_ms, series[other].round_ms, alpha=alpha,
+                                  left_out=_left_out(series, first, other, tails))
     _, low, high = ratio
     margin, indifference = comparisons.margin(first, other), comparisons.indifference(first, other)
     tie_to_first = comparisons.tie_winner(first, other) == first
@@ -238,13 +264,16 @@ def look(series: dict[K, Series[K]], active: list[K], comparisons: Comparisons[K
     # split is fixed at the look's start, so a pair decided again after a drop spends no more than its share (on
     # the same rounds at the same alpha, the same verdict).
     alpha = _stats.ALPHA_PER_LOOK / max(1, sum(s.dropped is None and s.outpaced is None for s in series.values()) - 1)
+    # Which slow rounds the machine caused is judged over every series of the comparison, not pair by pair.
+    tails = _stats.machine_tails({k: s.round_ms for k, s in series.items()})
+
     while True:
         # A settled candidate's pairs were resolved: the open ones are decided against the leaders still timed (a
         # leader no longer timed would leave its rivals' pairs open with no rounds to close them).
         contenders = [k for k, s in series.items() if s.dropped is None and s.outpaced is None]
         timed = [k for k in contenders if k in active] or contenders
-        pick, pairs = _pairs(series, timed, comparisons)
-        verdicts = [verdict(series, first, other, comparisons, alpha) for first, other in pairs]
+        pick, pairs = _pairs(series, timed, comparisons, tails)
+        verdicts = [verdict(series, first, other, comparisons, alpha, tails) for first, other in pairs]
         fallen = [(v, v.clearly) for v in verdicts if v.clearly is not None]
         for one, slower in fallen:
             faster = one.pair[1] if slower == one.pair[0] else one.pair[0]
@@ -270,8 +299,8 @@ def look(series: dict[K, Series[K]], active: list[K], comparisons: Comparisons[K
     racing = [v for v in racing if all(comparisons.group(k) in contending for k in v.pair)]
     # The decision's pick (one settled may be it), and what it rests on: its pair with each candidate of its
     # group and with each other group's pick.
-    pick, pairs = _pairs(series, contenders, comparisons)
-    verdicts = [verdict(series, first, other, comparisons, alpha) for first, other in pairs]
+    pick, pairs = _pairs(series, contenders, comparisons, tails)
+    verdicts = [verdict(series, first, other, comparisons, alpha, tails) for first, other in pairs]
     return Standing(pick, [v for v in _open(verdicts, pairs) if v.pair[0] == pick], racing)
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import math
 import random
+import statistics
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, model_validator
 from autotune import _stats
 from autotune._lab.looks import Comparisons, Dropped, K, Series, Standing, Verdict, drop_far_behind, look
 from autotune._records import MachineLoad, NoiseCause
+from autotune._rules import known
 
 
 class Clock(Protocol):
@@ -154,6 +156,8 @@ class Interleaved(Generic[K]):
     unresolved_gap: bool = False
     #: what the operating system saw during the rounds (None: it says nothing)
     load: MachineLoad | None = None
+    #: the final comparison's pick at its last look (None in a pruning stage)
+    pick: K | None = None
 
 
 def noise(control_ms: list[float], loads: list[MachineLoad], settings: MeasureSettings) -> list[NoiseCause]:
@@ -284,7 +288,7 @@ def interleave(
                 if spans:
                     untimed_s += clock() - share_started - sum(samples)
             paused = False
-            series[key].round_ms.append(1000 * _stats.median(samples))
+            series[key].round_ms.append(1000 * statistics.fmean(samples))  # the round's time over its steps
             if sampled is not None:
                 sampled(key)
         share = settings.control_share
@@ -338,7 +342,39 @@ def interleave(
     noisy = bool(noise(control_ms, [load] if load is not None else [], settings))
     return Interleaved(series, control_ms, noisy, rounds, clock() - started - untimed_s,
                        open_pairs=[v.pair for v in standing.open],
-                       unresolved_gap=any(frozenset(v.pair) in capped for v in standing.open), load=load)
+                       unresolved_gap=any(frozenset(v.pair) in capped for v in standing.open), load=load,
+                       pick=standing.pick)
+
+
+def ratio_known(steps: Mapping[K, Steppable], *, estimate_s: Mapping[K, float], clock: Clock,
+                settings: MeasureSettings, error: float, cap_s: float) -> dict[K, Series[K]] | None:
+    """Time two candidates in interleaved rounds until the ratio of the first's mean step time to the second's
+    is known within ``error`` at a look (``_rules.known``: its interval at one look's error), e.g. a headline's; None
+    once the rounds it would still take (the interval narrows as one over the root of the rounds) would run past
+    ``cap_s`` seconds, or at the last look."""
+    first, second = steps
+    series: dict[K, Series[K]] = {
+        key: Series(steps_per_round=steps_per_sample(step, estimate_s[key], settings)) for key, step in steps.items()
+    }
+    order = random.Random(settings.order_seed)
+    started = clock()
+    for rounds in range(1, settings.max_rounds + 1):
+        for key in order.sample([first, second], 2):
+            with steps[key].selected():
+                samples = per_step_s(steps[key], clock, series[key].steps_per_round, spans=steps[key].asynchronous)
+            series[key].round_ms.append(1000 * statistics.fmean(samples))
+        if rounds not in _stats.LOOKS:
+            continue
+        ratio = _stats.ratio_interval(series[first].round_ms, series[second].round_ms)
+        if known(ratio, error):
+            return series
+        # One round's spread in log units, from the interval's half width and its t quantile, at the normal one.
+        alpha = _stats.ALPHA_PER_LOOK
+        spread = math.log(ratio[2] / ratio[1]) / 2 / _stats.t_quantile(1 - alpha, rounds - 1) * math.sqrt(rounds)
+        needed = (spread * _stats.t_quantile(1 - alpha, 10_000) / math.log1p(error)) ** 2
+        if (clock() - started) * max(needed, rounds + 1) / rounds > cap_s:
+            return None
+    return None
 
 
 def _worth(series: Mapping[K, Series[K]], standing: Standing[K], rounds: int, elapsed_s: float,
@@ -373,6 +409,7 @@ def _worth(series: Mapping[K, Series[K]], standing: Standing[K], rounds: int, el
 
 __all__ = [
     "Clock", "Comparisons", "Dropped", "Interleaved", "K", "MeasureSettings", "Runnable", "Series", "Steppable",
-    "Unwatched", "Watch", "Window", "control_shifted", "interleave", "noise", "per_step_s", "steps_per_sample",
+    "Unwatched", "Watch", "Window", "control_shifted", "interleave", "noise", "per_step_s", "ratio_known",
+    "steps_per_sample",
     "timed", "warm_up",
 ]

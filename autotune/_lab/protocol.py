@@ -13,7 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 from autotune._families import Family
 from autotune._fp32 import Fp32Settings
 from autotune._lab.measure import MeasureSettings
-from autotune._records import Candidate, CandidateResult, Drop, Failure, MachineLoad, NoiseCause, TraceReport
+from autotune._records import Candidate, CandidateResult, Drop, Failure, MachineLoad, NoiseCause
+from autotune._reports import TraceReport
 from autotune._variants import Facts, Search
 
 

@@ -24,12 +24,22 @@ from autotune._lab.measure import (
     Watch,
     interleave,
     noise,
+    ratio_known,
     warm_up,
 )
 from autotune._lab.plan import BASELINE, variants
 from autotune._lab.protocol import Begin, CalibrationSettings, Checkpoint, Done, Planned
 from autotune._lab.roster import Emit, Lab, Roster, evidence
-from autotune._records import Candidate, CandidateResult, ClockEvent, Drop, MachineLoad, NoiseCause, Timing
+from autotune._records import (
+    Candidate,
+    CandidateResult,
+    ClockEvent,
+    Drop,
+    Interval,
+    MachineLoad,
+    NoiseCause,
+    Timing,
+)
 
 FINAL_STAGE = 4
 
@@ -67,6 +77,9 @@ class Session:
         #: whether each accelerator's throttle reasons are read (``Lab.clock_check``); said once in the notes
         self.clock_checked: dict[str, bool] = {}
         self._last_stage = 1
+        #: when the search began, and the final comparison's pick (the headline's subject)
+        self.started = clock()
+        self.pick: Candidate | None = None
         self.excluded: set[Candidate] = set()
         #: devices far behind another one, with the evidence: it stays with the device when a later stage
         #: refines it on its own (a layout or thread-count variant does not close a 4x gap)
@@ -93,7 +106,7 @@ class Session:
             self.emit(Planned(candidates=candidates, stage=1, backend_notes=backend_notes))
             ready = self.roster.set_up(candidates, (0.0, 0.5 * span))
             alive = self._time(ready, 1, (0.5 * span, span))
-            self.roster.release(set(ready) - set(alive))
+            self.roster.release(set(ready) - set(alive) - {BASELINE})  # the headline's reference: cheap to hold
             self._checkpoint(1, alive)
         else:
             alive = self._resume(resume, resume.stage * span)
@@ -107,6 +120,11 @@ class Session:
         if self.roster.poisoned:
             return
         self._final(alive)
+        if self.pick is not None and not self.roster.poisoned:
+            self._headline(self.pick)
+        baseline = self.roster.results.get(BASELINE)
+        if baseline is not None and baseline.timing is not None and baseline.timing.dropped is not None:
+            self.roster.release({BASELINE})
         if self.roster.poisoned:
             return
         # The control judged over every stage's rounds together: a shift between stages counts too.
@@ -145,7 +163,7 @@ class Session:
             dropped = {c for c in group if c not in timed}
             alive = [c for c in alive if c not in dropped]
             alive += [c for c in group if c not in dropped and c not in alive]
-            self.roster.release(dropped)
+            self.roster.release(dropped - {BASELINE})
         return alive
 
     def _checkpoint(self, stage: int, alive: list[Candidate]) -> None:
@@ -233,6 +251,8 @@ class Session:
             watch=self.watch,
         )
         self.control_ms += timed.control_ms
+        if final:
+            self.pick = timed.pick
         if timed.load is not None:
             self.loads.append(timed.load.model_copy(update={"stage": stage}))
         self.timing_s += timed.elapsed_s
@@ -271,11 +291,56 @@ class Session:
         if len(alive) > 1:
             self._time(alive, FINAL_STAGE, (0.8, 1.0))
             return
+        self.pick = alive[0] if alive else None
         for candidate in alive:
             timing = self.roster.results[candidate].timing
             if timing is not None:
                 self.roster.results[candidate] = self.roster.results[candidate].model_copy(
                     update={"timing": timing.model_copy(update={"final": True})})
+
+    def _headline(self, pick: Candidate) -> None:
+        """Time ``pick`` against plain fp32 on its device, dropped before the final comparison after a few rounds,
+        until their ratio is known within ``_rules.HEADLINE_ERROR``, so the first figure a user reads is an
+        estimate, not the low end of a chain of intervals: fp32's evidence becomes that ratio. Only where it
+        costs at most ``_rules.HEADLINE_COST`` x the calibration's time so far (its set-up where it is not held:
+        fp32 on the CPU is, its warm-up and rounds), and on an accelerator only where both are still held; else the
+        notes say the headline stays a bound."""
+        reference = Candidate(device=pick.device, precision="fp32")
+        result = self.roster.results.get(reference)
+        if result is None or result.timing is None or result.timing.dropped is None or reference == pick:
+            return
+        stopped = result.timing.dropped
+        if stopped.by == pick and _rules.known((stopped.ratio.estimate, stopped.ratio.low, stopped.ratio.high)):
+            return
+        started = self.clock()
+        cap_s = _rules.HEADLINE_COST * (started - self.started)
+        series = None
+        # Built again on the CPU only: on an accelerator a build beside the pick could run out of its memory, and
+        # fail a candidate (or poison the device) that the search had timed and dropped cleanly.
+        held = all(c in self.roster.ready for c in (reference, pick)) or (
+            pick.device == "cpu" and (result.setup_s or 0.0) < cap_s)
+        if held and self.roster.rebuild([reference, pick], 1.0) == [reference, pick]:
+            settings = self._stage_settings(FINAL_STAGE).model_copy(update={"order_seed": FINAL_STAGE + 1})
+            warm = {c: warm_up(self.roster.ready[c].step, self.clock, self.roster.ready[c].recent_s, settings,
+                               steady_s=self._steady_s(c)) for c in (reference, pick)}
+            series = ratio_known({c: self.roster.ready[c].step for c in (reference, pick)},
+                                 estimate_s={c: _stats.median(times[-3:]) for c, times in warm.items()},
+                                 clock=self.clock, settings=settings, error=_rules.HEADLINE_ERROR,
+                                 cap_s=cap_s - (self.clock() - started))
+        self.roster.release({reference} - {BASELINE})
+        estimate, low, high = (_stats.ratio_interval(series[reference].round_ms, series[pick].round_ms)
+                               if series is not None else (0.0, 0.0, 0.0))
+        if series is None or low <= 1 + _rules.margin(reference, pick):
+            why = (f"which would cost more than {_rules.HEADLINE_COST:.0%} of the calibration's time" if held or
+                   pick.device == "cpu" else f"{reference.label} no longer held (built again beside the pick, it "
+                   "could run out of the device's memory)")
+            self.notes.append(f"{reference.label} against {pick.label}: their ratio not timed to within "
+                              f"{_rules.HEADLINE_ERROR:.0%}, {why}; the headline is a bound")
+            return
+        drop = Drop(by=pick, ratio=Interval(estimate=estimate, low=low, high=high),
+                    rounds=len(series[pick].round_ms), far_behind=False)
+        self.roster.results[reference] = result.model_copy(
+            update={"timing": result.timing.model_copy(update={"dropped": drop})})
 
     def _leader(self, alive: list[Candidate], device: str) -> Candidate:
         """The fastest live candidate on ``device`` among those timed last (it proposes the next variants), on

@@ -18,7 +18,8 @@ from torch.autograd.profiler_util import FunctionEventAvg
 from autotune._lab.prepare import classify
 from autotune._lab.protocol import TraceJob
 from autotune._lab.step import TrainStep
-from autotune._records import Failure, OperatorTime, TraceReport
+from autotune._records import Failure
+from autotune._reports import OperatorTime, TraceReport
 from autotune.backends import backend_for
 
 #: our own marker around each traced step, to find the steps in the timeline; not an operator

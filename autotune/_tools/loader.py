@@ -1,38 +1,24 @@
 """DataLoader settings measured against the training step's time, for one dataset: ``cfg.dataloader_kwargs(dataset,
 batch_size=64)``.
 
-For about ``BUDGET_S`` seconds it runs the loop as the user runs it, but for the step: a DataLoader over the user's
-dataset delivers batches that are copied to the config's device, each followed by the step time calibration
-recorded for the config (scaled to the loader's batch size) spent on the training's threads (``stand_in``), one
-setting after another. No model is built and nothing but a batch is placed on the device; nothing of the caller's
-process changes (``apart``): its random streams and generators are not drawn from, its sampler is copied, its
-``torch.backends`` settings are not touched, and its process never reads the dataset where workers are measured
-(what the measurement reads itself it reads in a forked process). Where the config has no step time (made by hand or
-by heuristic), the loader is measured alone and the fastest setting wins.
+For about ``BUDGET_S`` seconds it runs the loop as the user runs it, but for the step: the user's dataset in a
+DataLoader, each batch copied to the config's device and followed by the step time calibration recorded for the
+config (``stand_in``), one setting after another. No model is built; nothing of the caller's process changes
+(``apart``). Without a recorded step time (a Config made by hand or by heuristic) the loader is measured alone.
 
-Without workers first, then the most workers (the cores this process may use, its CPU quota included, or in a job of
-many processes its share of them; no more than fit in ``MEMORY_SHARE`` of the available memory), then the counts
-between, fewest first; on the CPU each worker count with the config's training threads and with fewer, leaving the
-workers their cores: workers and training threads share the cores, so they are measured together, never added up.
-Each setting is timed from its steady rate: once every worker has delivered its first batch, over at least two more
-of each worker's batches (two periods of the wave the workers load side by side) and ``SETTING_SHARE`` of the
-budget; each setting reads on where the last left off, so no setting reads what the page cache holds from another.
-Without workers the loop is its loading (timed apart, on one thread as a worker loads), its copy and its step, one
-after the other. A loop within ``KEEP_UP`` of its step keeps up: the cheapest setting that keeps up wins (costlier
-ones are not measured), else the fastest. The budget bounds which settings start, not a setting's window: the report
-says what the measurement cost (``wall_s``). Workers persist across epochs; memory is pinned where copies from it
-are asynchronous (CUDA, XPU); workers start as the user's DataLoader starts them: by the platform's default start
-method, or the ``multiprocessing_context`` fixed.
+The settings tried (``workers``): none, then the most workers, then the counts between; on the CPU each with the
+config's training threads and with fewer. Each is timed from its steady rate, over at least two of each worker's
+batches and ``SETTING_SHARE`` of the budget, reading on where the last left off. A loop within ``KEEP_UP`` of its
+step keeps up: the cheapest setting that keeps up wins (costlier ones are not measured), else the fastest. Where
+batches load slowly, the loop without workers tells how long the most workers' windows take, and the budget grows to
+that (logged); a setting starts only where its window fits the budget, and the report says what the measurement cost.
 
-A setting whose worker dies or stays silent for ``TIMEOUT_S`` is ruled out and reported, with the cause where one is
-found (workers started by spawn or forkserver that cannot receive the dataset: the exception pickling or unpickling
-it); an answer without workers because none could run is not kept, so the next call measures again; a dataset that
-raises surfaces as a :class:`DatasetError` (its exception the cause) and nothing is cached. Answers are kept per
-machine configuration, family, candidate and question (``autotune._cache.loader_answers``): the dataset by its
-type, length and first sample's structure without sizes (a random crop's size changes from run to run), the fixed
-arguments by what they are (a function or class by its name, a ``partial`` by its function and arguments).
+A setting whose workers die or stay silent is ruled out, with the cause where one is found; an answer without
+workers because none could run is not kept; a dataset that raises surfaces as a :class:`DatasetError` and nothing
+is cached. Answers are kept per machine configuration, family, candidate and question
+(``autotune._cache.loader_answers``): the dataset by its type, length and first sample's structure without sizes,
+the fixed arguments by what they are.
 """
-
 from __future__ import annotations
 
 import dataclasses
@@ -41,13 +27,10 @@ import functools
 import inspect
 import logging
 import math
-import multiprocessing
 import pickle
 import time
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
-from multiprocessing.connection import Connection
-from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 import torch
@@ -57,14 +40,16 @@ from autotune._cache.loader_answers import Answers
 from autotune._errors import ConfigurationError, DatasetError
 from autotune._families import get_family
 from autotune._fingerprint import default_threads
+from autotune._loop_wording import loader_reason
 from autotune._quota import usable_cores
-from autotune._records import Candidate, LoaderReport, LoaderTrial
+from autotune._records import Candidate
+from autotune._reports import LoaderReport, LoaderTrial
+from autotune._tools import workers as _workers
 from autotune._tools.apart import Continuing, Silent, Tick, apart, sampling, untouched
 from autotune._tools.question import dataset_signature, described, named
 from autotune._tools.stand_in import StandIn
 from autotune._variants import threads_per_process
-from autotune._wording import loader_reason
-from autotune.backends import _linux, backend_for, resolve_device
+from autotune.backends import backend_for, resolve_device
 
 log = logging.getLogger("autotune")
 
@@ -75,13 +60,8 @@ SETTING_SHARE = 0.1
 #: a loop at most this much slower per step than its step keeps up: without workers, its own steps (nothing else
 #: shares the cores, and the comparison is within one timed loop); with workers, the step alone (they may slow it)
 KEEP_UP = 0.10
-#: a worker silent this long is ruled out (DataLoader's ``timeout``)
-TIMEOUT_S = 30.0
 #: a deeper prefetch tried for a winner that does not keep up: it absorbs uneven batches, not slow ones
 DEEP_PREFETCH = 4
-#: the workers together are measured within this share of the memory available: the training, its batches and the
-#: page cache need the rest
-MEMORY_SHARE = 0.5
 #: bumped when what a stored answer means changes (2: workers start as the user's DataLoader starts them; the
 #: dataset is keyed without its sample's sizes, the fixed arguments by what they are; 3: the step is the recorded
 #: step time, each setting timed over two periods of its workers' wave, the copy to the device included)
@@ -102,7 +82,7 @@ def report(candidate: Candidate, model_kind: str, digest: str, dataset: Any, *, 
     ``processes``: the job's processes on this machine, each loading with its share of the cores (its workers and
     its training threads beside the others')."""
     _validate(batch_size, key, fixed, budget_s)
-    method = _start_method(fixed)
+    method = _workers.start_method(fixed)
     signature, keyed, length = dataset_signature(dataset, method=method)
     family = get_family(model_kind)
     question = "|".join([family.name, family.ref, family.version or "", candidate.label,
@@ -113,7 +93,7 @@ def report(candidate: Candidate, model_kind: str, digest: str, dataset: Any, *, 
     cores = threads_per_process(usable_cores(), processes)
     measured = _measure(candidate, model_kind, dataset, signature, length, batch_size=batch_size, fixed=fixed,
                         method=method, step_ms=step_at(step_ms, family.default_batch_size(), batch_size),
-                        budget_s=budget_s, cores=cores, most_workers=_most_workers(cores, processes))
+                        budget_s=budget_s, cores=cores, most_workers=_workers.most_workers(cores, processes))
     if workers_failed(measured.trials):
         # the user's loop would lose its workers the same way until the cause is fixed: not kept as the best
         log.warning("%s: %s", model_kind, measured.reason)
@@ -184,7 +164,7 @@ def _measure(candidate: Candidate, model_kind: str, dataset: Any, signature: str
     needs_workers = fixed.get("num_workers", 0) > 0 or any(
         fixed.get(name) not in (None, False) for name in ("multiprocessing_context", "persistent_workers",
                                                           "prefetch_factor"))
-    counts = _worker_counts(most_workers, batches, fixed.get("num_workers"), zero=not needs_workers)
+    counts = _workers.worker_counts(most_workers, batches, fixed.get("num_workers"), zero=not needs_workers)
     setting_s = budget_s * SETTING_SHARE
     step = step_ms or 0.0  # unknown: the loader alone, and the fastest wins
     trials: list[LoaderTrial] = []
@@ -197,19 +177,27 @@ def _measure(candidate: Candidate, model_kind: str, dataset: Any, signature: str
         if "batch_sampler" not in loading:  # DataLoader refuses a batch size beside a batch sampler's batches
             loading["batch_size"] = batch_size
         timing = functools.partial(_trials, dataset, stand_in, loading=loading, pin=pin, method=method,
-                                   setting_s=setting_s, deadline=started + budget_s)
+                                   setting_s=setting_s)
         always = counts[:2] if counts[0] == 0 else counts[:1]  # no workers, and the most
         remaining = list(counts)
+        load_s = 0.0  # a batch's loading on one thread, once the loop without workers has told it
         while remaining:
             workers = remaining.pop(0)
-            if time.perf_counter() > started + budget_s and workers not in always:
+            tried = _workers.thread_counts(threads, workers, cores)
+            if workers not in always and time.perf_counter() + _window_s(
+                    workers, len(tried), load_s=load_s, step_s=step / 1000, setting_s=setting_s) > started + budget_s:
                 break
             if workers == 0:
                 trials.append(_alone(dataset, stand_in, loading, threads=threads, method=method,
                                      setting_s=setting_s))
+                if trials[-1].loop_ms is not None:
+                    load_s = max(0.0, trials[-1].loop_ms - step) / 1000
+                    budget_s = _stated(budget_s, time.perf_counter() - started, _window_s(
+                        max(counts), len(_workers.thread_counts(threads, max(counts), cores)), load_s=load_s,
+                        step_s=step / 1000, setting_s=setting_s))
             else:
                 try:
-                    trials += timing(workers, _thread_counts(threads, workers, cores), prefetch=2)
+                    trials += timing(workers, tried, prefetch=2, deadline=started + budget_s)
                 except _Unreceivable as exc:
                     if needs_workers:
                         raise DatasetError(named(dataset), f"the fixed arguments need workers, and {exc}") from exc
@@ -219,8 +207,11 @@ def _measure(candidate: Candidate, model_kind: str, dataset: Any, signature: str
                 break
         chosen = choose(trials, step)
         if (chosen is not None and chosen.num_workers and not keeps_up(chosen, step)
-                and "prefetch_factor" not in fixed and time.perf_counter() < started + budget_s):
-            trials += timing(chosen.num_workers, [chosen.num_threads], prefetch=DEEP_PREFETCH)
+                and "prefetch_factor" not in fixed and time.perf_counter() + _window_s(
+                    chosen.num_workers, 1, load_s=load_s, step_s=step / 1000, setting_s=setting_s)
+                <= started + budget_s):
+            trials += timing(chosen.num_workers, [chosen.num_threads], prefetch=DEEP_PREFETCH,
+                             deadline=started + budget_s)
             chosen = choose(trials, step)
     if chosen is None:
         raise DatasetError(named(dataset), "every setting was ruled out: " + "; ".join(
@@ -235,6 +226,24 @@ def _measure(candidate: Candidate, model_kind: str, dataset: Any, signature: str
                              workers_failed=workers_failed(trials), wall_s=wall_s, budget_s=budget_s),
         step_ms=step_ms, trials=trials, measured_at=at, wall_s=wall_s, budget_s=budget_s,
     )
+
+
+def _window_s(workers: int, thread_counts: int, *, load_s: float, step_s: float, setting_s: float) -> float:
+    """About how long ``workers`` take to be timed at ``thread_counts`` training thread counts: their first wave
+    (a batch's loading), then per count two periods of their wave (each worker's next two batches, or the steps
+    that consume them) and at least ``setting_s``."""
+    return load_s + thread_counts * max(setting_s, 2 * max(load_s, workers * step_s))
+
+
+def _stated(budget_s: float, elapsed_s: float, most_s: float) -> float:
+    """The budget once the loop without workers has run: what the most workers need to be timed, where that is
+    more than the budget left (slow batches), said in the log."""
+    if elapsed_s + most_s <= budget_s:
+        return budget_s
+    stated = math.ceil(elapsed_s + most_s)
+    log.info("measuring DataLoader settings for about %d s, not %g: batches this slow need that long for two "
+             "periods of the workers' wave", stated, budget_s)
+    return float(stated)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -256,7 +265,7 @@ def _alone(dataset: Any, stand_in: StandIn, loading: Mapping[str, Any], *, threa
     kwargs = {**loading, "num_workers": 0, "pin_memory": False}  # the copy is timed here, pinned where it would be
     try:
         loaded = apart(functools.partial(_load, kwargs=kwargs, setting_s=setting_s, keep=not stand_in.on_cpu),
-                       dataset, method=method, silent_s=TIMEOUT_S)
+                       dataset, method=method, silent_s=_workers.TIMEOUT_S)
     except Silent as exc:
         return LoaderTrial(num_workers=0, num_threads=threads, failure=f"loading without workers: {exc}")
     order.skip_to(loaded.taken)
@@ -298,7 +307,7 @@ def _trials(dataset: Any, stand_in: StandIn, workers: int, thread_counts: list[i
     ``deadline``), on one loader: its workers persist between them. Raises :class:`_Unreceivable` when workers
     started by ``method`` cannot be started with the dataset."""
     kwargs = {"num_workers": workers, "pin_memory": pin, "persistent_workers": True, "prefetch_factor": prefetch,
-              "timeout": TIMEOUT_S}
+              "timeout": _workers.TIMEOUT_S}
     loader = DataLoader(dataset, **{**kwargs, **loading})
     found: list[LoaderTrial] = []
     for threads in thread_counts:
@@ -311,7 +320,7 @@ def _trials(dataset: Any, stand_in: StandIn, workers: int, thread_counts: list[i
     del loader  # its workers end with it
     if found[-1].failure is not None and not found[-1].batches and method != "fork":
         # workers that died before their first batch, started by a method that pickles the dataset to them
-        why = _unreceived(dataset, method)
+        why = _workers.unreceived(dataset, method)
         if why is not None:
             raise _Unreceivable(why)
     return found
@@ -329,7 +338,7 @@ def _trial(loader: DataLoader[Any], stand_in: StandIn, workers: int, threads: in
     try:
         batches = iter(loader)
     except (TypeError, AttributeError, pickle.PicklingError) as exc:  # what DataLoader's worker start raises
-        raise _Unreceivable(_cannot_receive(method, f"{type(exc).__name__}: {exc}")) from exc
+        raise _Unreceivable(_workers.cannot_receive(method, f"{type(exc).__name__}: {exc}")) from exc
     except AssertionError as exc:  # multiprocessing's own: a daemonic process (a Pool's) may start no workers
         return LoaderTrial(num_workers=workers, num_threads=threads, failure=str(exc))
     start_s: float | None = None
@@ -385,99 +394,11 @@ def _next(loader: DataLoader[Any], batches: Iterator[Any], workers: int, count: 
         raise _raised(loader, exc, workers, count) from exc
 
 
-def _unreceived(dataset: Any, method: str) -> str | None:
-    """Why worker processes started by ``method`` cannot be started with ``dataset``, found by starting one process
-    the same way that unpickles it (spawned and forkserver workers import what its pickle names: a class defined in
-    ``__main__`` of ``python -c`` or a notebook is not there); None where that process receives it, or says nothing
-    within ``TIMEOUT_S``."""
-    context = multiprocessing.get_context(method)
-    receiving, sending = context.Pipe(duplex=False)
-    # every context has Process; typeshed's BaseContext, for a method named at run time, does not say so
-    process = context.Process(  # type: ignore[attr-defined]
-        target=_receive, args=(bytes(ForkingPickler.dumps(dataset)), sending), daemon=True)
-    process.start()
-    sending.close()
-    try:
-        if not receiving.poll(TIMEOUT_S):
-            return None  # still starting: the workers' death is not the dataset's to explain
-        unpickled: str | None = receiving.recv()
-    except EOFError:  # it exited before the dataset (in a script without a __main__ guard, Python says why on stderr)
-        return None
-    finally:
-        receiving.close()
-        process.kill()
-        process.join()
-    return None if unpickled is None else _cannot_receive(method, unpickled)
-
-
-def _receive(payload: bytes, sending: Connection) -> None:
-    """In a process started as a worker is: unpickle the dataset, and send back what that raised (None: nothing)."""
-    try:
-        pickle.loads(payload)
-    except Exception as exc:  # whatever unpickling the user's dataset raises is the workers' cause
-        sending.send(f"{type(exc).__name__}: {exc}"[:300])
-    else:
-        sending.send(None)
-
-
-def _cannot_receive(method: str, why: str) -> str:
-    return (f"worker processes started by {method} cannot receive the dataset ({why[:300]}): define its class and "
-            "what it holds in a module they can import, no lambdas or nested functions")
-
-
 def _raised(loader: DataLoader[Any], exc: BaseException, workers: int, count: int) -> DatasetError:
     # from a worker, DataLoader raises the same type with the worker's traceback: its last line is the message
     message = str(exc).strip().split("\n")[-1].removeprefix(f"{type(exc).__name__}: ")[:300]
     return DatasetError(named(loader.dataset), f"loading batch {count + 1} at num_workers={workers} raised "
                         f"{type(exc).__name__}: {message}")
-
-
-# -- the settings ---------------------------------------------------------------------------------------------
-
-
-def _most_workers(cores: int, processes: int) -> int:
-    """The most workers measured, e.g. 2 in a ``--cpus=2`` container on a 96-core host: one per core this process
-    may use (``cores``: its affinity, its CPU quota, its share in a job of ``processes``), no more than fit in
-    ``MEMORY_SHARE`` of the memory available to its share, each counted at this process's own resident memory (a
-    forked worker comes to hold what it writes of it, Python's reference counts included; a spawned one imports
-    torch and the dataset again); at least one. Where the memory is not known (not Linux), the cores alone."""
-    available = backend_for("cpu").free_memory_bytes("cpu")
-    worker_bytes = _linux.anonymous_bytes()
-    if available is None or not worker_bytes:
-        return max(1, cores)
-    return max(1, min(cores, int(available * MEMORY_SHARE / processes) // worker_bytes))
-
-
-def _worker_counts(most: int, batches: int, fixed: int | None, *, zero: bool) -> list[int]:
-    """The worker counts in the order they are measured: none, the most (``most``, fewer where there are fewer
-    batches), then the ones between, fewest first."""
-    if fixed is not None:
-        return [fixed]
-    most = max(1, min(most, batches))
-    between = sorted({2**i for i in range(most.bit_length()) if 2**i < most})
-    return [*([0] if zero else []), most, *between]
-
-
-def _thread_counts(threads: int | None, workers: int, cores: int) -> list[int | None]:
-    """The training's CPU threads to measure with ``workers``: fewer where the workers would leave the training
-    fewer of its ``cores`` (first: oversubscribed cores stall every parallel region), then the config's; the
-    accelerators' are left as they are."""
-    if threads is None or not workers:
-        return [threads]
-    fewer = max(1, min(threads, cores - workers))
-    return [threads] if fewer == threads else [fewer, threads]
-
-
-def _start_method(fixed: Mapping[str, Any]) -> str:
-    """How the user's DataLoader will start its workers, e.g. ``'fork'``: by the ``multiprocessing_context`` fixed,
-    else by this program's default. The measurement passes none of its own: forked workers in a process that
-    trains on CUDA are PyTorch's normal case (they do CPU work), and spawn would lose the datasets and transforms
-    defined in ``__main__`` that the user's loop loads."""
-    given = fixed.get("multiprocessing_context")
-    if given is not None:
-        return given if isinstance(given, str) else str(given.get_start_method())
-    # the first of get_all_start_methods() is the platform's default; get_start_method() would fix it for good
-    return multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_all_start_methods()[0]
 
 
 # -- checking and describing ----------------------------------------------------------------------------------
@@ -508,6 +429,6 @@ def _validate(batch_size: object, key: object, fixed: Mapping[str, Any], budget_
 
 
 __all__ = [
-    "BUDGET_S", "DEEP_PREFETCH", "KEEP_UP", "MEASUREMENT_VERSION", "MEMORY_SHARE", "SETTING_SHARE", "TIMEOUT_S",
+    "BUDGET_S", "DEEP_PREFETCH", "KEEP_UP", "MEASUREMENT_VERSION", "SETTING_SHARE",
     "choose", "keeps_up", "report", "step_at", "workers_failed",
 ]

@@ -24,7 +24,8 @@ from autotune._errors import BatchSizeUnsupportedError, ConfigurationError, MaxB
 from autotune._families import get_family
 from autotune._fingerprint import fingerprint
 from autotune._lab.protocol import MemoryProbed, MemoryProbeJob
-from autotune._records import PRECISIONS, Candidate, MaxBatchReport, MemoryLine, MemoryProbe, Precision
+from autotune._records import PRECISIONS, Candidate, Precision
+from autotune._reports import MaxBatchReport, MemoryLine, MemoryProbe
 from autotune._wording import mib_words
 
 log = logging.getLogger("autotune")

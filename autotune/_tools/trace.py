@@ -15,7 +15,7 @@ from autotune._calibrate import new_worker
 from autotune._errors import ConfigurationError
 from autotune._families import get_family
 from autotune._lab.protocol import TraceJob
-from autotune._records import TraceReport
+from autotune._reports import TraceReport
 
 log = logging.getLogger("autotune")
 

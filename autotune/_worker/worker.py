@@ -44,7 +44,8 @@ from autotune._lab.protocol import (
 )
 from autotune._lab.retime import check
 from autotune._lab.trace import traced_or_failure
-from autotune._records import Candidate, CandidateResult, Failure, FamilyResult, TraceReport
+from autotune._records import Candidate, CandidateResult, Failure, FamilyResult
+from autotune._reports import TraceReport
 from autotune._version import __version__
 from autotune._worker.launch import worker_argv
 from autotune._worker.process import Attempt, Event, Process, Progress, record, start_advice

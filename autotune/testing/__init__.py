@@ -4,24 +4,37 @@ here (:mod:`autotune.testing.simulate`) drive the real measurement, search and d
 
 from __future__ import annotations
 
-from autotune import _answer, _background, _config, _fingerprint
-from autotune._cache import demotions, exchange, lookup
+from autotune import _answer, _background, _calibrate, _config, _env, _fingerprint
+from autotune._cache import demotions, exchange, freshness, locks, lookup, sidefiles
 from autotune._families import reset_registry
+from autotune._guard import model
+from autotune._ranks import group
+from autotune._worker import launch
 
 
 def reset_state() -> None:
-    """Forget what this process keeps between calls: its background calibrations (cancelled, waited for), the
-    decision memo and the stores, demotions it could not write, families it registered, ``use_defaults``, and the
-    budget its fingerprint read (environment, affinity, CPU quota, torch's thread count).
-    Tests call it around each test, which runs in a cache directory of its own."""
+    """Forget what this process keeps between calls, through each module's own reset: its background calibrations
+    (cancelled, waited for), a worker started early that no one took, its job of many processes, the decision memo
+    and the stores, side-file changes it could not write and the warnings it gave, families it registered and the
+    signatures of their models, ``use_defaults``, the settings it checked, and the budget its fingerprint read
+    (environment, affinity, CPU quota, torch's thread count). Tests call it around each test, which runs in a cache
+    directory of its own."""
     _background.cancel_all(timeout_s=60)
+    _calibrate.reset()
+    launch.discard()
+    group.leave()
     _answer.forget()
     _config.forget()
     _fingerprint.forget()
+    _env.reset()
     lookup.reset()
     demotions.reset()
+    sidefiles.reset()
+    locks.reset()
+    freshness.reset()
     exchange.reset()
     reset_registry()
+    model.forget()
 
 
 __all__ = ["reset_state"]

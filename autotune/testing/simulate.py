@@ -49,6 +49,10 @@ class CandidateTruth:
     #: this candidate's own heavy tail (share of its steps hit, how much slower), on top of the machine's
     outlier_rate: float = 0.0
     outlier_factor: float = 3.0
+    #: every ``stall_every``-th step of this candidate (its own count) takes ``stall_ms`` more: an allocator that
+    #: returns memory every few steps, a periodic synchronisation; its training loop pays them
+    stall_every: int = 0
+    stall_ms: float = 0.0
     #: on an accelerator, the host's time to launch one step's kernels: a loop's launches overlap the device's
     #: work, so a step there takes the longer of the two (``step_ms`` is the device's)
     launch_ms: float = 0.0
@@ -216,13 +220,16 @@ class Truth:
         return base * math.prod(self.variant_launch_factors.get(word, 1.0) for word in candidate.variants)
 
     def step_ms(self, candidate: Candidate) -> float:
-        """The candidate's true median step time in a training loop: on an accelerator the longer of its launch
+        """The candidate's true mean step time in a training loop: on an accelerator the longer of its launch
         and its device time, which overlap; on a pipelined one, a loop's step that copies its batches as a fast
-        loop does (``non_blocking`` where the backend's copies allow it)."""
+        loop does (``non_blocking`` where the backend's copies allow it); with its own heavy tail and stalls,
+        which the loop pays."""
         loop = self.loop(candidate, copies_wait=not backend_for(candidate.device).async_copies)
-        if loop is None:
-            return max(self.compute_ms(candidate), self.launch_ms(candidate))
-        return 1000 * loop_step_s(loop)
+        typical = max(self.compute_ms(candidate), self.launch_ms(candidate)) if loop is None else (
+            1000 * loop_step_s(loop))
+        own = self.candidates[candidate.base]
+        stalls = own.stall_ms / own.stall_every if own.stall_every else 0.0
+        return typical * (1 + own.outlier_rate * (own.outlier_factor - 1)) + stalls
 
     def loop(self, candidate: Candidate, *, copies_wait: bool) -> Loop | None:
         """How ``candidate``'s steps run on a pipelined accelerator; None on the CPU or an unpipelined truth."""
@@ -383,6 +390,8 @@ class _FakeStep:
         if self.own is not None:
             if self.own.outlier_rate and weather.rng.random() < self.own.outlier_rate:  # no draw when no tail
                 value *= self.own.outlier_factor
+            if self.own.stall_every and (self.steps + 1) % self.own.stall_every == 0:
+                value += self.own.stall_ms / 1000
             if weather.last_step is not self:
                 value *= 1 + truth.switch_penalty
             value *= 1 + truth.warmup_penalty * 0.5 ** self.steps
