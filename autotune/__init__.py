@@ -27,12 +27,12 @@ _quiet_numpy()
 # The public names load on first use (PEP 562): ``python -m autotune`` starts its calibration worker before
 # anything here imports torch, so the two imports overlap (``autotune._worker.launch``).
 _WHERE = {
-    "best_config": "_answer",
+    "best_config": "_config",
     "freeze_support": "_lab.entry", "set_worker_python": "_lab.entry",
     "clear_cache": "_cache.lookup", "export_results": "_cache.lookup", "import_results": "_cache.lookup",
     "trace": "_tools.trace",
     "CalibrationJob": "_background", "start_calibration": "_background",
-    "CalibrationProgress": "_calibrate", "CalibrationReport": "_calibrate", "calibrate": "_calibrate",
+    "CalibrationProgress": "_calibrate", "CalibrationReport": "_background", "calibrate": "_background",
     "Config": "_config",
     **dict.fromkeys([
         "AutotuneError", "BatchSizeUnsupportedError", "CalibrationCancelled", "CalibrationError",
@@ -52,18 +52,14 @@ _WHERE = {
     **dict.fromkeys(["LoaderReport", "LoaderTrial", "LoopSummary", "MaxBatchReport", "MemoryLine", "MemoryProbe",
                      "OperatorTime", "TraceReport"], "_reports"),
 }
-#: a guard answers again through the module that answers, which registers itself when it loads: a Config or a
-#: Guard made by hand loads it first
-_ANSWERING_FIRST = frozenset({"Config", "Guard", "GuardCallback"})
 
 
 if TYPE_CHECKING:
-    from autotune._answer import best_config
-    from autotune._background import CalibrationJob, start_calibration
+    from autotune._background import CalibrationJob, CalibrationReport, calibrate, start_calibration
     from autotune._cache.exchange import use_defaults
     from autotune._cache.lookup import clear_cache, export_results, import_results
-    from autotune._calibrate import CalibrationProgress, CalibrationReport, calibrate
-    from autotune._config import Config
+    from autotune._calibrate import CalibrationProgress
+    from autotune._config import Config, best_config
     from autotune._errors import (
         AutotuneError,
         BatchSizeUnsupportedError,
@@ -110,8 +106,6 @@ else:  # type checkers see the imports above: a misspelt name stays an error the
             # A frozen app started as autotune's worker that did not call freeze_support exits here, saying why.
             _importlib.import_module("autotune._lab.entry").not_a_worker()
         _quiet_numpy()
-        if name in _ANSWERING_FIRST:
-            _importlib.import_module("autotune._answer")
         value = getattr(_importlib.import_module(f"autotune.{module}"), name)
         globals()[name] = value  # once: later lookups do not come here
         return value

@@ -1,4 +1,4 @@
-"""One way to an answer: a family on this machine -> a Config.
+"""One way to an answer: a family on this machine -> a Decision (``autotune.best_config`` makes it a Config).
 
 From the cache when a measurement of this machine configuration still answers (``_cache.freshness``), through
 the one miss path (``_calibrate.ensure_measured``) when it does not and measuring is allowed, else from what
@@ -17,15 +17,15 @@ from typing import TYPE_CHECKING
 
 from torch import nn
 
-from autotune import _env, _fallback
+from autotune import _env
 from autotune._cache import demotions as _demotions
 from autotune._cache import exchange as _exchange
 from autotune._cache import lookup as _lookup
 from autotune._cache.freshness import family_key, fresh_until, freshness, now_utc, rules_change
 from autotune._cache.locks import held_elsewhere
 from autotune._cache.store import Store
-from autotune._config import Config
 from autotune._decide import PREFERENCES, decide, finalists, restate, step_ms
+from autotune._decision import Decision
 from autotune._errors import CalibrationError, ConfigurationError
 from autotune._families import Family, family_names, get_family
 from autotune._fingerprint import Fingerprint, fingerprint
@@ -40,9 +40,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("autotune")
 
-#: what a decision read -> (the Config, when a transient failure makes it due for a retry); a write by any process
+#: what a decision read -> (the Decision, when a transient failure makes it due for a retry); a write by any process
 #: changes a stamp in the key, which is the only check a repeated call pays for besides the fingerprint
-_decisions: dict[tuple[object, ...], tuple[Config, dt.datetime | None]] = {}
+_decisions: dict[tuple[object, ...], tuple[Decision, dt.datetime | None]] = {}
 
 
 def _validate(prefer: str, expected_steps: int | None) -> None:
@@ -54,31 +54,11 @@ def _validate(prefer: str, expected_steps: int | None) -> None:
         raise ConfigurationError("expected_steps", expected_steps, "a positive int or None")
 
 
-def best_config(
+def best_decision(
     model_kind: str, *, model: nn.Module | None = None, prefer: Prefer = "auto", expected_steps: int | None = None,
     calibrate_on_miss: bool = True, wait: bool = True, distributed: bool | None = None,
-) -> Config:
-    """The fastest correct device and precision for ``model_kind`` on this machine.
-
-    Answered from the cache when this machine (its fingerprint) has measured this family before, or from the
-    defaults layer (``AUTOTUNE_DEFAULTS``) when it holds a record of exactly this machine configuration;
-    otherwise the family is calibrated first (seconds to a minute). ``wait=False`` never measures and never
-    waits for another process's calibration: without a measurement it answers at once with a ``heuristic``
-    Config whose reason says why ("calibration running", "not measured yet") and what it is based on (a
-    record of the same hardware with other software, else fp32 on the CPU); ``calibrate_on_miss=False`` is the
-    older spelling. ``prefer``: "auto", "cpu", "gpu" (whichever accelerator is here) or a backend's name, "cuda",
-    "mps" or "xpu", the words ``AUTOTUNE_DEVICE`` takes; ``expected_steps`` makes set-up cost count for short
-    jobs. The answer leaves out what training runs demoted here for ``model`` (an ``nn.Module``; by default the
-    model the family builds).
-
-    In a job of many processes (torchrun, ``accelerate launch``, Lightning under torchrun: the launcher's ``RANK``
-    and ``WORLD_SIZE``, or torch.distributed's default group of more than one) every rank calls it with the same
-    arguments, in the same order (else every rank raises :class:`RanksError`, naming both): each machine's first
-    rank measures, a CPU candidate timed while as many copies of its step run as the machine has processes, and
-    every rank gets rank 0's machine's choice on its own device (``cuda:LOCAL_RANK``) and its machine's CPU thread
-    count (``Config.ranks`` says where it stands). ``distributed=False`` answers for this process alone;
-    ``distributed=True`` raises :class:`RanksError` outside a job.
-    """
+) -> Decision:
+    """What :func:`autotune.best_config` answers, as the decision it wraps in a Config (its arguments checked here)."""
     _validate(prefer, expected_steps)
     signature = None
     if model is not None:
@@ -94,7 +74,7 @@ def best_config(
 
 
 def answer(family: Family, *, prefer: Prefer = "auto", expected_steps: int | None = None, may_measure: bool = True,
-           unmeasured: str | None = None, model: str | None = None, distributed: bool | None = None) -> Config:
+           unmeasured: str | None = None, model: str | None = None, distributed: bool | None = None) -> Decision:
     """``best_config`` of a resolved family, with validated arguments. ``may_measure``: a miss goes through the
     miss path; else it falls back, saying why (``unmeasured``; by default what wait=False sees). ``model``: the
     signature of the model whose demotions apply (None: the family's own)."""
@@ -118,7 +98,7 @@ def answer(family: Family, *, prefer: Prefer = "auto", expected_steps: int | Non
         return cached[0]
     measured = _measured(family, fp, store, prefer=prefer, expected_steps=expected_steps, may_measure=may_measure,
                          unmeasured=unmeasured, model=model)
-    if isinstance(measured, Config):
+    if isinstance(measured, Decision):
         return measured
     memo = (*memo[:-1], store.stamp(fp.digest))  # what it read now, which a measurement just wrote
     config = decided(measured, prefer=prefer, expected_steps=expected_steps, forced_device=forced, digest=fp.digest,
@@ -129,9 +109,9 @@ def answer(family: Family, *, prefer: Prefer = "auto", expected_steps: int | Non
 
 
 def _measured(family: Family, fp: Fingerprint, store: Store, *, prefer: Prefer, expected_steps: int | None,
-              may_measure: bool, unmeasured: str | None, model: str | None) -> FamilyResult | Config:
+              may_measure: bool, unmeasured: str | None, model: str | None) -> FamilyResult | Decision:
     """The measurements of ``family`` that answer on ``fp``'s machine configuration, measured first on a miss where
-    ``may_measure``; else the Config that falls back (:func:`fallback`; without ``model``'s demotions)."""
+    ``may_measure``; else the Decision that falls back (:func:`fallback`; without ``model``'s demotions)."""
     key = family_key(family)
     measured = _lookup.known(fp, store, family.name)
     verdict = freshness(measured, key, now_utc()) if measured is not None else None
@@ -168,7 +148,7 @@ def _machine(job: JobGroup, family: Family, *, prefer: Prefer, expected_steps: i
     forced = _env.DEVICE.get()
     own = {}
     for member in job.machine:
-        if isinstance(measured, Config):
+        if isinstance(measured, Decision):
             own[member.local_rank] = measured.model_copy(
                 update={"device": own_device(measured.device, member.local_rank, counts)})
         else:
@@ -181,7 +161,7 @@ def _machine(job: JobGroup, family: Family, *, prefer: Prefer, expected_steps: i
 
 
 def decided(measured: FamilyResult, *, prefer: Prefer, expected_steps: int | None, forced_device: str | None,
-            digest: str, model: str | None = None) -> Config:
+            digest: str, model: str | None = None) -> Decision:
     """The decision on ``measured`` without what training runs demoted on this machine for ``model`` (a signature;
     None: the model the family builds); then the reason is the latest demotion, e.g. "bf16-mixed was demoted after
     NaN losses at step 5,120 of training on 2026-12-03; using fp32", and the evidence lists them. One measured under
@@ -238,7 +218,7 @@ def without(measured: FamilyResult, demoted: list[Demotion]) -> FamilyResult:
 def _why_unmeasured(kind: str, fp: Fingerprint, store: Store) -> str:
     """"calibration running ..." when this process's job or another process holds the family's lock; the cache
     directory when it cannot be used (its warning says why and what to do)."""
-    from autotune._background import running  # a job of this process can only exist once that module loaded
+    from autotune._calibrate import running  # loaded already where a job of this process runs
 
     if running(kind):
         return "calibration running in this process"
@@ -251,7 +231,7 @@ def _why_unmeasured(kind: str, fp: Fingerprint, store: Store) -> str:
 
 
 def fallback(kind: str, fp: Fingerprint, store: Store, why: str, *, prefer: Prefer = "auto",
-             expected_steps: int | None = None, model: str | None = None) -> Config:
+             expected_steps: int | None = None, model: str | None = None) -> Decision:
     """The best answer without a measurement of this machine configuration: the pick measured on the same
     hardware with other software (the reason names the differences), else fp32 on the CPU."""
     forced = _env.DEVICE.get()
@@ -276,7 +256,7 @@ def fallback(kind: str, fp: Fingerprint, store: Store, why: str, *, prefer: Pref
     if config is None:
         fp32 = Candidate(device="cpu", precision="fp32")
         evidence = Evidence(unmeasured=why)
-        config = Config(**fp32.model_dump(), model_kind=kind, source="heuristic", evidence=evidence,
+        config = Decision(**fp32.model_dump(), model_kind=kind, source="heuristic", evidence=evidence,
                         reason=reason(fp32, evidence, measured_at=None), fingerprint_digest=fp.digest)
     log.warning("%s: %s", kind, config.reason)
     _decisions[memo] = (config, None)
@@ -285,7 +265,7 @@ def fallback(kind: str, fp: Fingerprint, store: Store, why: str, *, prefer: Pref
 
 def cached_configs(
     model_kinds: Iterable[str] | None = None, *, prefer: Prefer = "auto", expected_steps: int | None = None
-) -> dict[str, Config]:
+) -> dict[str, Decision]:
     """Decisions for the model kinds measured on this machine, without measuring anything.
 
     Kinds an app registered in its own process are included: the cache keeps results per kind name, and a
@@ -339,12 +319,9 @@ def forget() -> None:
     _decisions.clear()
 
 
-# A guard answers again after it demotes; it cannot import this module (the Config it guards is made here).
-_fallback.answer_with(best_config)
-
 __all__ = [
     "answer",
-    "best_config",
+    "best_decision",
     "cached_configs",
     "cached_families",
     "decided",

@@ -1,4 +1,5 @@
-"""Calibration that never blocks the app: ``start_calibration`` runs ``calibrate`` on a background thread.
+"""Calibration for the app: ``calibrate`` now, and, never blocking the app, ``start_calibration`` on a background
+thread. Each report names every family's answer as ``best_config`` gives it (demotions honoured).
 
 The job's thread drives the calibration's one worker process (``_worker.worker``); the app keeps
 training meanwhile with ``best_config(kind, wait=False)``. ``cancel()`` kills the worker's process group at
@@ -17,16 +18,62 @@ import warnings
 from collections.abc import Callable, Sequence
 
 from autotune import _env
+from autotune._answer import decided
 from autotune._cache.store import default_root
-from autotune._calibrate import CalibrationProgress, CalibrationReport, run_calibration
+from autotune._calibrate import Calibrated, CalibrationProgress, in_background, run_calibration
+from autotune._config import Config, config_of
 from autotune._errors import CalibrationCancelled, CalibrationPending
 from autotune._families import Family, builtin_family_names, get_family
-from autotune._fingerprint import fingerprint
+from autotune._fingerprint import Fingerprint, fingerprint
+from autotune._records import FamilyResult, Record
 from autotune._worker.worker import Worker
 
 log = logging.getLogger("autotune")
 
 Listener = Callable[[CalibrationProgress], None]
+
+
+class CalibrationReport(Record):
+    """What ``calibrate`` measured: the fingerprint, each family's measurements and auto-preference Config."""
+
+    fingerprint: Fingerprint
+    measurements: dict[str, FamilyResult]
+    configs: dict[str, Config]
+    wall_s: float
+    store_path: str
+
+
+def calibrate(
+    model_kinds: Sequence[str] | None = None,
+    *,
+    force: bool = False,
+    progress: Callable[[CalibrationProgress], None] | None = None,
+) -> CalibrationReport:
+    """Measure each family (default: the built-ins) on this machine, for an app's first launch.
+
+    Families already measured on this machine for the same key (build, ``version=``, search, budget) are reused
+    unless ``force=True``, or unless they were measured while the machine was busy (``noisy``: measured again
+    once, then kept) or under older rules (an upgrade changed the search, its margins or the verification): those
+    are measured again (``best_config`` serves them meanwhile). A candidate that timed out, crashed or ran out of
+    memory more than a day ago is tried again. ``progress`` receives a :class:`CalibrationProgress` as each
+    candidate starts, for a progress bar. A failure of the fp32 CPU reference raises CalibrationError (after
+    the other families) and is not stored. To calibrate without blocking, see :func:`autotune.start_calibration`.
+    """
+    if isinstance(model_kinds, str):
+        raise TypeError(f"calibrate takes a list of model kinds: calibrate([{model_kinds!r}])")
+    kinds = list(model_kinds) if model_kinds is not None else builtin_family_names()
+    families = [get_family(kind) for kind in kinds]  # unknown names fail before anything is measured
+    return report(run_calibration(families, force=force, progress=progress))
+
+
+def report(calibrated: Calibrated) -> CalibrationReport:
+    """``calibrated`` with each family's auto-preference answer, as ``best_config`` gives it: what training runs
+    demoted on this machine is left out, ``AUTOTUNE_DEVICE`` forces its device."""
+    forced, digest = _env.DEVICE.get(), calibrated.fingerprint.digest
+    configs = {kind: config_of(decided(m, prefer="auto", expected_steps=None, forced_device=forced, digest=digest))
+               for kind, m in calibrated.measurements.items()}
+    return CalibrationReport(fingerprint=calibrated.fingerprint, measurements=calibrated.measurements,
+                             configs=configs, wall_s=calibrated.wall_s, store_path=calibrated.store_path)
 
 
 class CalibrationJob:
@@ -109,7 +156,8 @@ class CalibrationJob:
             if self._cancelled:
                 raise CalibrationCancelled(missing=self.kinds)
             with _env.pinned(self._settings):
-                self._report = run_calibration(self._families, progress=self._on_progress, on_worker=self._attach)
+                self._report = report(run_calibration(self._families, progress=self._on_progress,
+                                                      on_worker=self._attach))
         except BaseException as exc:  # handed to wait(); the thread itself has nobody to tell
             self._error = exc
             if not isinstance(exc, CalibrationCancelled):
@@ -118,6 +166,7 @@ class CalibrationJob:
             with _jobs_guard:
                 if _jobs.get(self._key) is self:
                     del _jobs[self._key]
+            in_background(self.kinds, ended=True)
             self._finished.set()
 
 
@@ -154,16 +203,11 @@ def start_calibration(
         started = job is None
         if job is None:
             job = _jobs[key] = CalibrationJob(families, key)
+            in_background(job.kinds)  # from now until the job's thread ends: best_config(wait=False) says so
         job.add_listener(progress)
     if started:
         job._thread.start()
     return job
-
-
-def running(kind: str) -> bool:
-    """True while a job of this process is calibrating ``kind``."""
-    with _jobs_guard:
-        return any(kind in job.kinds and not job.done() for job in _jobs.values())
 
 
 def cancel_all(*, timeout_s: float) -> None:
@@ -181,4 +225,4 @@ def _cancel_at_exit() -> None:
     cancel_all(timeout_s=5)
 
 
-__all__ = ["CalibrationJob", "cancel_all", "running", "start_calibration"]
+__all__ = ["CalibrationJob", "CalibrationReport", "calibrate", "cancel_all", "report", "start_calibration"]

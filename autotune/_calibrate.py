@@ -1,8 +1,9 @@
 """A calibration, host side: each family through the one miss path (:func:`ensure_measured`: under its lock, in
 one shared worker, stored as it finishes).
 
-``calibrate`` (an app's first launch), ``run_calibration`` (the same for resolved families, handing its worker
-to a background job), ``ensure_measured`` (``best_config``'s miss, and each family of a calibration),
+``run_calibration`` (the families of ``autotune.calibrate`` or of a background job, handing its worker to the job;
+``_background`` adds each family's answer), ``running`` (what this process's background jobs calibrate, which
+``best_config(wait=False)`` says), ``ensure_measured`` (``best_config``'s miss, and each family of a calibration),
 ``measure_family`` (one family now, no cache involved).
 """
 
@@ -11,7 +12,9 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import logging
+import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -20,14 +23,13 @@ from autotune._cache import lookup as _cached
 from autotune._cache.freshness import family_key, freshness, now_utc, reference_failure, rules_digest
 from autotune._cache.locks import acquire, held_elsewhere, measuring, measuring_lock
 from autotune._cache.store import Store
-from autotune._config import Config
-from autotune._decide import decide, picked
+from autotune._decide import picked
 from autotune._errors import CalibrationCancelled, CalibrationError
-from autotune._families import Family, builtin_family_names, get_family
+from autotune._families import Family, get_family
 from autotune._fingerprint import Fingerprint, fingerprint
 from autotune._lab.measure import MeasureSettings
 from autotune._lab.protocol import CalibrationSettings
-from autotune._records import Candidate, FamilyKey, FamilyResult, Record
+from autotune._records import Candidate, FamilyKey, FamilyResult
 from autotune._variants import threads_per_process
 from autotune._wording import noise_words, remeasure_advice
 from autotune._worker.worker import Worker
@@ -47,37 +49,15 @@ class CalibrationProgress:
     fraction: float
 
 
-class CalibrationReport(Record):
-    """What ``calibrate`` measured: the fingerprint, each family's measurements and auto-preference Config."""
+@dataclass(frozen=True)
+class Calibrated:
+    """What :func:`run_calibration` measured: the fingerprint, each family's measurements, the wall time and the
+    store (``autotune.calibrate`` adds each family's answer)."""
 
     fingerprint: Fingerprint
     measurements: dict[str, FamilyResult]
-    configs: dict[str, Config]
     wall_s: float
     store_path: str
-
-
-def calibrate(
-    model_kinds: Sequence[str] | None = None,
-    *,
-    force: bool = False,
-    progress: Callable[[CalibrationProgress], None] | None = None,
-) -> CalibrationReport:
-    """Measure each family (default: the built-ins) on this machine, for an app's first launch.
-
-    Families already measured on this machine for the same key (build, ``version=``, search, budget) are reused
-    unless ``force=True``, or unless they were measured while the machine was busy (``noisy``: measured again
-    once, then kept) or under older rules (an upgrade changed the search, its margins or the verification): those
-    are measured again (``best_config`` serves them meanwhile). A candidate that timed out, crashed or ran out of
-    memory more than a day ago is tried again. ``progress`` receives a :class:`CalibrationProgress` as each
-    candidate starts, for a progress bar. A failure of the fp32 CPU reference raises CalibrationError (after
-    the other families) and is not stored. To calibrate without blocking, see :func:`autotune.start_calibration`.
-    """
-    if isinstance(model_kinds, str):
-        raise TypeError(f"calibrate takes a list of model kinds: calibrate([{model_kinds!r}])")
-    kinds = list(model_kinds) if model_kinds is not None else builtin_family_names()
-    families = [get_family(kind) for kind in kinds]  # unknown names fail before anything is measured
-    return run_calibration(families, force=force, progress=progress)
 
 
 def run_calibration(
@@ -86,11 +66,11 @@ def run_calibration(
     force: bool = False,
     progress: Callable[[CalibrationProgress], None] | None = None,
     on_worker: Callable[[Worker], None] | None = None,
-) -> CalibrationReport:
+) -> Calibrated:
     """``calibrate`` ``families``, handing its worker to ``on_worker`` first (a background job cancels through
     it): a cancelled worker stops the family in progress and the ones after it with :class:`CalibrationCancelled`."""
     kinds = [family.name for family in families]
-    forced = _env.DEVICE.get()
+    _env.DEVICE.get()  # an invalid device fails before anything is measured
     _env.SEARCH.get()  # an invalid search setting fails before anything is measured
     started = time.perf_counter()
     fp = fingerprint()
@@ -132,11 +112,32 @@ def run_calibration(
                 progress(CalibrationProgress(family.name, None, (index + 1) / len(families)))
     if failed:
         raise failed[0]
-    configs = {kind: decide(m, forced_device=forced, digest=fp.digest) for kind, m in measurements.items()}
-    return CalibrationReport(
-        fingerprint=fp, measurements=measurements, configs=configs,
-        wall_s=time.perf_counter() - started, store_path=str(store.path(fp.digest)),
-    )
+    return Calibrated(fingerprint=fp, measurements=measurements, wall_s=time.perf_counter() - started,
+                      store_path=str(store.path(fp.digest)))
+
+
+#: the families this process's background jobs calibrate, as many times as jobs hold each (``_background``)
+_in_background: Counter[str] = Counter()
+_in_background_guard = threading.Lock()
+
+
+def in_background(kinds: Sequence[str], *, ended: bool = False) -> None:
+    """Mark ``kinds`` as calibrated by a background job of this process from its start (:func:`running`); with
+    ``ended``, the job's end."""
+    with _in_background_guard:
+        (_in_background.subtract if ended else _in_background.update)(kinds)
+
+
+def running(kind: str) -> bool:
+    """True while a background job of this process is calibrating ``kind``."""
+    with _in_background_guard:
+        return _in_background[kind] > 0
+
+
+def reset() -> None:
+    """Forget which families background jobs calibrate (``_background.cancel_all`` ends the jobs first)."""
+    with _in_background_guard:
+        _in_background.clear()
 
 
 def measuring_elsewhere(store: Store, digest: str, name: str) -> bool:
@@ -245,5 +246,16 @@ def measure(
     return result
 
 
-__all__ = ["CalibrationProgress", "CalibrationReport", "calibrate", "ensure_measured", "measure", "measure_family",
-           "measuring_elsewhere", "new_worker", "run_calibration"]
+__all__ = [
+    "Calibrated",
+    "CalibrationProgress",
+    "ensure_measured",
+    "in_background",
+    "measure",
+    "measure_family",
+    "measuring_elsewhere",
+    "new_worker",
+    "reset",
+    "run_calibration",
+    "running",
+]

@@ -17,10 +17,11 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from autotune._answer import best_config, cached_configs, cached_families, similar_record
+from autotune._answer import cached_configs, cached_families, similar_record
 from autotune._answer import forget_demotion as forget
 from autotune._args import parser
 from autotune._cache.lookup import cache_problem, clear_cache, export_results, import_results
+from autotune._config import best_config
 from autotune._console import Col, calibrate_with_progress, console, fitted, mib, strict_json
 from autotune._decide import picked
 from autotune._env import check_all as check_settings

@@ -8,17 +8,18 @@ import inspect
 import logging
 import sys
 from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
-from pydantic import Field
 from torch import nn
 
 from autotune import _fp32
+from autotune._answer import best_decision
+from autotune._decision import Decision, Source
 from autotune._errors import ConfigurationError, FrameworkError
 from autotune._precision import AUTOCAST_DTYPES, DEFAULT_INIT_SCALE
 from autotune._ranks.group import joined
-from autotune._records import Candidate, Choice, Evidence, Precision, Ranks
+from autotune._records import Choice, Precision, Prefer
 from autotune._variants import apply
 from autotune.backends import backend_for
 
@@ -26,7 +27,6 @@ if TYPE_CHECKING:
     from autotune._guard.watch import Guard, OnFailure
     from autotune._reports import LoaderReport
 
-Source = Literal["measured", "forced", "heuristic"]
 Batch = TypeVar("Batch")
 
 #: each precision in the frameworks' words; tf32 is fp32 there plus torch.set_float32_matmul_precision("high")
@@ -36,7 +36,7 @@ LIGHTNING_PRECISIONS: dict[Precision, str] = {
 ACCELERATE_PRECISIONS: dict[Precision, str] = {"fp32": "no", "tf32": "no", "bf16-mixed": "bf16", "fp16-mixed": "fp16"}
 
 
-class Config(Choice):
+class Config(Decision):
     """A training configuration, e.g. ``Config(model_kind="cnn", device="cpu", precision="bf16-mixed", ...)``.
 
     The device, precision and variants are the measured candidate's (:class:`Choice`); ``reason`` is one
@@ -46,35 +46,6 @@ class Config(Choice):
     this machine, ``forced`` by ``AUTOTUNE_DEVICE``, or ``heuristic`` when no measurement was possible (the
     reason says why and what it falls back to).
     """
-
-    model_kind: str
-    source: Source
-    reason: str
-    evidence: Evidence | None = Field(default=None, repr=False, description=(
-        "every other candidate against the pick, and what qualifies the answer; None in a Config made by hand "
-        "or by an older autotune (left out of repr(): thousands of characters; print cfg.evidence)"))
-    step_ms: float | None = None
-    setup_s: float | None = None
-    speedup_vs_fp32_cpu: float | None = None
-    init_scale: float | None = None
-    peak_memory_mb: float | None = Field(default=None, description=(
-        "the most memory the measured training steps held at once, in MiB, e.g. 61.5: on the CPU what the "
-        "process's resident size rose by (Linux); on a GPU allocated memory; None where it was not measured"))
-    noisy: bool = False
-    fingerprint_digest: str
-    measured_at: str | None = None
-    ranks: Ranks | None = Field(default=None, description=(
-        "the job of many processes this answer was agreed for, and this process's place in it; None: one process"))
-
-    @property
-    def candidate(self) -> Candidate:
-        """The measured candidate this Config applies, e.g. ``Candidate(device="cpu", precision="bf16-mixed")``."""
-        return Candidate(**{name: getattr(self, name) for name in Choice.model_fields})
-
-    @property
-    def device_type(self) -> str:
-        """``'cuda'`` for ``'cuda:1'``: what ``torch.autocast`` and ``GradScaler`` take."""
-        return self.device.split(":", 1)[0]
 
     @property
     def autocast_dtype(self) -> torch.dtype | None:
@@ -225,7 +196,7 @@ class Config(Choice):
 
     def guard(self, model: nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None, *,
               loss_fn: Callable[[nn.Module, Any], torch.Tensor] | None = None,
-              on_failure: OnFailure = "warn") -> Guard:
+              on_failure: OnFailure = "warn") -> Guard[Config]:
         """A guard for the training loop: ``guard.step(loss, scaler, batch=batch)`` once per step, after
         ``scaler.update()``.
 
@@ -247,7 +218,7 @@ class Config(Choice):
 
         return Guard(self.model_kind, self.candidate, self.fingerprint_digest, on_failure=on_failure, model=model,
                      optimizer=optimizer, loss_fn=loss_fn, step_ms=self.step_ms, speedup=self.speedup_vs_fp32_cpu,
-                     job=joined(required=True) if self.ranks is not None else None)
+                     job=joined(required=True) if self.ranks is not None else None, answer=best_config)
 
     def dataloader_kwargs(self, dataset: Any, *, batch_size: int, key: str | None = None,
                           **fixed: Any) -> dict[str, Any]:
@@ -306,6 +277,55 @@ class Config(Choice):
 log = logging.getLogger("autotune")
 
 
+def best_config(
+    model_kind: str, *, model: nn.Module | None = None, prefer: Prefer = "auto", expected_steps: int | None = None,
+    calibrate_on_miss: bool = True, wait: bool = True, distributed: bool | None = None,
+) -> Config:
+    """The fastest correct device and precision for ``model_kind`` on this machine.
+
+    Answered from the cache when this machine (its fingerprint) has measured this family before, or from the
+    defaults layer (``AUTOTUNE_DEFAULTS``) when it holds a record of exactly this machine configuration;
+    otherwise the family is calibrated first (seconds to a minute). ``wait=False`` never measures and never
+    waits for another process's calibration: without a measurement it answers at once with a ``heuristic``
+    Config whose reason says why ("calibration running", "not measured yet") and what it is based on (a
+    record of the same hardware with other software, else fp32 on the CPU); ``calibrate_on_miss=False`` is the
+    older spelling. ``prefer``: "auto", "cpu", "gpu" (whichever accelerator is here) or a backend's name, "cuda",
+    "mps" or "xpu", the words ``AUTOTUNE_DEVICE`` takes; ``expected_steps`` makes set-up cost count for short
+    jobs. The answer leaves out what training runs demoted here for ``model`` (an ``nn.Module``; by default the
+    model the family builds).
+
+    In a job of many processes (torchrun, ``accelerate launch``, Lightning under torchrun: the launcher's ``RANK``
+    and ``WORLD_SIZE``, or torch.distributed's default group of more than one) every rank calls it with the same
+    arguments, in the same order (else every rank raises :class:`RanksError`, naming both): each machine's first
+    rank measures, a CPU candidate timed while as many copies of its step run as the machine has processes, and
+    every rank gets rank 0's machine's choice on its own device (``cuda:LOCAL_RANK``) and its machine's CPU thread
+    count (``Config.ranks`` says where it stands). ``distributed=False`` answers for this process alone;
+    ``distributed=True`` raises :class:`RanksError` outside a job.
+    """
+    return config_of(best_decision(model_kind, model=model, prefer=prefer, expected_steps=expected_steps,
+                                    calibrate_on_miss=calibrate_on_miss, wait=wait, distributed=distributed))
+
+
+#: the Config of each decision answered in this process, by its id, with the decision (kept alive: its id stays its
+#: own): a memoised answer (``_answer``) is the same Config again
+_configs: dict[int, tuple[Decision, Config]] = {}
+
+
+def config_of(decision: Decision) -> Config:
+    """``decision`` as the Config that applies it (its fields as they are: a Decision is validated already)."""
+    known = _configs.get(id(decision))
+    if known is not None and known[0] is decision:
+        return known[1]
+    config = Config.model_construct(decision.model_fields_set, **dict(decision))
+    _configs[id(decision)] = (decision, config)
+    return config
+
+
+def forget() -> None:
+    """Forget the Configs of this process's answers (with ``_answer.forget``, its decisions)."""
+    _configs.clear()
+
+
 def _lightning_fp16(device_type: str, scaler: torch.amp.GradScaler) -> Any:
     """Lightning's fp16 precision plugin with ``scaler``, from the Lightning package the app imported (``lightning``
     first, else ``pytorch_lightning``); ImportError saying what to install where neither is."""
@@ -357,4 +377,4 @@ def optimizer_kwargs_for(
     return kwargs
 
 
-__all__ = ["Config", "Source", "accepts_keyword", "optimizer_kwargs_for"]
+__all__ = ["Config", "Source", "accepts_keyword", "best_config", "config_of", "forget", "optimizer_kwargs_for"]

@@ -66,7 +66,7 @@ def fitted(out: Console, columns: Sequence[Col], *, title: str | None = None, ca
 
 
 def calibrate_with_progress(kinds: list[str], *, force: bool) -> None:
-    from autotune._calibrate import calibrate  # the calibration machinery: only where the table misses
+    from autotune._background import calibrate  # the calibration machinery: only where the table misses
 
     if not sys.stderr.isatty():
         calibrate(kinds, force=force, progress=plain_progress())

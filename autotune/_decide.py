@@ -1,4 +1,4 @@
-"""From raw measurements to one Config and its evidence (every other candidate against the pick, as data);
+"""From raw measurements to one Decision and its evidence (every other candidate against the pick, as data);
 ``_wording`` words its reason from that evidence. Pure: no device is touched here.
 
 Rules, in order:
@@ -27,7 +27,7 @@ import statistics
 from collections.abc import Callable, Sequence
 
 from autotune import _stats
-from autotune._config import Config
+from autotune._decision import Decision
 from autotune._errors import CalibrationError
 from autotune._records import (
     FP32_CPU,
@@ -63,8 +63,8 @@ def decide(
     expected_steps: int | None = None,
     forced_device: str | None = None,
     digest: str,
-) -> Config:
-    """The Config for ``measured.model_kind``; raises CalibrationError when nothing can train it."""
+) -> Decision:
+    """The Decision for ``measured.model_kind``; raises CalibrationError when nothing can train it."""
     usable = finalists(measured)
     if not usable:
         raise _untrainable(measured)
@@ -98,7 +98,7 @@ def decide(
         unresolved=open_pairs(pick, pool, expected_steps, alpha=alpha),
     )
     baseline = next((r for r in measured.candidates if r.usable and r.candidate == FP32_CPU), None)
-    config = Config(
+    config = Decision(
         **pick.candidate.model_dump(),
         model_kind=measured.model_kind,
         source="forced" if forced_device is not None else "measured",
@@ -134,7 +134,7 @@ def _speedup(pick: CandidateResult, baseline: CandidateResult, evidence: Evidenc
     return None if slower and unpaired < 1 else unpaired
 
 
-def restate(config: Config, **flags: object) -> Config:
+def restate(config: Decision, **flags: object) -> Decision:
     """``config`` with ``flags`` set on its evidence (e.g. ``older_rules="0.1.0"``) and its reason worded again."""
     evidence = (config.evidence or Evidence()).model_copy(update=flags)
     return config.model_copy(update={"evidence": evidence, "reason": reason(
@@ -241,12 +241,12 @@ def _open(first: CandidateResult, other: CandidateResult, expected_steps: int | 
                    tie_to_pick=tie_winner(first.candidate, other.candidate) == first.candidate)
 
 
-def _unmeasured_forced(measured: FamilyResult, device: str, digest: str) -> Config:
+def _unmeasured_forced(measured: FamilyResult, device: str, digest: str) -> Decision:
     devices = ", ".join(dict.fromkeys(r.candidate.device for r in measured.candidates))
     evidence = Evidence(forced=device, unmeasured=f"calibration did not measure {device} here (measured: {devices})",
                         noisy=measured.noisy, origin=measured.origin)
     chosen = Candidate(device=device, precision="fp32")
-    config = Config(**chosen.model_dump(), model_kind=measured.model_kind, source="forced",
+    config = Decision(**chosen.model_dump(), model_kind=measured.model_kind, source="forced",
                     reason=reason(chosen, evidence, measured_at=None), evidence=evidence,
                     fingerprint_digest=digest, measured_at=measured.measured_at)
     log.warning("%s: %s", measured.model_kind, config.reason)

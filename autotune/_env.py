@@ -14,15 +14,17 @@ import os
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Generic, Literal, TypeVar, cast
+from typing import TYPE_CHECKING, Generic, Literal, TypeVar, cast
 
 from autotune._errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from autotune._variants import Search
 
 T = TypeVar("T")
 
 Isolation = Literal["subprocess", "inprocess"]
 ISOLATIONS: tuple[Isolation, ...] = ("subprocess", "inprocess")
-Search = Literal["precision", "default", "extended"]
 SEARCHES: tuple[Search, ...] = ("precision", "default", "extended")
 
 

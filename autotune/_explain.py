@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING
 from autotune._answer import cached_configs, cached_families, demotions
 from autotune._cache.freshness import retry_at
 from autotune._cache.loops import of as loops_of
-from autotune._config import Config
 from autotune._console import Col, calibrate_with_progress, console, fitted, mib, strict_json
+from autotune._decision import Decision
 from autotune._families import family_names
 from autotune._fingerprint import fingerprint
 from autotune._loop_wording import demotion_words, loop_words
@@ -76,7 +76,7 @@ def explain(kind: str, *, recalibrate: bool, as_json: bool, prefer: Prefer = "au
     return 0
 
 
-def evidence_table(config: Config, out: Console) -> Table:
+def evidence_table(config: Decision, out: Console) -> Table:
     """Every other candidate against the pick: its verdict, time ratio (to the pick, or to the candidate it
     stopped against), interval and paired rounds, or its failure."""
     pick = config.candidate
@@ -128,7 +128,7 @@ EVIDENCE_LEGEND = (
     "the ratio is against, and why it lost")
 
 
-def vs_fp32_cpu(result: CandidateResult, measured: FamilyResult, config: Config) -> str:
+def vs_fp32_cpu(result: CandidateResult, measured: FamilyResult, config: Decision) -> str:
     """Its step time over fp32 on the CPU's, e.g. ``'0.55x (0.52-0.58)'`` where they were timed in the same rounds,
     ``'0.3x'`` from the decision's paired evidence (a chain of ratios to the pick), ``'~0.33x'``
     from mean step times."""

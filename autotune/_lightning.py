@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from autotune._config import Config
+from autotune._config import Config, best_config
 from autotune._errors import FrameworkError
 from autotune._guard.watch import Guard, OnFailure
 from autotune._ranks.group import joined
@@ -66,7 +66,7 @@ class GuardCallback(_Base):
         super().__init__()
         self.config = config
         self.on_failure = on_failure
-        self.guard: Guard = config.guard(on_failure=on_failure)
+        self.guard: Guard[Config] = config.guard(on_failure=on_failure)
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if trainer.world_size > 1 and self.guard.job is None:
@@ -75,7 +75,7 @@ class GuardCallback(_Base):
             confirm(job, self.config)
             self.guard = Guard(self.config.model_kind, self.config.candidate, self.config.fingerprint_digest,
                                on_failure=self.on_failure, step_ms=self.config.step_ms,
-                               speedup=self.config.speedup_vs_fp32_cpu, job=job)
+                               speedup=self.config.speedup_vs_fp32_cpu, job=job, answer=best_config)
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         if not pl_module.automatic_optimization:

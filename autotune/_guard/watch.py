@@ -26,15 +26,15 @@ import time
 import warnings
 from collections import deque
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 import torch
 from torch import nn
 
-from autotune import _fallback
 from autotune._cache import demotions as _demotions
 from autotune._cache import loops as _loops
 from autotune._errors import ConfigMisbehaved, ConfigurationError
+from autotune._guard.answer import Answer, Answered
 from autotune._guard.model import family_model, model_signature
 from autotune._guard.replay import LossFn, Tape
 from autotune._loop_wording import data_bound_words, replay_words
@@ -43,7 +43,6 @@ from autotune._reports import LoopSummary
 from autotune._version import __version__
 
 if TYPE_CHECKING:
-    from autotune._config import Config
     from autotune._ranks.group import JobGroup
 
 log = logging.getLogger("autotune")
@@ -93,19 +92,22 @@ def is_reference(candidate: Candidate) -> bool:
     return candidate.device == "cpu" and candidate.precision == "fp32"
 
 
-class Guard:
+class Guard(Generic[Answered]):
     """Watches one training run of ``model_kind`` on ``candidate``; made by ``Config.guard()``.
 
     ``finding`` is the first misbehaviour seen (None while there is none), its ``replay`` whose doing it was; after
     it the guard stops watching. With ``model``, ``optimizer`` and ``loss_fn`` (``loss_fn(model, batch)`` -> the
     loss, as the loop computes it) and each step's ``batch``, a finding is replayed before anything is demoted.
     In a ``job`` of many processes the ranks compare at each read: the first rank's finding is every rank's.
+    ``answer`` is what :meth:`fallback` asks again: ``autotune.best_config``, which ``Config.guard()`` gives it; a
+    guard made by hand without it watches as well, and its :meth:`fallback` raises :class:`ConfigurationError`.
     """
 
     def __init__(self, model_kind: str, candidate: Candidate, digest: str, *, on_failure: OnFailure = "warn",
                  read_every: int = READ_EVERY_STEPS, model: nn.Module | None = None,
                  optimizer: torch.optim.Optimizer | None = None, loss_fn: LossFn | None = None,
-                 step_ms: float | None = None, speedup: float | None = None, job: JobGroup | None = None) -> None:
+                 step_ms: float | None = None, speedup: float | None = None, job: JobGroup | None = None,
+                 answer: Answer[Answered] | None = None) -> None:
         if on_failure not in _ON_FAILURE:
             raise ConfigurationError("on_failure", on_failure, " | ".join(_ON_FAILURE))
         if isinstance(read_every, bool) or not isinstance(read_every, int) or read_every < 1:
@@ -113,6 +115,7 @@ class Guard:
         self.model: nn.Module | None = None
         self._tape: Tape | None = None
         self.job = job
+        self._answer = answer
         if model is not None and optimizer is not None and loss_fn is not None:
             self.watch(model, optimizer, loss_fn)
         elif model is not None or optimizer is not None or loss_fn is not None:
@@ -164,7 +167,7 @@ class Guard:
         self._warned_data = False
         self._data_batch: Any = None  # the batch data() handed the loop last, for a replay
 
-    def watch(self, model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: LossFn) -> Guard:
+    def watch(self, model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: LossFn) -> Guard[Answered]:
         """Watch ``model``, trained by ``optimizer``: a finding is replayed with ``loss_fn(model, batch)`` on the
         batches ``step`` is given before anything is demoted. For a guard made before the model (a callback's)."""
         if not isinstance(model, nn.Module):
@@ -261,7 +264,7 @@ class Guard:
             at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), autotune_version=__version__,
         )
 
-    def fallback(self, *, prefer: Prefer = "auto", expected_steps: int | None = None) -> Config:
+    def fallback(self, *, prefer: Prefer = "auto", expected_steps: int | None = None) -> Answered:
         """What ``best_config`` answers now for this guard's model, at once (never measuring): after a demotion, the
         best remaining candidate, for an app that restarts from its last checkpoint. Pass the options
         ``best_config`` got.
@@ -269,14 +272,17 @@ class Guard:
         In a job it is a collective, as ``best_config`` is: every rank calls it (after the finding every rank's
         guard shares), so that every rank trains the one answer DDP needs; a rank that calls it alone raises
         :class:`RanksError` within ``AUTOTUNE_RANKS_LOOP_TIMEOUT_S``."""
-        answer = _fallback.answering()  # autotune._answer registers itself when it loads; autotune.Guard loads it first
+        if self._answer is None:
+            raise ConfigurationError("answer", None, "autotune.best_config", why=(
+                "a Guard made by hand answers fallback() with the function it is given: pass "
+                "answer=autotune.best_config, or make the guard with cfg.guard(), which gives it best_config"))
         if self.job is not None:
             # Every rank here first, within the loop's bound: the answer's own exchanges wait as long as a
             # calibration may take, which a rank that never calls would turn into that long a hang.
             self.job.allgather("", at="guard.fallback()", model_kind=self.model_kind, in_loop=True,
                                waiting_for="the other ranks to call guard.fallback() too (in a job every rank calls "
                                "it, as every rank calls best_config)")
-        return answer(self.model_kind, model=self.model, prefer=prefer, expected_steps=expected_steps, wait=False)
+        return self._answer(self.model_kind, model=self.model, prefer=prefer, expected_steps=expected_steps, wait=False)
 
     # -- reading and judging ---------------------------------------------------------------------------------
 

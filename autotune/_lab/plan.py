@@ -10,9 +10,8 @@ from __future__ import annotations
 from collections.abc import Collection
 
 from autotune import _variants
-from autotune._env import Search
 from autotune._records import Candidate
-from autotune._variants import Facts, Situation
+from autotune._variants import Facts, Search, Situation
 from autotune.backends import all_backends
 
 BASELINE = Candidate(device="cpu", precision="fp32")

@@ -10,13 +10,12 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-from autotune._env import Search
 from autotune._families import Family
 from autotune._fp32 import Fp32Settings
 from autotune._lab.measure import MeasureSettings
 from autotune._records import Candidate, CandidateResult, Drop, Failure, MachineLoad, NoiseCause
 from autotune._reports import TraceReport
-from autotune._variants import Facts
+from autotune._variants import Facts, Search
 
 
 class _Message(BaseModel):

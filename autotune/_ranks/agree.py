@@ -16,7 +16,7 @@ import json
 from collections import Counter
 from collections.abc import Sequence
 
-from autotune._config import Config
+from autotune._decision import Decision
 from autotune._ranks.launch import own_index
 from autotune._records import (
     FP32_CPU,
@@ -67,19 +67,19 @@ def view(measured: FamilyResult, local_rank: int, counts: dict[str, int]) -> Fam
     return measured.model_copy(update={"candidates": kept})
 
 
-def shared(config: Config) -> dict[str, object]:
+def shared(config: Decision) -> dict[str, object]:
     """What DDP needs identical on every rank, e.g. ``{"device": "cuda", "precision": "bf16-mixed", ...}``."""
     return {"device": config.device_type, **{name: getattr(config, name) for name in SHARED},
             "init_scale": config.init_scale if config.precision == "fp16-mixed" else None}
 
 
-def digest(config: Config) -> str:
+def digest(config: Decision) -> str:
     """16 hex digits over :func:`shared`: equal on every rank of a job that trains one configuration."""
     canonical = json.dumps(shared(config), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
-def words(config: Config) -> str:
+def words(config: Decision) -> str:
     """:func:`shared` for an error message, e.g. ``'cuda bf16-mixed channels_last'``, ``'cpu fp16-mixed init_scale
     1024'``."""
     choice = Choice(device=config.device_type, precision=config.precision,
@@ -88,7 +88,7 @@ def words(config: Config) -> str:
     return f"{choice.device} {choice.precision}{choice.variant_words}" + (f" init_scale {scale:g}" if scale else "")
 
 
-def _here(choice: Config, device: str, measured: FamilyResult | None) -> CandidateResult | None:
+def _here(choice: Decision, device: str, measured: FamilyResult | None) -> CandidateResult | None:
     """The fastest of this machine's measurements of ``choice`` on ``device``, whatever its thread count."""
     if measured is None:
         return None
@@ -97,7 +97,7 @@ def _here(choice: Config, device: str, measured: FamilyResult | None) -> Candida
     return min(found, key=lambda r: r.timing.median_ms if r.timing else float("inf"), default=None)
 
 
-def _cost(choice: Config, device: str, own: Config, measured: FamilyResult | None
+def _cost(choice: Decision, device: str, own: Decision, measured: FamilyResult | None
           ) -> tuple[float | None, CandidateResult | None]:
     """What this machine's measurements say ``choice`` on ``device`` costs: its step time over ``own``'s, and the
     result it timed. Where the search here did not try the choice's variants, the two precisions' plain
@@ -121,8 +121,8 @@ def _threads(result: CandidateResult | None, share: int) -> int:
     return result.candidate.num_threads or result.num_threads or share
 
 
-def for_rank(choice: Config, own: Config, measured: FamilyResult | None, *, ranks: Ranks, decided_by: int,
-             counts: dict[str, int], share: int) -> Config:
+def for_rank(choice: Decision, own: Decision, measured: FamilyResult | None, *, ranks: Ranks, decided_by: int,
+             counts: dict[str, int], share: int) -> Decision:
     """This rank's answer in the job: ``choice`` (the deciding rank's) on this rank's own device, where ``own`` is
     what this rank's view of its machine's ``measured`` answers by itself (None: nothing measured here).
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from pydantic import Field
 
-from autotune._config import Config
+from autotune._decision import Decision
 from autotune._errors import RanksError
 from autotune._ranks.agree import digest, for_rank, words
 from autotune._ranks.group import JobGroup
@@ -38,7 +38,7 @@ class Machine:
     measurements (None: it answered without measuring), its devices of each kind and each process's share of its
     cores (``share``)."""
 
-    own: dict[int, Config]
+    own: dict[int, Decision]
     measured: FamilyResult | None
     counts: dict[str, int]
     share: int
@@ -47,14 +47,14 @@ class Machine:
 class _Choice(Record):
     """The deciding rank's answer, or why it has none."""
 
-    config: Config | None = None
+    config: Decision | None = None
     error: str | None = None
 
 
 class _Answers(Record):
     """A machine's answers, one per local rank, or why it has none."""
 
-    configs: dict[int, Config] = Field(default_factory=dict)
+    configs: dict[int, Decision] = Field(default_factory=dict)
     error: str | None = None
 
 
@@ -71,13 +71,13 @@ class _Trains(Record):
 
 
 def agreed(job: JobGroup, model_kind: str, options: dict[str, object],
-           machine: Callable[[JobGroup], Machine]) -> Config:
+           machine: Callable[[JobGroup], Machine]) -> Decision:
     """This rank's answer for ``model_kind`` in ``job``, asked with ``options`` (by name, e.g. ``{"prefer":
     "auto"}``), which must be the same on every rank (:func:`asked`): ``machine`` runs on each machine's first rank
     only."""
     key = (model_kind, *options.items())
     known = job.answers.get(key)
-    if isinstance(known, Config):
+    if isinstance(known, Decision):
         return known
     asked(job, model_kind, options)
     found: Machine | None = None
@@ -148,7 +148,7 @@ def asked(job: JobGroup, model_kind: str, options: dict[str, object]) -> None:
     raise RanksError(model_kind, why)
 
 
-def confirm(job: JobGroup, config: Config) -> None:
+def confirm(job: JobGroup, config: Decision) -> None:
     """Check that every rank of ``job`` trains with what ``config`` sets for the job (``agree.digest``); raise
     :class:`RanksError` on every rank, naming both answers, where one differs from the deciding rank's."""
     trains = [_Trains.model_validate_json(text) for text in job.allgather(

@@ -132,9 +132,9 @@ def check_cached(model_kinds: Iterable[str] | None = None) -> list[CheckResult]:
     stale = {r.model_kind for r in results if r.verdict == "recalibrated"}
     if not stale:
         return results
-    report = run_calibration([family for family in measured if family.name in stale], force=True)
-    return [r.model_copy(update={"new_pick": report.configs[r.model_kind].candidate.label})
-            if r.model_kind in report.configs else r for r in results]
+    again = run_calibration([family for family in measured if family.name in stale], force=True).measurements
+    return [r.model_copy(update={"new_pick": picked(again[r.model_kind]).label})
+            if r.model_kind in again else r for r in results]
 
 
 __all__ = ["BUDGET_SHARE", "CheckResult", "check", "check_cached"]

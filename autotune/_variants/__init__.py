@@ -11,13 +11,12 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel
 
-if TYPE_CHECKING:
-    from autotune._env import Search
-
+#: how far the search looks (``AUTOTUNE_SEARCH``): the precisions only, the default variants, or every axis
+Search = Literal["precision", "default", "extended"]
 MemoryFormat = Literal["contiguous", "channels_last"]
 OptimizerImpl = Literal["default", "foreach", "fused"]
 
@@ -127,5 +126,5 @@ def prose(choice: object) -> list[str]:
 
 __all__ = [
     "AXES", "COMPILED", "MEMORY_FORMAT", "NUM_THREADS", "OPTIMIZER", "Axis", "Facts", "MemoryFormat", "OptimizerImpl",
-    "Situation", "changed", "fewer_threads", "prose", "reachable", "threads_per_process",
+    "Search", "Situation", "changed", "fewer_threads", "prose", "reachable", "threads_per_process",
 ]

@@ -1,10 +1,10 @@
 """Instruments for tests and benchmarks, shipped as ``torch.testing`` is: truth profiles of hardware that is not
-here (:mod:`autotune.testing.simulate`) drive the real measurement, search and decision code on a fake clock;
-:func:`reset_state` gives each test a process as fresh as a new one."""
+here (:mod:`autotune.testing.truth`) drive the real measurement, search and decision code on a fake clock
+(:mod:`autotune.testing.simulate`); :func:`reset_state` gives each test a process as fresh as a new one."""
 
 from __future__ import annotations
 
-from autotune import _answer, _background, _env, _fingerprint
+from autotune import _answer, _background, _calibrate, _config, _env, _fingerprint
 from autotune._cache import demotions, exchange, freshness, locks, lookup, sidefiles
 from autotune._families import reset_registry
 from autotune._guard import model
@@ -20,9 +20,11 @@ def reset_state() -> None:
     (environment, affinity, CPU quota, torch's thread count). Tests call it around each test, which runs in a cache
     directory of its own."""
     _background.cancel_all(timeout_s=60)
+    _calibrate.reset()
     launch.discard()
     group.leave()
     _answer.forget()
+    _config.forget()
     _fingerprint.forget()
     _env.reset()
     lookup.reset()

@@ -22,6 +22,7 @@ from guard_for_tests import (
     TODAY,
     classifier,
     classifier_loss,
+    demote_fp16,
     demoted_answer,
     measured_config,
     regression,
@@ -70,6 +71,42 @@ def test_nan_losses_from_step_n_demote(tiny_family: str, isolated_autotune: Path
     assert guard.finding is not None and guard.finding.seen == "non_finite" and guard.finding.step == 150
     assert stored_demotions(isolated_autotune)[tiny_family][0]["detail"] == guard.finding.detail
     demoted_answer(tiny_family, "fp16-mixed", "NaN losses", 150, "bf16-mixed")
+
+
+def test_calibrate_reports_the_answer_best_config_gives_after_a_demotion(tiny_family: str) -> None:
+    # One answer path: the report's Config for a family leaves out what training demoted here, as best_config does.
+    demote_fp16(tiny_family)
+    report = autotune.calibrate([tiny_family])  # the stored record answers: nothing is measured again
+    assert report.configs[tiny_family] == autotune.best_config(tiny_family)
+    assert report.configs[tiny_family].precision == "bf16-mixed" and "demoted" in report.configs[tiny_family].reason
+
+
+def test_the_guard_a_config_makes_is_an_autotune_guard_and_answers_again_with_best_config(tiny_family: str) -> None:
+    config = measured_config(tiny_family, "bf16-mixed")
+    guard = config.guard()
+    assert isinstance(guard, autotune.Guard)
+    assert guard.fallback() == config
+
+
+def test_a_guard_made_by_hand_answers_again_with_the_function_it_is_given(tiny_family: str) -> None:
+    config = measured_config(tiny_family, "bf16-mixed")
+    by_hand = autotune.Guard(tiny_family, config.candidate, config.fingerprint_digest, answer=autotune.best_config)
+    assert by_hand.fallback() == config
+    given = autotune.Guard(tiny_family, config.candidate, config.fingerprint_digest,
+                           answer=lambda kind, **options: autotune.best_config(kind, **{**options, "prefer": "cpu"}))
+    assert given.fallback() == autotune.best_config(tiny_family, prefer="cpu")
+
+
+def test_a_guard_made_by_hand_without_an_answer_watches_and_says_what_to_pass_at_fallback(tiny_family: str) -> None:
+    config = measured_config(tiny_family, "bf16-mixed")
+    guard = autotune.Guard(tiny_family, config.candidate, config.fingerprint_digest, read_every=4)
+    for loss in (1.0, 0.9, 0.8, 0.7):
+        guard.step(torch.tensor(loss))
+    assert guard.check() is None and guard.steps == 4
+    with pytest.raises(autotune.ConfigurationError, match=r"pass answer=autotune\.best_config, or make the guard "
+                       r"with cfg\.guard\(\)") as raised:
+        guard.fallback()
+    assert (raised.value.variable, raised.value.value) == ("answer", None)
 
 
 def test_a_loop_through_guard_data_keeps_its_batches_for_the_replay(tiny_family: str) -> None:

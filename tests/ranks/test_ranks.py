@@ -17,12 +17,14 @@ from torch._C._distributed_c10d import AllgatherOptions
 from autotune import CalibrationError, Config, ConfigurationError, RanksError
 from autotune._cache.store import StoreFile
 from autotune._decide import decide
+from autotune._decision import Decision
 from autotune._ranks.agree import device_counts, digest, for_rank, own_device, view, words
 from autotune._ranks.group import JobGroup
 from autotune._ranks.job import Machine, agreed, confirm
 from autotune._ranks.launch import Launch, from_environment, own_index
 from autotune._records import Candidate, FamilyResult, Ranks
-from autotune.testing.simulate import simulate, truth_from_record
+from autotune.testing.simulate import simulate
+from autotune.testing.truth import truth_from_record
 
 MACHINES = Path(__file__).parents[2] / "fixtures" / "machines"
 
@@ -107,7 +109,7 @@ def _machine(name: str, kind: str, *, gpus: int = 1, share: int = 4) -> Callable
 def test_on_a_two_gpu_machine_rank_1_trains_on_cuda_1_with_rank_0s_settings() -> None:
     machine = _machine("rtx-3090-i9", "cnn", gpus=2)
     first, second = in_ranks(["0", "0"], lambda job: agreed(job, "cnn", {}, machine))
-    assert isinstance(first, Config) and isinstance(second, Config)
+    assert isinstance(first, Decision) and isinstance(second, Decision)
     assert (first.device, second.device) == ("cuda:0", "cuda:1")
     assert digest(first) == digest(second)
     assert words(second) == "cuda bf16-mixed channels_last fused-optimizer"
@@ -121,7 +123,7 @@ def test_two_machines_that_disagree_train_with_rank_0s_choice_and_say_what_it_co
     # An RTX 3090 (native bf16) and an RTX 2070 (emulated bf16: fp16 measured fastest there).
     machines = {"0": _machine("rtx-3090-i9", "cnn"), "1": _machine("rtx-2070", "cnn")}
     first, second = in_ranks(["0", "1"], lambda job: agreed(job, "cnn", {}, machines[job.launch.node or ""]))
-    assert isinstance(first, Config) and isinstance(second, Config)
+    assert isinstance(first, Decision) and isinstance(second, Decision)
     assert digest(first) == digest(second) and (first.precision, second.precision) == ("bf16-mixed", "bf16-mixed")
     assert first.reason.startswith("bf16 mixed precision with channels_last and the fused optimizer on cuda:0: ")
     assert second.device == "cuda:0" and second.fingerprint_digest == _stored("rtx-2070").fingerprint.digest
@@ -189,7 +191,7 @@ def test_ranks_that_ask_for_other_families_or_options_raise_on_every_rank_naming
         assert isinstance(result, RanksError)
         assert "rank 1 asked for 'cnn' with prefer='cpu', model='Sequential 5c3e2a09d1f4' but rank 0 with " \
             "prefer='auto', model=None" in str(result)
-    assert all(isinstance(result, Config) for result in asking(["cnn", "cnn"], [auto, dict(auto)]))
+    assert all(isinstance(result, Decision) for result in asking(["cnn", "cnn"], [auto, dict(auto)]))
 
 
 def test_ranks_at_other_exchanges_raise_naming_both_and_an_older_autotune_is_named() -> None:

@@ -76,7 +76,7 @@ def test_guard_fallback_is_a_collective_a_rank_calling_it_alone_raises_within_th
         if job.launch.rank == 1:
             time.sleep(6)  # alive, its group open, training on: it never calls guard.fallback()
             return None
-        return Guard("tiny_mlp", fp32, "digest", job=job).fallback()
+        return Guard("tiny_mlp", fp32, "digest", job=job, answer=autotune.best_config).fallback()
 
     first, _ = in_ranks(["0", "0"], alone, loop_timeout_s=2.0)
     assert isinstance(first, RanksError)
@@ -84,7 +84,7 @@ def test_guard_fallback_is_a_collective_a_rank_calling_it_alone_raises_within_th
         "rank calls best_config) (at most AUTOTUNE_RANKS_LOOP_TIMEOUT_S=2 s) and got: " in str(first)
 
     def reading(job: JobGroup) -> object:
-        guard = Guard("tiny_mlp", fp32, "digest", read_every=1, job=job)
+        guard = Guard("tiny_mlp", fp32, "digest", read_every=1, job=job, answer=autotune.best_config)
         if job.launch.rank == 1:
             guard.step(1.0)  # the guard's read: an exchange every rank makes at the same step
             return None
@@ -95,7 +95,8 @@ def test_guard_fallback_is_a_collective_a_rank_calling_it_alone_raises_within_th
         assert "was at the guard's read at step 1 while rank" in str(result) \
             or "was at guard.fallback() while rank 1 was at the guard's read at step 1" in str(result)
 
-    together = in_ranks(["0", "0"], lambda job: Guard("tiny_mlp", fp32, "digest", job=job).fallback())
+    together = in_ranks(["0", "0"], lambda job: Guard("tiny_mlp", fp32, "digest", job=job,
+                                                      answer=autotune.best_config).fallback())
     assert all(isinstance(result, Config) and result.model_kind == "tiny_mlp" for result in together)
 
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from autotune._decide import decide
 from autotune._records import Candidate, Failure
-from autotune.testing.simulate import CandidateTruth, Truth, simulate
+from autotune.testing.simulate import simulate
+from autotune.testing.truth import CandidateTruth, Truth
 
 SEEDS = range(20)
 

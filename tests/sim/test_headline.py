@@ -8,7 +8,8 @@ import re
 from autotune._decide import decide
 from autotune._records import Candidate
 from autotune._variants import Facts
-from autotune.testing.simulate import CandidateTruth, Truth, simulate
+from autotune.testing.simulate import simulate
+from autotune.testing.truth import CandidateTruth, Truth
 
 FP32 = Candidate(device="cpu", precision="fp32")
 BF16 = Candidate(device="cpu", precision="bf16-mixed")

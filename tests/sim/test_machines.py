@@ -15,7 +15,8 @@ from autotune._cache.store import SCHEMA_VERSION, StoreFile
 from autotune._config import Config
 from autotune._decide import decide
 from autotune._records import Candidate
-from autotune.testing.simulate import simulate, truth_from_record
+from autotune.testing.simulate import simulate
+from autotune.testing.truth import truth_from_record
 
 MACHINES = Path(__file__).parents[2] / "fixtures" / "machines"
 

@@ -10,7 +10,8 @@ from simulated_for_tests import SEEDS, gpu_machine, on, picks
 
 from autotune._decide import decide, finalists, ranking
 from autotune._variants import Facts
-from autotune.testing.simulate import CandidateTruth, Truth, simulate
+from autotune.testing.simulate import simulate
+from autotune.testing.truth import CandidateTruth, Truth
 
 
 def test_a_10x_gap_is_always_taken() -> None:

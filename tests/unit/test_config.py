@@ -66,6 +66,7 @@ def test_a_decided_config_dumps_every_key_it_always_had() -> None:
     """Config is built from the pick's candidate: the dump (CLI --json, an app's logs) keeps its keys and values."""
     from samples import family, timed
 
+    from autotune._config import config_of
     from autotune._decide import decide
     from autotune._records import Candidate
 
@@ -73,7 +74,7 @@ def test_a_decided_config_dumps_every_key_it_always_had() -> None:
     fast = fast.model_copy(update={"candidate": Candidate(device="cpu", precision="bf16-mixed",
                                                           memory_format="channels_last", optimizer="fused"),
                                    "peak_bytes": 3 * 2**20})
-    config = decide(family("cnn", timed("cpu", "fp32", 100.0), fast), digest="d")
+    config = config_of(decide(family("cnn", timed("cpu", "fp32", 100.0), fast), digest="d"))
     dumped = config.model_dump()
     assert dumped == {
         "model_kind": "cnn", "device": "cpu", "precision": "bf16-mixed", "source": "measured",

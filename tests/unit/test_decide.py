@@ -6,6 +6,7 @@ import pytest
 from samples import failed, family, rival, timed
 
 from autotune import CalibrationError, _stats
+from autotune._config import config_of
 from autotune._decide import decide, picked
 from autotune._records import Candidate, CandidateResult, Drop, Interval
 
@@ -182,7 +183,7 @@ def test_fp16_pick_reports_the_lowered_init_scale() -> None:
     assert (config.precision, config.init_scale) == ("fp16-mixed", 1024.0)
     assert config.evidence is not None
     assert (config.evidence.default_scale_skipped, config.evidence.verified_steps) == (3, 8)
-    assert config.grad_scaler().get_scale() == 1024.0
+    assert config_of(config).grad_scaler().get_scale() == 1024.0
 
 
 def test_the_same_math_is_ranked_on_the_final_rounds_both_were_timed_in() -> None:
