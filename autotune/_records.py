@@ -10,10 +10,10 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from autotune import _variants
-from autotune._variants import MemoryFormat, OptimizerImpl
+from autotune._variants import MemoryFormat, OptimizerImpl, Precision
 
-Precision = Literal["fp32", "tf32", "bf16-mixed", "fp16-mixed"]
-PRECISIONS: tuple[Precision, ...] = ("fp32", "tf32", "bf16-mixed", "fp16-mixed")
+#: every precision's name, simplest first
+PRECISIONS: tuple[Precision, ...] = tuple(row.name for row in _variants.PRECISION_ROWS)
 
 FailureKind = Literal["crashed", "timeout", "oom", "error", "unsupported", "numerics", "too_slow"]
 Misbehaviour = Literal["non_finite", "skipped_steps", "diverged"]
@@ -76,7 +76,7 @@ class Candidate(Choice):
 
 
 #: fp32 on the CPU: what every speed-up is against, and the answer that always trains
-FP32_CPU = Candidate(device="cpu", precision="fp32")
+FP32_CPU = Candidate(device="cpu", precision=_variants.FP32.name)
 
 
 class Failure(Record):

@@ -1,9 +1,11 @@
-"""The variant axes: the settings of the same math a candidate may change beside its device and precision.
+"""The tables a candidate is made of: its precisions and the variant axes beside its device and precision.
 
-One row per axis (:data:`AXES`): its :class:`~autotune._records.Choice` field and default, its words, whether
-torch's own setting wins a tie, and when the search proposes another setting. The records, the rules, the plan
-and the reasons iterate these rows; :mod:`autotune._variants.apply` applies each axis to torch. Imports
-nothing of autotune, nor torch: the records read it.
+One row per precision (:data:`PRECISION_ROWS`, simplest first): how its float32 math and autocast run, whether a
+GradScaler scales the loss, its words in Lightning, Accelerate and a reason. One row per axis (:data:`AXES`): its
+:class:`~autotune._records.Choice` field and default, its words, whether torch's own setting wins a tie, whether
+every rank of a job shares it, and when the search proposes another setting. The records, the rules, the plan and
+the reasons iterate these rows; :mod:`autotune._variants.apply` applies each axis to torch. Imports nothing of
+autotune, nor torch: the records read it.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel
 
+Precision = Literal["fp32", "tf32", "bf16-mixed", "fp16-mixed"]
 #: how far the search looks (``AUTOTUNE_SEARCH``): the precisions only, the default variants, or every axis
 Search = Literal["precision", "default", "extended"]
 MemoryFormat = Literal["contiguous", "channels_last"]
@@ -22,6 +25,50 @@ OptimizerImpl = Literal["default", "foreach", "fused"]
 
 V = TypeVar("V")
 C = TypeVar("C", bound=BaseModel)
+
+
+@dataclass(frozen=True)
+class PrecisionRow:
+    """One precision, e.g. ``bf16-mixed``: bf16 autocast, no GradScaler, ``'bf16-mixed'`` to Lightning."""
+
+    name: Precision
+    #: how float32 matmuls, convolutions and RNNs compute: ``'ieee'``, ``'tf32'`` (on CUDA; IEEE on the CPU), or
+    #: None where autocast decides and the app's own settings stand (see :mod:`autotune._fp32`)
+    fp32_math: Literal["ieee", "tf32"] | None
+    #: autocast's dtype as torch names it, e.g. ``'bfloat16'``; None: no autocast
+    autocast: str | None
+    #: a GradScaler scales the loss (its init_scale is calibrated and shared by every rank of a job)
+    grad_scaler: bool
+    #: Lightning's ``precision=`` word; tf32 is fp32 there plus the float32 settings
+    lightning: str
+    #: Accelerate's ``mixed_precision=`` word
+    accelerate: str
+    #: in a reason, e.g. ``'bf16 mixed precision'``
+    prose: str
+
+
+FP32 = PrecisionRow(name="fp32", fp32_math="ieee", autocast=None, grad_scaler=False, lightning="32-true",
+                    accelerate="no", prose="fp32")
+TF32 = PrecisionRow(name="tf32", fp32_math="tf32", autocast=None, grad_scaler=False, lightning="32-true",
+                    accelerate="no", prose="TF32")
+BF16_MIXED = PrecisionRow(name="bf16-mixed", fp32_math=None, autocast="bfloat16", grad_scaler=False,
+                          lightning="bf16-mixed", accelerate="bf16", prose="bf16 mixed precision")
+FP16_MIXED = PrecisionRow(name="fp16-mixed", fp32_math=None, autocast="float16", grad_scaler=True,
+                          lightning="16-mixed", accelerate="fp16", prose="fp16 mixed precision")
+#: every precision, simplest first: among candidates nothing clearly beats, the simpler one is preferred (numerics
+#: headroom)
+PRECISION_ROWS: tuple[PrecisionRow, ...] = (FP32, TF32, BF16_MIXED, FP16_MIXED)
+_PRECISION_BY_NAME = {row.name: row for row in PRECISION_ROWS}
+
+
+def precision_row(name: Precision) -> PrecisionRow:
+    """The row of precision ``name``, e.g. :data:`BF16_MIXED` for ``'bf16-mixed'``."""
+    return _PRECISION_BY_NAME[name]
+
+
+def simplicity(name: Precision) -> int:
+    """Lower is simpler: 0 for fp32, then tf32, bf16, fp16 (the order of :data:`PRECISION_ROWS`)."""
+    return PRECISION_ROWS.index(_PRECISION_BY_NAME[name])
 
 
 @dataclass(frozen=True)
@@ -125,6 +172,8 @@ def prose(choice: object) -> list[str]:
 
 
 __all__ = [
-    "AXES", "COMPILED", "MEMORY_FORMAT", "NUM_THREADS", "OPTIMIZER", "Axis", "Facts", "MemoryFormat", "OptimizerImpl",
-    "Search", "Situation", "changed", "fewer_threads", "prose", "reachable", "threads_per_process",
+    "AXES", "BF16_MIXED", "COMPILED", "FP16_MIXED", "FP32", "MEMORY_FORMAT", "NUM_THREADS", "OPTIMIZER",
+    "PRECISION_ROWS", "TF32", "Axis", "Facts", "MemoryFormat", "OptimizerImpl", "Precision", "PrecisionRow", "Search",
+    "Situation", "changed", "fewer_threads", "precision_row", "prose", "reachable", "simplicity",
+    "threads_per_process",
 ]
