@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from autotune import _fp32, _stats
+from autotune import _fp32, _stats, _variants
 from autotune._families import Family
 from autotune._lab.copies import Load, Loaded
 from autotune._lab.measure import Steppable
@@ -113,7 +113,7 @@ class TorchLab:
             self.device_start_s[candidate.device] = start_device(backend, candidate.device)
         probe_s = self._probe(candidate, backend)
         default_skipped: int | None = None
-        scales = INIT_SCALES if candidate.precision == "fp16-mixed" else (None,)
+        scales = INIT_SCALES if _variants.precision_row(candidate.precision).grad_scaler else (None,)
         for init_scale in scales:
             backend.reset_peak_memory(candidate.device)
             step = TrainStep(self.family, candidate, backend, seed=self.settings.seed, fp32_host=self.fp32_host,

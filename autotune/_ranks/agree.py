@@ -28,7 +28,7 @@ from autotune._records import (
     FamilyResult,
     Ranks,
 )
-from autotune._variants import NUM_THREADS
+from autotune._variants import NUM_THREADS, precision_row
 from autotune._wording import agreed_reason
 from autotune.backends import Accelerator
 
@@ -70,7 +70,7 @@ def view(measured: FamilyResult, local_rank: int, counts: dict[str, int]) -> Fam
 def shared(config: Decision) -> dict[str, object]:
     """What DDP needs identical on every rank, e.g. ``{"device": "cuda", "precision": "bf16-mixed", ...}``."""
     return {"device": config.device_type, **{name: getattr(config, name) for name in SHARED},
-            "init_scale": config.init_scale if config.precision == "fp16-mixed" else None}
+            "init_scale": config.init_scale if precision_row(config.precision).grad_scaler else None}
 
 
 def digest(config: Decision) -> str:

@@ -27,9 +27,9 @@ from autotune._lab.prepare import CandidateFailed, Prepared
 from autotune._lab.protocol import CalibrationSettings, Checkpoint, Done
 from autotune._lab.session import Session
 from autotune._lab.step import pins_batches
-from autotune._records import Candidate, CandidateResult, ClockEvent, Failure, FamilyResult, Numerics
+from autotune._records import FP32_CPU, Candidate, CandidateResult, ClockEvent, Failure, FamilyResult, Numerics
 from autotune._rules import margin, preference
-from autotune._variants import Facts
+from autotune._variants import Facts, precision_row
 from autotune.backends import ClockReading, backend_for
 from autotune.testing.traces import Cursor, Replay, TraceFile
 
@@ -238,7 +238,7 @@ class Truth:
         return Loop(compute_s=self.compute_ms(candidate) / 1000, launch_s=self.launch_ms(candidate) / 1000,
                     lead_s=self.candidates[candidate.base].lead_ms / 1000, copy_s=self.copy_ms / 1000,
                     sync_s=self.sync_ms / 1000, optimizer_share=self.optimizer_share, copies_wait=copies_wait,
-                    scaler_sync=candidate.precision == "fp16-mixed" and candidate.optimizer != "fused")
+                    scaler_sync=precision_row(candidate.precision).grad_scaler and candidate.optimizer != "fused")
 
     def throttled(self, now: float, device: str) -> bool:
         return device != "cpu" and self.clock_drop is not None and self.clock_drop[0] <= now < self.clock_drop[1]
@@ -507,7 +507,7 @@ def simulate(truth: Truth, seed: int, settings: CalibrationSettings | None = Non
     session = Session(lab, settings, events.append, clock=clock,
                       control=_FakeStep(CONTROL_MS / 1000, "cpu", _ControlWeather(weather)),
                       settle=_settle(weather), discard_on_device_error=False)
-    planned = sorted(truth.candidates, key=lambda c: c != Candidate(device="cpu", precision="fp32"))
+    planned = sorted(truth.candidates, key=lambda c: c != FP32_CPU)
     session.run(planned, staged=True, backend_notes={}, failed=failed, resume=resume)
     done = next(e for e in events if isinstance(e, Done))
     result = FamilyResult(
