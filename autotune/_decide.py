@@ -42,12 +42,10 @@ from autotune._records import (
     Verdict,
 )
 from autotune._rules import indifference, is_open, margin, tie_winner
-from autotune._variants import FP32
+from autotune._variants import FP32, PREFERENCES
 from autotune._wording import headline, no_gpu_words, reason
 
 log = logging.getLogger("autotune")
-
-PREFERENCES: tuple[Prefer, ...] = ("auto", "gpu", "cpu", "cuda", "mps", "xpu")
 
 
 def finalists(measured: FamilyResult) -> list[CandidateResult]:

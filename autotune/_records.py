@@ -10,7 +10,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from autotune import _variants
-from autotune._variants import MemoryFormat, OptimizerImpl, Precision
+from autotune._variants import MemoryFormat, OptimizerImpl, Precision, Prefer
 
 #: every precision's name, simplest first
 PRECISIONS: tuple[Precision, ...] = tuple(row.name for row in _variants.PRECISION_ROWS)
@@ -19,8 +19,6 @@ FailureKind = Literal["crashed", "timeout", "oom", "error", "unsupported", "nume
 Misbehaviour = Literal["non_finite", "skipped_steps", "diverged"]
 #: whose doing a training run's misbehaviour was, as the guard's replay found it
 Blame = Literal["configuration", "training", "not_reproduced", "unreplayed"]
-#: the user's device choice: "gpu" is whatever accelerator this machine has, a backend's name that backend's GPU
-Prefer = Literal["auto", "gpu", "cpu", "cuda", "mps", "xpu"]
 #: why a device holds its clocks down, as NVML reports it: not idling, not an application's clock setting
 ClockEvent = Literal["thermal", "power_cap", "hw_slowdown"]
 

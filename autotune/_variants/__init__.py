@@ -13,18 +13,23 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, get_args
 
-from pydantic import BaseModel
+if TYPE_CHECKING:
+    from pydantic import BaseModel
 
 Precision = Literal["fp32", "tf32", "bf16-mixed", "fp16-mixed"]
+#: the user's device choice: "gpu" is whatever accelerator this machine has, a backend's name that backend's GPU
+Prefer = Literal["auto", "gpu", "cpu", "cuda", "mps", "xpu"]
+#: ``best_config``'s and ``--prefer``'s words
+PREFERENCES: tuple[Prefer, ...] = get_args(Prefer)
 #: how far the search looks (``AUTOTUNE_SEARCH``): the precisions only, the default variants, or every axis
 Search = Literal["precision", "default", "extended"]
 MemoryFormat = Literal["contiguous", "channels_last"]
 OptimizerImpl = Literal["default", "foreach", "fused"]
 
 V = TypeVar("V")
-C = TypeVar("C", bound=BaseModel)
+C = TypeVar("C", bound="BaseModel")
 
 
 @dataclass(frozen=True)
@@ -106,6 +111,11 @@ class Axis(Generic[V]):
     prose: Callable[[V], str]
     #: torch's own setting is preferred where nothing is clearly faster; else the faster estimate wins
     preferred: bool
+    #: every rank of a job trains with the deciding rank's setting (DDP needs it identical); else each its own
+    shared: bool
+    #: a non-default setting compiles the model: its first step compiles, so no step limit or first-step
+    #: comparison applies to it
+    compiles: bool
     #: the search stage that proposes it: 2 (of a device's leader, then combined with the other stage-2 axes in
     #: stage 3) or 3 (of the stage-3 leader, not combined)
     stage: Literal[2, 3]
@@ -129,23 +139,24 @@ def _threads(count: int | None) -> str:
 
 
 MEMORY_FORMAT: Axis[MemoryFormat] = Axis(
-    field="memory_format", default="contiguous", label=str, prose=str, preferred=False, stage=2,
-    propose=lambda s: ["channels_last"] if s.facts.image_inputs else [],
+    field="memory_format", default="contiguous", label=str, prose=str, preferred=False, shared=True, compiles=False,
+    stage=2, propose=lambda s: ["channels_last"] if s.facts.image_inputs else [],
 )
 # foreach is not proposed: on the CPU, where torch's default is the single-tensor loop, fused was faster than
 # foreach wherever the optimizer's share of a step showed at all; on CUDA and XPU foreach is torch's default.
 OPTIMIZER: Axis[OptimizerImpl] = Axis(
     field="optimizer", default="default", label=lambda impl: f"{impl}-optimizer",
-    prose=lambda impl: f"the {impl} optimizer", preferred=False, stage=2,
+    prose=lambda impl: f"the {impl} optimizer", preferred=False, shared=True, compiles=False, stage=2,
     propose=lambda s: ["fused"] if s.facts.default_optimizer else [],
 )
 NUM_THREADS: Axis[int | None] = Axis(
-    field="num_threads", default=None, label=_threads, prose=_threads, preferred=True, stage=3,
+    field="num_threads", default=None, label=_threads, prose=_threads, preferred=True, shared=False, compiles=False,
+    stage=3,
     propose=lambda s: fewer_threads(s.default_threads) if s.device == "cpu" else [],
 )
 COMPILED: Axis[bool] = Axis(
     field="compiled", default=False, label=lambda _: "compiled", prose=lambda _: "torch.compile", preferred=True,
-    stage=2, propose=lambda s: [True] if s.search == "extended" else [],
+    shared=True, compiles=True, stage=2, propose=lambda s: [True] if s.search == "extended" else [],
 )
 #: every axis, in the order of a label's words and of the preference's keys
 AXES: tuple[Axis[Any], ...] = (MEMORY_FORMAT, OPTIMIZER, NUM_THREADS, COMPILED)
@@ -155,6 +166,15 @@ def changed(choice: object) -> list[tuple[Axis[Any], Any]]:
     """The axes on which ``choice`` (a :class:`~autotune._records.Choice`) does not run torch's own setting,
     each with its setting, e.g. ``[(MEMORY_FORMAT, 'channels_last')]``."""
     return [(axis, value) for axis in AXES if (value := getattr(choice, axis.field)) != axis.default]
+
+
+def compiles(choice: object) -> bool:
+    """Whether ``choice`` (a :class:`~autotune._records.Choice`) compiles its model (``torch.compile``)."""
+    return any(axis.compiles for axis, _ in changed(choice))
+
+
+#: the :class:`~autotune._records.Choice` fields every rank of a job shares: the precision and the shared axes
+SHARED_FIELDS: tuple[str, ...] = ("precision", *(axis.field for axis in AXES if axis.shared))
 
 
 def reachable(choice: C, situation: Situation) -> list[C]:
@@ -173,7 +193,7 @@ def prose(choice: object) -> list[str]:
 
 __all__ = [
     "AXES", "BF16_MIXED", "COMPILED", "FP16_MIXED", "FP32", "MEMORY_FORMAT", "NUM_THREADS", "OPTIMIZER",
-    "PRECISION_ROWS", "TF32", "Axis", "Facts", "MemoryFormat", "OptimizerImpl", "Precision", "PrecisionRow", "Search",
-    "Situation", "changed", "fewer_threads", "precision_row", "prose", "reachable", "simplicity",
-    "threads_per_process",
+    "PRECISION_ROWS", "PREFERENCES", "SHARED_FIELDS", "TF32", "Axis", "Facts", "MemoryFormat", "OptimizerImpl",
+    "Precision", "PrecisionRow", "Prefer", "Search", "Situation", "changed", "compiles", "fewer_threads",
+    "precision_row", "prose", "reachable", "simplicity", "threads_per_process",
 ]
