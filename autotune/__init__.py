@@ -43,7 +43,7 @@ _WHERE = {
     "use_defaults": "_cache.exchange",
     "Family": "_families", "Workload": "_families", "get_family": "_families", "register_family": "_families",
     "Fingerprint": "_fingerprint", "fingerprint": "_fingerprint",
-    "Guard": "_guarded",
+    "Guard": "_guard.watch",
     # Loads Lightning: reachable as autotune.GuardCallback, left out of __all__ so that `from autotune import *`
     # never needs a framework the app may not have.
     "GuardCallback": "_lightning",
@@ -80,7 +80,7 @@ if TYPE_CHECKING:
     )
     from autotune._families import Family, Workload, get_family, register_family
     from autotune._fingerprint import Fingerprint, fingerprint
-    from autotune._guarded import Guard
+    from autotune._guard.watch import Guard
     from autotune._lab.entry import freeze_support, set_worker_python
     from autotune._lightning import GuardCallback as GuardCallback  # re-exported; not in __all__: it loads Lightning
     from autotune._records import Evidence, Rival

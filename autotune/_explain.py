@@ -112,10 +112,10 @@ def evidence_table(config: Decision, out: Console) -> Table:
 #: what the columns of --explain's tables say, printed under them
 MEASURED_LEGEND = (
     "timed in: the search stage whose rounds give its step time (final: the paired comparison that decides), or "
-    "failed; step: median step time (in parentheses: its first step only); rounds: R x S, R interleaved rounds of "
+    "failed; step: mean step time (in parentheses: its first step only); rounds: R x S, R interleaved rounds of "
     "S steps each; vs fp32 CPU: its step time over fp32 on the CPU's (an interval: timed in the same rounds; "
-    "~: from medians of other rounds); set-up: device, model and first step; peak MiB: the most memory its steps "
-    "held (of what the allocator reserved); numerics: the largest relative loss error against fp32 on the CPU, "
+    "~: from mean step times of other rounds); set-up: device, model and first step; peak MiB: the most memory its "
+    "steps held (of what the allocator reserved); numerics: the largest relative loss error against fp32 on the CPU, "
     "then the cosine of its parameter update with fp32's")
 
 
@@ -130,7 +130,8 @@ EVIDENCE_LEGEND = (
 
 def vs_fp32_cpu(result: CandidateResult, measured: FamilyResult, config: Decision) -> str:
     """Its step time over fp32 on the CPU's, e.g. ``'0.55x (0.52-0.58)'`` where they were timed in the same rounds,
-    ``'0.3x'`` from the decision's paired evidence (a chain of ratios to the pick), ``'~0.33x'`` from medians."""
+    ``'0.3x'`` from the decision's paired evidence (a chain of ratios to the pick), ``'~0.33x'``
+    from mean step times."""
     timing = result.timing
     baseline = measured.result(FP32_CPU)
     if timing is None or baseline is None or baseline.timing is None or result.candidate == FP32_CPU:

@@ -1,6 +1,6 @@
 """Decision quality against known truths: the real search and decision code, many seeded runs per scenario.
 
-Each scenario is a truth profile (``autotune.testing.simulate``): how fast every candidate really is and how
+Each scenario is a truth profile (``autotune.testing.truth``): how fast every candidate really is and how
 the machine misbehaves while it is measured. The real session (stages, sequential timing, final paired
 comparison) measures it on a fake clock, the real ``decide`` picks, and the pick is scored against the pick
 the same rules make on the exact truth. Printed per scenario (JSON lines):
@@ -47,16 +47,16 @@ from autotune._decide import decide, finalists
 from autotune._records import Candidate, Failure
 from autotune._rules import MARGIN, complexity
 from autotune._variants import Facts, Situation, reachable
-from autotune.testing.simulate import (
+from autotune.testing.simulate import simulate
+from autotune.testing.traces import read_replay
+from autotune.testing.truth import (
     CandidateTruth,
     Truth,
-    simulate,
     true_pick,
     true_score,
     truth_from_record,
     truth_from_trace,
 )
-from autotune.testing.traces import read_replay
 
 MACHINES = Path(__file__).parent.parent / "fixtures" / "machines"
 TRACES = Path(__file__).parent.parent / "fixtures" / "traces"

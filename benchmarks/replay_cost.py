@@ -8,7 +8,7 @@ snapshot's own size, the run's ms per step, the replay's seconds, replayed steps
 resident memory (current before the finding; peak before it and after the replay; from ``getrusage``'s high-water
 mark, which counts tensors' memory that ``tracemalloc`` does not see), each set beside the state's size.
 
-    python benchmarks/replay_cost.py [--device cpu] [--precision bf16-mixed] [--quick]
+    python benchmarks/replay_cost.py [--device cpu] [--precision bf16-mixed] [--read-every N] [--quick]
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def linear_stack(width: int, layers: int, batch: int, device: str) -> tuple[nn.M
     return model, inputs, loss
 
 
-def case(name: str, *, device: str, precision: str, quick: bool) -> None:
+def case(name: str, *, device: str, precision: str, quick: bool, read_every: int | None) -> None:
     """Train ``name`` under a guard until its forced finding is replayed; emit what it cost."""
     if name == "transformer":
         workload = get_family("transformer").build()
@@ -89,7 +89,7 @@ def case(name: str, *, device: str, precision: str, quick: bool) -> None:
     else:
         model, inputs, loss = linear_stack(256 if quick else 2048, 4 if quick else 24, 8, device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    read_every = 3 if quick else 50
+    read_every = read_every or (3 if quick else 50)
     fault_at = 2 * read_every - 2  # three NaN losses by the second read: found there
 
     def loss_fn(model: nn.Module, batch: Any) -> torch.Tensor:
@@ -149,16 +149,20 @@ def main() -> None:
     parser.add_argument("--precision", default="bf16-mixed", choices=["bf16-mixed", "fp16-mixed"])
     parser.add_argument("--quick", action="store_true",
                         help="a small linear stack, two rows of the transformer's batch, a read every 3 steps")
+    parser.add_argument("--read-every", type=int, help="steps between the guard's reads (default 50, --quick 3): a "
+                        "replay covers up to two of them; fewer where bf16 steps on a CPU take seconds")
     parser.add_argument("--case", choices=CASES, help="run this case here (each case runs in a process of its own)")
     args = parser.parse_args()
     if args.case is not None:
-        case(args.case, device=args.device, precision=args.precision, quick=args.quick)
+        case(args.case, device=args.device, precision=args.precision, quick=args.quick, read_every=args.read_every)
         return
     with tempfile.TemporaryDirectory() as cache:  # the finding's demotion stays out of your cache
         env = {**os.environ, "AUTOTUNE_CACHE_DIR": cache}
         for name in CASES:
             argv = [sys.executable, __file__, "--case", name, "--device", args.device, "--precision", args.precision]
-            subprocess.run(argv + (["--quick"] if args.quick else []), env=env, check=True)
+            argv += ["--quick"] if args.quick else []
+            argv += ["--read-every", str(args.read_every)] if args.read_every else []
+            subprocess.run(argv, env=env, check=True)
 
 
 if __name__ == "__main__":

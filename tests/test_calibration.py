@@ -45,7 +45,7 @@ def test_end_to_end_calibration_of_builtin_tiny_mlp(isolated_autotune: Path) -> 
             assert (found.verdict, found.failure) == ("failed", result.failure)
         else:
             assert found.ratio is not None and found.against is not None and found.rounds is not None
-            assert found.verdict != "untimed" and found.step_ms == result.timing.median_ms  # type: ignore[union-attr]
+            assert found.verdict != "untimed" and found.step_ms == result.timing.mean_ms  # type: ignore[union-attr]
         if result.timing is not None and result.timing.dropped is not None:
             assert (found.verdict, found.ratio, found.rounds) == (
                 "dropped", result.timing.dropped.ratio, result.timing.dropped.rounds)

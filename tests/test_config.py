@@ -78,7 +78,7 @@ def test_a_decided_config_dumps_every_key_it_always_had() -> None:
     dumped = config.model_dump()
     assert dumped == {
         "model_kind": "cnn", "device": "cpu", "precision": "bf16-mixed", "source": "measured",
-        "reason": config.reason, "step_ms": fast.timing.median_ms if fast.timing else None, "setup_s": 0.1,
+        "reason": config.reason, "step_ms": fast.timing.mean_ms if fast.timing else None, "setup_s": 0.1,
         "speedup_vs_fp32_cpu": dumped["speedup_vs_fp32_cpu"], "init_scale": None, "peak_memory_mb": 3.0,
         "num_threads": None, "memory_format": "channels_last", "optimizer": "fused", "compiled": False,
         "noisy": False, "fingerprint_digest": "d", "measured_at": "2026-11-30T00:00:00+00:00",

@@ -31,7 +31,8 @@ from autotune._ranks.group import JobGroup
 from autotune._ranks.job import Machine, agreed, confirm
 from autotune._ranks.launch import Launch, from_environment, own_index
 from autotune._records import Candidate, FamilyResult, Ranks
-from autotune.testing.simulate import simulate, truth_from_record
+from autotune.testing.simulate import simulate
+from autotune.testing.truth import truth_from_record
 
 MACHINES = Path(__file__).parent.parent / "fixtures" / "machines"
 TORCHRUN = {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "1"}

@@ -12,7 +12,8 @@ import autotune
 from autotune._decide import decide, finalists, ranking
 from autotune._records import Candidate, CandidateResult, Failure
 from autotune._variants import Facts
-from autotune.testing.simulate import CandidateTruth, Truth, simulate
+from autotune.testing.simulate import simulate
+from autotune.testing.truth import CandidateTruth, Truth
 
 SEEDS = range(20)
 

@@ -32,8 +32,8 @@ EXCEPTIONS = {
     ("_guard/replay.py", "optimizer"),
     ("_guard/watch.py", "optimizer"),
     # the simulated truths: a fused optimizer's GradScaler needs no sync; a recorded channels_last means 4-D inputs
-    ("testing/simulate.py", "fused"),
-    ("testing/simulate.py", "channels_last"),
+    ("testing/truth.py", "fused"),
+    ("testing/truth.py", "channels_last"),
 }
 
 

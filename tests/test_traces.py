@@ -11,8 +11,9 @@ import pytest
 from autotune._decide import decide
 from autotune._records import Candidate
 from autotune._variants import Facts
-from autotune.testing.simulate import simulate, truth_from_trace
+from autotune.testing.simulate import simulate
 from autotune.testing.traces import CandidateTrace, StepTrace, TraceFile, TraceMachine, read_replay
+from autotune.testing.truth import truth_from_trace
 
 TRACE = Path(__file__).parent.parent / "fixtures" / "traces" / "cnn.json.gz"
 PLAIN = Candidate(device="cpu", precision="fp32")

@@ -59,7 +59,7 @@ SNAPSHOT_MEMORY_SHARE = 0.25
 #: a few times slower than the run's precision fits, a reference on the CPU for a GPU's fp32 may not
 REPLAY_STEP_TIMES = 25.0
 #: a replay may always take this long: at the scale of tiny steps, copying the model and the timer are the noise
-REPLAY_MIN_S = 2.0
+REPLAY_MIN_S = 10.0
 #: a replay diverges where the median of its second half of losses is this many times that of its first half
 DIVERGED_RISE = 1.5
 

@@ -99,8 +99,8 @@ class Guard(Generic[Answered]):
     it the guard stops watching. With ``model``, ``optimizer`` and ``loss_fn`` (``loss_fn(model, batch)`` -> the
     loss, as the loop computes it) and each step's ``batch``, a finding is replayed before anything is demoted.
     In a ``job`` of many processes the ranks compare at each read: the first rank's finding is every rank's.
-    ``answer`` is what :meth:`fallback` asks again: ``autotune.best_config``, which ``Config.guard()`` gives it and
-    ``autotune.Guard`` (``autotune._guarded``) takes by default.
+    ``answer`` is what :meth:`fallback` asks again: ``autotune.best_config``, which ``Config.guard()`` gives it; a
+    guard made by hand without it watches as well, and its :meth:`fallback` raises :class:`ConfigurationError`.
     """
 
     def __init__(self, model_kind: str, candidate: Candidate, digest: str, *, on_failure: OnFailure = "warn",
@@ -273,8 +273,9 @@ class Guard(Generic[Answered]):
         guard shares), so that every rank trains the one answer DDP needs; a rank that calls it alone raises
         :class:`RanksError` within ``AUTOTUNE_RANKS_LOOP_TIMEOUT_S``."""
         if self._answer is None:
-            raise ConfigurationError("answer", None, "autotune.best_config: a Guard made by hand answers again "
-                                     "through the function it is given (cfg.guard() gives it best_config)")
+            raise ConfigurationError("answer", None, "autotune.best_config", why=(
+                "a Guard made by hand answers fallback() with the function it is given: pass "
+                "answer=autotune.best_config, or make the guard with cfg.guard(), which gives it best_config"))
         if self.job is not None:
             # Every rank here first, within the loop's bound: the answer's own exchanges wait as long as a
             # calibration may take, which a rank that never calls would turn into that long a hang.

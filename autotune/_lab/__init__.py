@@ -8,8 +8,8 @@ driven by ``child`` over the typed messages of ``protocol``; ``entry`` runs ``ch
 its host's life, and ``copies`` the copies of the timed step that stand for a job's other processes on the
 machine. Beside the pipeline: ``retime`` (re-timing a cached pick for the canary), ``memory`` (peak memory at one
 batch size), ``trace`` (a step under the profiler). The host side of the worker process is
-:mod:`autotune._worker`; truth profiles that drive the same session on a fake clock are
-:mod:`autotune.testing.simulate`.
+:mod:`autotune._worker`; truth profiles (:mod:`autotune.testing.truth`) drive the same session on a fake clock
+in :mod:`autotune.testing.simulate`.
 
 It imports backends, families and the records, never the API, the cache or the decision: it prunes, and
 ``autotune._decide`` picks from what it measured.

@@ -62,6 +62,8 @@ SETTING_SHARE = 0.1
 KEEP_UP = 0.10
 #: a deeper prefetch tried for a winner that does not keep up: it absorbs uneven batches, not slow ones
 DEEP_PREFETCH = 4
+#: the prefetch_factor measured first (DataLoader's default)
+_PREFETCH = 2
 #: bumped when what a stored answer means changes (2: workers start as the user's DataLoader starts them; the
 #: dataset is keyed without its sample's sizes, the fixed arguments by what they are; 3: the step is the recorded
 #: step time, each setting timed over two periods of its workers' wave, the copy to the device included)
@@ -181,12 +183,14 @@ def _measure(candidate: Candidate, model_kind: str, dataset: Any, signature: str
         always = counts[:2] if counts[0] == 0 else counts[:1]  # no workers, and the most
         remaining = list(counts)
         load_s = 0.0  # a batch's loading on one thread, once the loop without workers has told it
+        count_s = 0.0  # what a thread count of the last worker setting cost beyond its window: its workers' start
         while remaining:
             workers = remaining.pop(0)
             tried = _workers.thread_counts(threads, workers, cores)
-            if workers not in always and time.perf_counter() + _window_s(
+            if workers not in always and time.perf_counter() + len(tried) * count_s + _window_s(
                     workers, len(tried), load_s=load_s, step_s=step / 1000, setting_s=setting_s) > started + budget_s:
                 break
+            before = time.perf_counter()
             if workers == 0:
                 trials.append(_alone(dataset, stand_in, loading, threads=threads, method=method,
                                      setting_s=setting_s))
@@ -197,7 +201,9 @@ def _measure(candidate: Candidate, model_kind: str, dataset: Any, signature: str
                         step_s=step / 1000, setting_s=setting_s))
             else:
                 try:
-                    trials += timing(workers, tried, prefetch=2, deadline=started + budget_s)
+                    trials += timing(workers, tried, prefetch=_PREFETCH, deadline=started + budget_s)
+                    count_s = max(0.0, (time.perf_counter() - before) / len(tried) - _window_s(
+                        workers, 1, load_s=load_s, step_s=step / 1000, setting_s=setting_s))
                 except _Unreceivable as exc:
                     if needs_workers:
                         raise DatasetError(named(dataset), f"the fixed arguments need workers, and {exc}") from exc
@@ -229,10 +235,12 @@ def _measure(candidate: Candidate, model_kind: str, dataset: Any, signature: str
 
 
 def _window_s(workers: int, thread_counts: int, *, load_s: float, step_s: float, setting_s: float) -> float:
-    """About how long ``workers`` take to be timed at ``thread_counts`` training thread counts: their first wave
-    (a batch's loading), then per count two periods of their wave (each worker's next two batches, or the steps
-    that consume them) and at least ``setting_s``."""
-    return load_s + thread_counts * max(setting_s, 2 * max(load_s, workers * step_s))
+    """About how long ``workers`` take to be timed at ``thread_counts`` training thread counts: per count (each an
+    epoch of its own) their first wave (a batch's loading), then two periods of their wave (each worker's next two
+    batches, or the steps that consume them) and at least ``setting_s``; between counts and at the end, the batches
+    the workers prefetched, which they load before they start the next epoch or stop."""
+    window = thread_counts * (load_s + max(setting_s, 2 * max(load_s, workers * step_s)))
+    return window + ((thread_counts - 1) * _PREFETCH + 1) * load_s
 
 
 def _stated(budget_s: float, elapsed_s: float, most_s: float) -> float:

@@ -1,6 +1,6 @@
 """Instruments for tests and benchmarks, shipped as ``torch.testing`` is: truth profiles of hardware that is not
-here (:mod:`autotune.testing.simulate`) drive the real measurement, search and decision code on a fake clock;
-:func:`reset_state` gives each test a process as fresh as a new one."""
+here (:mod:`autotune.testing.truth`) drive the real measurement, search and decision code on a fake clock
+(:mod:`autotune.testing.simulate`); :func:`reset_state` gives each test a process as fresh as a new one."""
 
 from __future__ import annotations
 
