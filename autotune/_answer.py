@@ -30,7 +30,7 @@ from autotune._errors import CalibrationError, ConfigurationError
 from autotune._families import Family, family_names, get_family
 from autotune._fingerprint import Fingerprint, fingerprint
 from autotune._ranks.group import JobGroup, joined
-from autotune._records import Candidate, Demotion, Difference, Evidence, FamilyResult, Prefer, SimilarMachine
+from autotune._records import FP32_CPU, Demotion, Difference, Evidence, FamilyResult, Prefer, SimilarMachine
 from autotune._rules import preference
 from autotune._variants import threads_per_process
 from autotune._wording import demoted_reason, reason
@@ -254,7 +254,7 @@ def fallback(kind: str, fp: Fingerprint, store: Store, why: str, *, prefer: Pref
                 Difference(name=name, then=then, now=now) for name, then, now in similar.differences])
             config = restate(config.model_copy(update={"source": "heuristic"}), unmeasured=why, similar=there)
     if config is None:
-        fp32 = Candidate(device="cpu", precision="fp32")
+        fp32 = FP32_CPU
         evidence = Evidence(unmeasured=why)
         config = Decision(**fp32.model_dump(), model_kind=kind, source="heuristic", evidence=evidence,
                         reason=reason(fp32, evidence, measured_at=None), fingerprint_digest=fp.digest)

@@ -1,11 +1,14 @@
 """The command line's arguments: parsed before anything heavy loads, so that ``python -m autotune`` can start its
 calibration worker first (:func:`may_measure`); the rest of the command line is ``autotune._cli``. This module
-imports nothing of autotune, so its callers hand it the package's version."""
+imports nothing of autotune but the candidate's table (only the standard library), so its callers hand it the
+package's version."""
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+
+from autotune._variants import PREFERENCES
 
 EPILOG = """\
 examples:
@@ -36,10 +39,6 @@ environment: AUTOTUNE_CACHE_DIR, AUTOTUNE_DEVICE, AUTOTUNE_ISOLATION, AUTOTUNE_W
 AUTOTUNE_CANDIDATE_TIMEOUT_S, AUTOTUNE_LOCK_TIMEOUT_S, AUTOTUNE_RANKS_TIMEOUT_S, AUTOTUNE_RANKS_LOOP_TIMEOUT_S,
 AUTOTUNE_BUDGET_S, AUTOTUNE_SEARCH, AUTOTUNE_DEFAULTS (docs/reference/environment.md)
 """
-
-
-#: ``best_config``'s ``prefer`` words (``autotune._decide.PREFERENCES``: this module imports nothing of autotune)
-PREFERENCES = ("auto", "gpu", "cpu", "cuda", "mps", "xpu")
 
 
 def parser(version: str) -> argparse.ArgumentParser:
@@ -93,4 +92,4 @@ def may_measure(version: str, argv: Sequence[str] | None = None) -> bool:
     return not (args.clear or args.doctor or args.export or args.import_file or args.forget_demotion)
 
 
-__all__ = ["EPILOG", "PREFERENCES", "may_measure", "parser"]
+__all__ = ["EPILOG", "may_measure", "parser"]

@@ -19,8 +19,8 @@ from autotune._decision import Decision, Source
 from autotune._errors import ConfigurationError, FrameworkError
 from autotune._precision import AUTOCAST_DTYPES, DEFAULT_INIT_SCALE
 from autotune._ranks.group import joined
-from autotune._records import Choice, Precision, Prefer
-from autotune._variants import apply
+from autotune._records import Choice, Prefer
+from autotune._variants import FP16_MIXED, apply, precision_row
 from autotune.backends import backend_for
 
 if TYPE_CHECKING:
@@ -28,12 +28,6 @@ if TYPE_CHECKING:
     from autotune._reports import LoaderReport
 
 Batch = TypeVar("Batch")
-
-#: each precision in the frameworks' words; tf32 is fp32 there plus torch.set_float32_matmul_precision("high")
-LIGHTNING_PRECISIONS: dict[Precision, str] = {
-    "fp32": "32-true", "tf32": "32-true", "bf16-mixed": "bf16-mixed", "fp16-mixed": "16-mixed",
-}
-ACCELERATE_PRECISIONS: dict[Precision, str] = {"fp32": "no", "tf32": "no", "bf16-mixed": "bf16", "fp16-mixed": "fp16"}
 
 
 class Config(Decision):
@@ -150,8 +144,8 @@ class Config(Decision):
             raise FrameworkError("Lightning", f"device {self.device!r}", (
                 f"Lightning has no built-in accelerator for {backend.title}; train with cfg.prepare() and "
                 "cfg.autocast() in your own loop, or through Accelerate (cfg.accelerate_kwargs())"))
-        fp16_plugin = init_scale and self.precision == "fp16-mixed"
-        if device.type == "cpu" and self.precision == "fp16-mixed" and not fp16_plugin:
+        fp16_plugin = init_scale and self.precision == FP16_MIXED.name
+        if device.type == "cpu" and self.precision == FP16_MIXED.name and not fp16_plugin:
             raise FrameworkError("Lightning", "fp16 mixed precision on the CPU", (
                 "Lightning replaces precision='16-mixed' on the CPU with 'bf16-mixed'; pass "
                 "**cfg.lightning_kwargs(init_scale=True), which gives its fp16 plugin instead, or train with "
@@ -169,7 +163,7 @@ class Config(Decision):
                       **({"num_nodes": nodes} if nodes > 1 else {}), "strategy": "ddp"}
         if fp16_plugin:
             return {**kwargs, "plugins": [_lightning_fp16(device.type, self.grad_scaler())]}
-        return {**kwargs, "precision": LIGHTNING_PRECISIONS[self.precision]}
+        return {**kwargs, "precision": precision_row(self.precision).lightning}
 
     def accelerate_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``accelerate.Accelerator``, e.g. ``{"cpu": True, "mixed_precision": "bf16"}``.
@@ -188,11 +182,11 @@ class Config(Decision):
         ``cpu=True`` and then trains without autocast, in fp32.
         """
         device = torch.device(self.device)
-        if device.type == "cpu" and self.precision == "fp16-mixed":
+        if device.type == "cpu" and self.precision == FP16_MIXED.name:
             raise FrameworkError("Accelerate", "fp16 mixed precision on the CPU", (
                 "Accelerate accepts mixed_precision='fp16' with cpu=True but trains without autocast; keep "
                 "mixed_precision='no' and wrap forward + loss in cfg.autocast() yourself"))
-        return {"cpu": device.type == "cpu", "mixed_precision": ACCELERATE_PRECISIONS[self.precision]}
+        return {"cpu": device.type == "cpu", "mixed_precision": precision_row(self.precision).accelerate}
 
     def guard(self, model: nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None, *,
               loss_fn: Callable[[nn.Module, Any], torch.Tensor] | None = None,
@@ -270,7 +264,7 @@ class Config(Decision):
         return torch.amp.GradScaler(
             self.device_type,
             init_scale=self.init_scale or DEFAULT_INIT_SCALE,
-            enabled=self.precision == "fp16-mixed",
+            enabled=precision_row(self.precision).grad_scaler,
         )
 
 
@@ -335,7 +329,7 @@ def _lightning_fp16(device_type: str, scaler: torch.amp.GradScaler) -> Any:
             precision = importlib.import_module(f"{name}.plugins.precision")
         except ImportError:
             continue
-        return precision.MixedPrecision("16-mixed", device_type, scaler=scaler)
+        return precision.MixedPrecision(FP16_MIXED.lightning, device_type, scaler=scaler)
     raise ImportError("lightning_kwargs(init_scale=True) needs Lightning: pip install lightning (or pytorch-lightning)")
 
 

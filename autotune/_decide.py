@@ -42,11 +42,10 @@ from autotune._records import (
     Verdict,
 )
 from autotune._rules import indifference, is_open, margin, tie_winner
+from autotune._variants import FP32, PREFERENCES
 from autotune._wording import headline, no_gpu_words, reason, times_over
 
 log = logging.getLogger("autotune")
-
-PREFERENCES: tuple[Prefer, ...] = ("auto", "gpu", "cpu", "cuda", "mps", "xpu")
 
 
 def finalists(measured: FamilyResult) -> list[CandidateResult]:
@@ -245,7 +244,7 @@ def _unmeasured_forced(measured: FamilyResult, device: str, digest: str) -> Deci
     devices = ", ".join(dict.fromkeys(r.candidate.device for r in measured.candidates))
     evidence = Evidence(forced=device, unmeasured=f"calibration did not measure {device} here (measured: {devices})",
                         noisy=measured.noisy, origin=measured.origin)
-    chosen = Candidate(device=device, precision="fp32")
+    chosen = Candidate(device=device, precision=FP32.name)
     config = Decision(**chosen.model_dump(), model_kind=measured.model_kind, source="forced",
                     reason=reason(chosen, evidence, measured_at=None), evidence=evidence,
                     fingerprint_digest=digest, measured_at=measured.measured_at)

@@ -24,6 +24,7 @@ from typing import Any, Literal
 
 import torch
 
+from autotune import _variants
 from autotune._records import Precision, Record
 
 Api = Literal["per-backend", "legacy"]
@@ -86,14 +87,15 @@ def read(which: Api) -> Fp32Settings:
 
 def target(precision: Precision, host: Fp32Settings) -> Fp32Settings:
     """The settings a step of ``precision`` runs with: fixed for fp32 and tf32, the host's for mixed precision."""
-    if precision not in ("fp32", "tf32"):
+    math = _variants.precision_row(precision).fp32_math
+    if math is None:
         return host
-    tf32 = precision == "tf32"
     if host.api == "legacy":
+        tf32 = math != "ieee"
         return Fp32Settings(api="legacy", values={
             _LEGACY_MATMUL: "high" if tf32 else "highest", _LEGACY_CUDNN: str(tf32).lower()})
-    return Fp32Settings(api="per-backend", values={
-        name: "tf32" if tf32 and not name.startswith("mkldnn.") else "ieee" for name in host.values})
+    return Fp32Settings(api="per-backend", values={  # oneDNN (the CPU) computes IEEE whatever the row says
+        name: "ieee" if name.startswith("mkldnn.") else math for name in host.values})
 
 
 def ensure(settings: Fp32Settings) -> None:

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 from autotune._records import Candidate, Demotion, Replay
 from autotune._reports import LoaderTrial, LoopSummary
+from autotune._variants import FP32
 from autotune._wording import ratio_words, time_words
 
 
@@ -27,8 +28,8 @@ def replay_words(replay: Replay, run: Candidate) -> str:
     batches = (f"the {replay.steps:,} batches since" if replay.steps == replay.since
                else f"the last {replay.steps:,} of the {replay.since:,} batches since")
     where = f"replayed from step {replay.from_step:,} on {batches}"
-    reference = "fp32" if replay.reference is None or replay.reference.device == run.device \
-        else f"{replay.reference.device} fp32"
+    reference = FP32.name if replay.reference is None or replay.reference.device == run.device \
+        else f"{replay.reference.device} {FP32.name}"
     # a replay that could not reproduce the loop says what of it, and how it judged instead
     unlike = f" ({replay.detail})" if replay.detail else ""
     if replay.blame == "training":

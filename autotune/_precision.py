@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import torch
 
-from autotune._records import Precision
+from autotune._variants import PRECISION_ROWS, Precision
 
+#: each precision's autocast dtype (None: no autocast), from its row
 AUTOCAST_DTYPES: dict[Precision, torch.dtype | None] = {
-    "fp32": None,
-    "tf32": None,
-    "bf16-mixed": torch.bfloat16,
-    "fp16-mixed": torch.float16,
+    row.name: getattr(torch, row.autocast) if row.autocast is not None else None for row in PRECISION_ROWS
 }
 
 #: GradScaler's own default; calibration tries lower ones when fp16 steps overflow at it and are skipped.

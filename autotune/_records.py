@@ -10,17 +10,15 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from autotune import _variants
-from autotune._variants import MemoryFormat, OptimizerImpl
+from autotune._variants import MemoryFormat, OptimizerImpl, Precision, Prefer
 
-Precision = Literal["fp32", "tf32", "bf16-mixed", "fp16-mixed"]
-PRECISIONS: tuple[Precision, ...] = ("fp32", "tf32", "bf16-mixed", "fp16-mixed")
+#: every precision's name, simplest first
+PRECISIONS: tuple[Precision, ...] = tuple(row.name for row in _variants.PRECISION_ROWS)
 
 FailureKind = Literal["crashed", "timeout", "oom", "error", "unsupported", "numerics", "too_slow"]
 Misbehaviour = Literal["non_finite", "skipped_steps", "diverged"]
 #: whose doing a training run's misbehaviour was, as the guard's replay found it
 Blame = Literal["configuration", "training", "not_reproduced", "unreplayed"]
-#: the user's device choice: "gpu" is whatever accelerator this machine has, a backend's name that backend's GPU
-Prefer = Literal["auto", "gpu", "cpu", "cuda", "mps", "xpu"]
 #: why a device holds its clocks down, as NVML reports it: not idling, not an application's clock setting
 ClockEvent = Literal["thermal", "power_cap", "hw_slowdown"]
 
@@ -76,7 +74,7 @@ class Candidate(Choice):
 
 
 #: fp32 on the CPU: what every speed-up is against, and the answer that always trains
-FP32_CPU = Candidate(device="cpu", precision="fp32")
+FP32_CPU = Candidate(device="cpu", precision=_variants.FP32.name)
 
 
 class Failure(Record):

@@ -6,7 +6,7 @@ The calibration prunes with these rules and ``_decide`` picks with them, so both
 from __future__ import annotations
 
 from autotune import _variants
-from autotune._records import Candidate, Precision
+from autotune._records import Candidate
 
 #: a lower precision or another device must be faster by more than this (with the decision's confidence)
 #: to beat the simpler choice: it costs the user numerics headroom, or a driver, device memory and copies
@@ -35,9 +35,6 @@ RULE_MODULES = (
     "autotune._lab.roster", "autotune._lab.session", "autotune._lab.step", "autotune._lab.verify",
 )
 
-_SIMPLICITY: dict[Precision, int] = {"fp32": 0, "tf32": 1, "bf16-mixed": 2, "fp16-mixed": 3}
-
-
 def margin(a: Candidate, b: Candidate) -> float:
     """How much faster one of ``a`` and ``b`` must be, with confidence, to be picked over the other.
 
@@ -62,7 +59,7 @@ def preference(candidate: Candidate) -> tuple[int, ...]:
     (numerics headroom), then torch's own setting of each preferred variant axis in turn (its thread count, then
     eager over compiled). Layout and optimizer kernels (the same math) are left to speed: the faster estimate
     costs nothing if the difference is not real."""
-    return _SIMPLICITY[candidate.precision], *(
+    return _variants.simplicity(candidate.precision), *(
         getattr(candidate, axis.field) != axis.default for axis in _variants.AXES if axis.preferred)
 
 
@@ -94,7 +91,7 @@ def known(ratio: tuple[float, float, float], error: float = HEADLINE_ERROR) -> b
 
 def complexity(candidate: Candidate) -> tuple[int, int]:
     """Lower is simpler: the CPU, then fp32 < tf32 < bf16 < fp16, then each non-default variant adds one."""
-    return _SIMPLICITY[candidate.precision], len(_variants.changed(candidate))
+    return _variants.simplicity(candidate.precision), len(_variants.changed(candidate))
 
 
 __all__ = [

@@ -20,7 +20,6 @@ from autotune._records import (
     FamilyResult,
     MachineLoad,
     NoiseCause,
-    Precision,
     Rival,
 )
 from autotune._rules import known
@@ -204,12 +203,6 @@ def retry_words(at: dt.datetime | None) -> str:
 #: the longest reason: one line of a log or a status bar; the evidence holds the rest
 REASON_CHARS = 160
 
-_PRECISION_WORDS: dict[Precision, str] = {
-    "fp32": "fp32",
-    "tf32": "TF32",
-    "bf16-mixed": "bf16 mixed precision",
-    "fp16-mixed": "fp16 mixed precision",
-}
 _FAILURE_WORDS: dict[FailureKind, str] = {
     "crashed": "crashed", "timeout": "timed out", "oom": "ran out of memory", "error": "failed",
     "unsupported": "is unsupported", "numerics": "failed verification", "too_slow": "was too slow",
@@ -220,7 +213,7 @@ def answer_words(choice: Choice) -> str:
     """e.g. ``'bf16 mixed precision with channels_last and the fused optimizer on the CPU'``"""
     extras = _variants.prose(choice)
     listed = ", ".join(extras[:-1]) + " and " + extras[-1] if len(extras) > 1 else "".join(extras)
-    return (_PRECISION_WORDS[choice.precision] + (f" with {listed}" if listed else "")
+    return (_variants.precision_row(choice.precision).prose + (f" with {listed}" if listed else "")
             + f" on {_where(choice.device)}")
 
 
@@ -234,7 +227,7 @@ def _named(candidate: Candidate, pick: Candidate) -> str:
     precision'``, ``'bf16 mixed precision with channels_last'``."""
     if candidate.device != pick.device:
         return _where(candidate.device)
-    precision = _PRECISION_WORDS[candidate.precision]
+    precision = _variants.precision_row(candidate.precision).prose
     if candidate.variants:
         return f"{precision} with " + ", ".join(_variants.prose(candidate))
     return f"plain {precision}" if candidate.precision == pick.precision else precision
@@ -267,9 +260,9 @@ def _precision_claim(pick: Candidate, evidence: Evidence) -> str | None:
     """The pick against plain fp32 on its device; an fp32 pick whose settings did not clearly beat plain fp32
     (the same math, a tie) against the other precisions instead: why not a lower one."""
     same = [r for r in evidence.rivals if r.role != "device"]
-    fp32 = next((r for r in same if r.candidate == Candidate(device=pick.device, precision="fp32")), None)
+    fp32 = next((r for r in same if r.candidate == Candidate(device=pick.device, precision=_variants.FP32.name)), None)
     gained = fp32 is not None and fp32.verdict in ("slower", "dropped", "outpaced")
-    if pick.precision != "fp32" or gained:
+    if pick.precision != _variants.FP32.name or gained:
         return _against(fp32, pick, evidence) if fp32 is not None and fp32.verdict != "failed" else None
     timed = [r for r in same if r.role == "precision" and r.verdict not in ("failed", "untimed", "unpaired")]
     if timed:
@@ -412,7 +405,8 @@ def agreed_reason(choice: Candidate, own: Candidate, cost: float | None, *, deci
     chose = f": the job's choice (rank {decided_by}'s machine measured it)"
     named, short = _named(own, choice), _named(own.base, choice.base)
     if plain:
-        named = short = _PRECISION_WORDS[own.precision] if own.device == choice.device else _where(own.device)
+        same = own.device == choice.device
+        named = short = _variants.precision_row(own.precision).prose if same else _where(own.device)
     without = ", without its variants," if plain else ""
     if cost is None:
         here, brief = f"not measured here, where {named} is the pick", f"not measured here, where {short} is the pick"

@@ -203,18 +203,19 @@ def trace_scenarios(traces: Path = TRACES) -> dict[str, tuple[Truth, int | None]
                  if precision == "fp32" and not words & set(SAME_MATH)]
         if not plain:
             continue
+        recording = path.name.removesuffix(".json.gz")  # e.g. cnn, cnn_stress
         fp32 = min(plain, key=lambda c: len(c.variants))
         for word in SAME_MATH:
             rival = by_settings.get(("fp32", frozenset([*fp32.variants, word])))
             if rival is not None:
                 for gap in TRACE_GAPS:
-                    name = f"trace/{trace.family}/{word}_{100 * gap:g}pct"
+                    name = f"trace/{recording}/{word}_{100 * gap:g}pct"
                     found[name] = (truth_from_trace(trace, replay, name=name, faster=(rival, fp32, gap), ties=True),
                                    None)
                 break
         bf16 = by_settings.get(("bf16-mixed", frozenset(fp32.variants)))
         if bf16 is not None:
-            name = f"trace/{trace.family}/bf16_equal"
+            name = f"trace/{recording}/bf16_equal"
             found[name] = (truth_from_trace(trace, replay, name=name, faster=(bf16, fp32, 0.0), ties=True), None)
     return found
 

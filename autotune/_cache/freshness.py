@@ -40,7 +40,7 @@ from autotune._cache import disk as _disk
 from autotune._cache.store import default_root
 from autotune._families import Family
 from autotune._records import (
-    Candidate,
+    FP32_CPU,
     CandidateResult,
     FailureKind,
     FamilyKey,
@@ -56,8 +56,6 @@ MEASUREMENT_VERSION = 3
 #: how long a transient failure is remembered before the next calibration tries that candidate again
 RETRY_AFTER = dt.timedelta(days=1)
 TRANSIENT: frozenset[FailureKind] = frozenset({"timeout", "crashed", "oom"})
-
-_REFERENCE = Candidate(device="cpu", precision="fp32")
 
 def family_key(family: Family) -> FamilyKey:
     """The key of ``family`` under the current settings (reads AUTOTUNE_SEARCH and AUTOTUNE_BUDGET_S)."""
@@ -260,7 +258,7 @@ def fresh_until(measured: FamilyResult) -> dt.datetime | None:
 
 def reference_failure(measured: FamilyResult) -> CandidateResult | None:
     """The fp32 CPU reference's result when it failed: such a calibration is raised, never stored."""
-    reference = measured.result(_REFERENCE)
+    reference = measured.result(FP32_CPU)
     return reference if reference is not None and reference.failure is not None else None
 
 

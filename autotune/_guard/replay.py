@@ -39,7 +39,8 @@ from torch import nn
 
 from autotune import _batch, _fp32
 from autotune._precision import AUTOCAST_DTYPES
-from autotune._records import Candidate, Misbehaviour, Replay
+from autotune._records import FP32_CPU, Candidate, Misbehaviour, Replay
+from autotune._variants import FP32
 from autotune.backends import backend_for
 
 log = logging.getLogger("autotune")
@@ -426,8 +427,8 @@ def _torch_optimizer(optimizer: Any) -> torch.optim.Optimizer:
 
 def reference_for(candidate: Candidate) -> Candidate:
     """fp32 on ``candidate``'s device; on the CPU where the candidate is a GPU's own fp32."""
-    device = candidate.device if candidate.precision != "fp32" else "cpu"
-    return Candidate(device=device, precision="fp32")
+    device = candidate.device if candidate.precision != FP32.name else FP32_CPU.device
+    return Candidate(device=device, precision=FP32.name)
 
 
 def _diverges(seen: list[_Seen]) -> bool:

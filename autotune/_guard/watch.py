@@ -38,7 +38,7 @@ from autotune._guard.answer import Answer, Answered
 from autotune._guard.model import family_model, model_signature
 from autotune._guard.replay import LossFn, Tape
 from autotune._loop_wording import data_bound_words, replay_words
-from autotune._records import Candidate, Demotion, Misbehaviour, Prefer, Record, Replay
+from autotune._records import FP32_CPU, Candidate, Demotion, Misbehaviour, Prefer, Record, Replay
 from autotune._reports import LoopSummary
 from autotune._version import __version__
 
@@ -89,7 +89,7 @@ def _within_window(seen: deque[tuple[int, float]], step: int, value: float) -> l
 
 def is_reference(candidate: Candidate) -> bool:
     """fp32 on the CPU, whatever its variants: what every candidate is verified against, never demoted."""
-    return candidate.device == "cpu" and candidate.precision == "fp32"
+    return candidate.base == FP32_CPU
 
 
 class Guard(Generic[Answered]):

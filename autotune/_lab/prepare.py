@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from autotune import _fp32, _stats
+from autotune import _fp32, _stats, _variants
 from autotune._families import Family
 from autotune._lab.copies import Load, Loaded
 from autotune._lab.measure import Steppable
@@ -113,7 +113,7 @@ class TorchLab:
             self.device_start_s[candidate.device] = start_device(backend, candidate.device)
         probe_s = self._probe(candidate, backend)
         default_skipped: int | None = None
-        scales = INIT_SCALES if candidate.precision == "fp16-mixed" else (None,)
+        scales = INIT_SCALES if _variants.precision_row(candidate.precision).grad_scaler else (None,)
         for init_scale in scales:
             backend.reset_peak_memory(candidate.device)
             step = TrainStep(self.family, candidate, backend, seed=self.settings.seed, fp32_host=self.fp32_host,
@@ -144,7 +144,7 @@ class TorchLab:
         seconds the probe took from it (its first pass's excess over its second)."""
         fastest = self.best_first.get(candidate.device)
         if (self.probe is None or candidate.device != "cpu" or candidate != candidate.base or fastest is None
-                or fastest[1].compiled
+                or _variants.compiles(fastest[1])
                 or self.settings.slow_first_step_factor * fastest[0] <= self.settings.slow_step_floor_s):
             return 0.0
         try:
@@ -192,7 +192,7 @@ class TorchLab:
 
     def _limit_s(self, index: int, candidate: Candidate) -> float | None:
         """How long verification step ``index`` may take before it is stopped inside (None: no limit yet)."""
-        if candidate.compiled:
+        if _variants.compiles(candidate):
             return None  # compiling is the first step's job, and global module hooks would change the graph
         if index == 0:
             best_first_s = self.best_first.get(candidate.device, (float("inf"), candidate))[0]
@@ -237,7 +237,7 @@ class TorchLab:
                 trajectory.early_updates[index + 1] = step.update()
             trajectory.step_s.append(elapsed)
             best_first_s, best = self.best_first.get(candidate.device, (float("inf"), candidate))
-            if index == 0 and not candidate.compiled and elapsed > max(
+            if index == 0 and not _variants.compiles(candidate) and elapsed > max(
                 self.settings.slow_first_step_factor * best_first_s, self.settings.slow_step_floor_s
             ):
                 raise failed(candidate, "too_slow", (

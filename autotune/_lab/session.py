@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from autotune import _rules, _stats
+from autotune import _rules, _stats, _variants
 from autotune._lab.clocks import throttle_slowdown
 from autotune._lab.measure import (
     Clock,
@@ -305,7 +305,7 @@ class Session:
         costs at most ``_rules.HEADLINE_COST`` x the calibration's time so far (its set-up where it is not held:
         fp32 on the CPU is, its warm-up and rounds), and on an accelerator only where both are still held; else the
         notes say the headline stays a bound."""
-        reference = Candidate(device=pick.device, precision="fp32")
+        reference = Candidate(device=pick.device, precision=_variants.FP32.name)
         result = self.roster.results.get(reference)
         if result is None or result.timing is None or result.timing.dropped is None or reference == pick:
             return

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from autotune import _variants
 from autotune._records import Numerics, Precision
 
 
@@ -24,11 +25,12 @@ class Tolerance:
     cosine: float
 
 
+#: each precision's, by the rounding it adds (a rule: the rules digest reads it)
 TOLERANCES: dict[Precision, Tolerance] = {
-    "fp32": Tolerance(loss=1e-3, grad=1e-2, cosine=0.95),
-    "tf32": Tolerance(loss=1e-2, grad=5e-2, cosine=0.95),
-    "fp16-mixed": Tolerance(loss=2e-2, grad=0.15, cosine=0.8),
-    "bf16-mixed": Tolerance(loss=5e-2, grad=0.3, cosine=0.7),
+    _variants.FP32.name: Tolerance(loss=1e-3, grad=1e-2, cosine=0.95),
+    _variants.TF32.name: Tolerance(loss=1e-2, grad=5e-2, cosine=0.95),
+    _variants.FP16_MIXED.name: Tolerance(loss=2e-2, grad=0.15, cosine=0.8),
+    _variants.BF16_MIXED.name: Tolerance(loss=5e-2, grad=0.3, cosine=0.7),
 }
 
 #: GradScaler init_scale values tried in turn while steps are skipped: its default first, then lower ones

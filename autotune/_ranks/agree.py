@@ -28,12 +28,9 @@ from autotune._records import (
     FamilyResult,
     Ranks,
 )
-from autotune._variants import NUM_THREADS
+from autotune._variants import AXES, NUM_THREADS, SHARED_FIELDS, precision_row
 from autotune._wording import agreed_reason
 from autotune.backends import Accelerator
-
-#: the Config fields every rank of a job must share (with the kind of device and, for fp16, the init_scale)
-SHARED = ("precision", "memory_format", "optimizer", "compiled")
 
 
 def device_counts(accelerators: Sequence[Accelerator]) -> dict[str, int]:
@@ -69,8 +66,8 @@ def view(measured: FamilyResult, local_rank: int, counts: dict[str, int]) -> Fam
 
 def shared(config: Decision) -> dict[str, object]:
     """What DDP needs identical on every rank, e.g. ``{"device": "cuda", "precision": "bf16-mixed", ...}``."""
-    return {"device": config.device_type, **{name: getattr(config, name) for name in SHARED},
-            "init_scale": config.init_scale if config.precision == "fp16-mixed" else None}
+    return {"device": config.device_type, **{name: getattr(config, name) for name in SHARED_FIELDS},
+            "init_scale": config.init_scale if precision_row(config.precision).grad_scaler else None}
 
 
 def digest(config: Decision) -> str:
@@ -83,7 +80,7 @@ def words(config: Decision) -> str:
     """:func:`shared` for an error message, e.g. ``'cuda bf16-mixed channels_last'``, ``'cpu fp16-mixed init_scale
     1024'``."""
     choice = Choice(device=config.device_type, precision=config.precision,
-                    **{name: getattr(config, name) for name in SHARED if name != "precision"})
+                    **{name: getattr(config, name) for name in SHARED_FIELDS if name != "precision"})
     scale = shared(config)["init_scale"]
     return f"{choice.device} {choice.precision}{choice.variant_words}" + (f" init_scale {scale:g}" if scale else "")
 
@@ -93,7 +90,7 @@ def _here(choice: Decision, device: str, measured: FamilyResult | None) -> Candi
     if measured is None:
         return None
     found = [r for r in measured.candidates if r.usable and r.timing is not None and r.candidate.device == device
-             and all(getattr(r.candidate, name) == getattr(choice, name) for name in SHARED)]
+             and all(getattr(r.candidate, name) == getattr(choice, name) for name in SHARED_FIELDS)]
     return min(found, key=lambda r: r.timing.median_ms if r.timing else float("inf"), default=None)
 
 
@@ -141,7 +138,8 @@ def for_rank(choice: Decision, own: Decision, measured: FamilyResult | None, *, 
             "own": own.candidate, "cost": cost, "measured_as": timed.candidate if timed is not None else None})
         baseline = measured.result(FP32_CPU) if measured is not None else None
         updates: dict[str, object] = {
-            "device": device, "num_threads": None, "fingerprint_digest": own.fingerprint_digest,
+            "device": device, **{axis.field: axis.default for axis in AXES if not axis.shared},
+            "fingerprint_digest": own.fingerprint_digest,
             "noisy": own.noisy, "measured_at": own.measured_at, "step_ms": None, "setup_s": None,
             "peak_memory_mb": None, "speedup_vs_fp32_cpu": None,
         }
@@ -155,8 +153,8 @@ def for_rank(choice: Decision, own: Decision, measured: FamilyResult | None, *, 
             answer.candidate, own.candidate, cost, decided_by=decided_by, plain=plain)})
     threads = _threads(here, share) if device == "cpu" else NUM_THREADS.default
     evidence = (own.evidence or Evidence()).model_copy(update={"agreement": agreement})
-    return answer.model_copy(update={"num_threads": threads, "init_scale": choice.init_scale, "ranks": ranks,
+    return answer.model_copy(update={NUM_THREADS.field: threads, "init_scale": choice.init_scale, "ranks": ranks,
                                      "evidence": evidence})
 
 
-__all__ = ["SHARED", "device_counts", "digest", "for_rank", "own_device", "shared", "view", "words"]
+__all__ = ["device_counts", "digest", "for_rank", "own_device", "shared", "view", "words"]

@@ -21,7 +21,7 @@ from autotune._lab.prepare import CandidateFailed, Prepared
 from autotune._lab.protocol import CalibrationSettings, Checkpoint, Done
 from autotune._lab.session import Session
 from autotune._lab.step import pins_batches
-from autotune._records import Candidate, CandidateResult, ClockEvent, FamilyResult, Numerics
+from autotune._records import FP32_CPU, Candidate, CandidateResult, ClockEvent, FamilyResult, Numerics
 from autotune.backends import ClockReading, backend_for
 from autotune.testing.traces import Cursor
 from autotune.testing.truth import CandidateTruth, Loop, Truth, run_steps
@@ -293,7 +293,7 @@ def simulate(truth: Truth, seed: int, settings: CalibrationSettings | None = Non
     session = Session(lab, settings, events.append, clock=clock,
                       control=_FakeStep(CONTROL_MS / 1000, "cpu", _ControlWeather(weather)),
                       settle=_settle(weather), discard_on_device_error=False)
-    planned = sorted(truth.candidates, key=lambda c: c != Candidate(device="cpu", precision="fp32"))
+    planned = sorted(truth.candidates, key=lambda c: c != FP32_CPU)
     session.run(planned, staged=True, backend_notes={}, failed=failed, resume=resume)
     done = next(e for e in events if isinstance(e, Done))
     result = FamilyResult(

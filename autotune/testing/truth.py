@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from autotune._records import Candidate, Failure, FamilyResult
 from autotune._rules import margin, preference
-from autotune._variants import Facts
+from autotune._variants import Facts, precision_row
 from autotune.backends import backend_for
 from autotune.testing.traces import Replay, TraceFile
 
@@ -224,7 +224,7 @@ class Truth:
         return Loop(compute_s=self.compute_ms(candidate) / 1000, launch_s=self.launch_ms(candidate) / 1000,
                     lead_s=self.candidates[candidate.base].lead_ms / 1000, copy_s=self.copy_ms / 1000,
                     sync_s=self.sync_ms / 1000, optimizer_share=self.optimizer_share, copies_wait=copies_wait,
-                    scaler_sync=candidate.precision == "fp16-mixed" and candidate.optimizer != "fused")
+                    scaler_sync=precision_row(candidate.precision).grad_scaler and candidate.optimizer != "fused")
 
     def throttled(self, now: float, device: str) -> bool:
         return device != "cpu" and self.clock_drop is not None and self.clock_drop[0] <= now < self.clock_drop[1]

@@ -1,0 +1,99 @@
+"""A candidate is made of tables: the precisions, the variant axes and the ``prefer`` words live in
+``autotune._variants``, and the rest of the package reads the rows instead of spelling their names."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from typing import get_args
+
+import pytest
+import torch
+
+from autotune import _variants
+from autotune._lab.verify import TOLERANCES
+from autotune._precision import AUTOCAST_DTYPES
+from autotune._records import PRECISIONS, Choice
+from autotune._variants import AXES, PRECISION_ROWS, PREFERENCES, MemoryFormat, OptimizerImpl, Precision
+from autotune.backends import all_backends
+
+PACKAGE = Path(__file__).parents[2] / "autotune"
+
+#: where the names may be spelled: the table, and each backend (which says what it supports)
+TABLES = ("_variants/", "backends/")
+#: the names the table holds; "default" (an optimizer setting) is also a search's and a setting's word
+NAMES = {
+    "precision": set(get_args(Precision)),
+    "axis": {axis.field for axis in AXES} | (set(get_args(MemoryFormat)) | set(get_args(OptimizerImpl))) - {"default"},
+}
+#: (file, name) where the name is the subject itself, not a row of the table
+EXCEPTIONS = {
+    # the attribute and argument a framework's optimizer wrapper holds, not the optimizer axis
+    ("_guard/replay.py", "optimizer"),
+    ("_guard/watch.py", "optimizer"),
+    # the simulated truths: a fused optimizer's GradScaler needs no sync; a recorded channels_last means 4-D inputs
+    ("testing/truth.py", "fused"),
+    ("testing/truth.py", "channels_last"),
+}
+
+
+def _docstrings(tree: ast.Module) -> set[int]:
+    """The ids of the string constants that stand alone as statements: docstrings, attribute docstrings."""
+    return {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Expr)
+            and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)}
+
+
+def _spelled(names: set[str]) -> set[tuple[str, str]]:
+    """(file, name) for each string literal outside the tables and docstrings that is one of ``names``."""
+    found = set()
+    for path in PACKAGE.rglob("*.py"):
+        where = str(path.relative_to(PACKAGE))
+        if where.startswith(TABLES):
+            continue
+        tree = ast.parse(path.read_text())
+        docstrings = _docstrings(tree)
+        found |= {(where, node.value) for node in ast.walk(tree) if isinstance(node, ast.Constant)
+                  and node.value in names and id(node) not in docstrings}
+    return found
+
+
+@pytest.mark.parametrize("kind", sorted(NAMES))
+def test_names_are_spelled_only_in_their_table(kind: str) -> None:
+    # A name spelled elsewhere is a table of its own: a new precision or axis would be missed there.
+    assert _spelled(NAMES[kind]) - EXCEPTIONS == set()
+
+
+def test_every_exception_is_still_spelled_where_it_is_named() -> None:
+    assert EXCEPTIONS <= _spelled(set().union(*NAMES.values()))
+
+
+def test_the_precision_rows_are_the_precisions_simplest_first() -> None:
+    assert tuple(row.name for row in PRECISION_ROWS) == get_args(Precision) == PRECISIONS
+    assert [_variants.simplicity(name) for name in PRECISIONS] == list(range(len(PRECISIONS)))
+    assert set(TOLERANCES) == set(PRECISIONS)
+
+
+@pytest.mark.parametrize("row", PRECISION_ROWS, ids=lambda row: row.name)
+def test_a_precision_row_says_how_it_runs(row: _variants.PrecisionRow) -> None:
+    # Mixed precision is autocast's doing (the float32 math stays the app's); a GradScaler only with autocast.
+    assert (row.autocast is None) == (row.fp32_math is not None)
+    assert AUTOCAST_DTYPES[row.name] is (None if row.autocast is None else getattr(torch, row.autocast))
+    assert not row.grad_scaler or row.autocast is not None
+
+
+def test_a_choice_holds_the_device_the_precision_and_one_field_per_axis() -> None:
+    assert list(Choice.model_fields) == ["device", "precision", *(axis.field for axis in AXES)]
+    assert all(Choice.model_fields[axis.field].default == axis.default for axis in AXES)
+
+
+def test_the_ranks_share_the_precision_and_the_shared_axes() -> None:
+    assert _variants.SHARED_FIELDS == ("precision", "memory_format", "optimizer", "compiled")
+
+
+def test_prefer_names_every_backend_after_auto_and_gpu() -> None:
+    assert PREFERENCES == ("auto", "gpu", *(backend.name for backend in all_backends()))
+
+
+def test_only_the_compiled_axis_compiles() -> None:
+    assert _variants.compiles(Choice(device="cpu", precision="fp32", compiled=True))
+    assert not _variants.compiles(Choice(device="cpu", precision="fp32", memory_format="channels_last"))
