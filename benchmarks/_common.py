@@ -16,6 +16,7 @@ with warnings.catch_warnings():
     import torch
 
 from autotune import _fp32
+from autotune._config import Config
 from autotune._decide import decision_alpha, finalists, pick_fastest
 from autotune._families import get_family
 from autotune._lab.measure import per_step_s
@@ -23,6 +24,7 @@ from autotune._lab.plan import plan
 from autotune._lab.step import TrainStep
 from autotune._records import Candidate, FamilyResult
 from autotune._variants import Situation, apply, reachable
+from autotune._wording import headline
 from autotune.backends import backend_for
 
 BUILTINS = ("tiny_mlp", "mlp", "cnn", "transformer")
@@ -132,6 +134,18 @@ def _resolved(
 def picked(measured: FamilyResult) -> Candidate:
     """The candidate ``best_config(kind)`` answers with (prefer="auto"), as a full candidate with its variants."""
     return pick_fastest(finalists(measured), None, alpha=decision_alpha(measured.candidates)).candidate
+
+
+def stated_headline(config: Config) -> tuple[Candidate, float, bool] | None:
+    """The figure the reason states for the pick against plain fp32 on its device: (that fp32, the ratio, whether
+    it is a bound: "at least"); None where it states none (an fp32 pick, a chain of evidence that breaks)."""
+    evidence = config.evidence
+    fp32 = Candidate(device=config.device, precision="fp32")
+    found = next((r for r in evidence.rivals if r.candidate == fp32), None) if evidence is not None else None
+    if evidence is None or found is None or config.precision == "fp32":
+        return None
+    claim = headline(found, config.candidate, evidence)
+    return (fp32, *claim) if claim is not None else None
 
 
 def _block(runner: TrainStep, steps: int) -> float:

@@ -6,7 +6,9 @@ for 200 steps each in interleaved blocks of at least 10 ms (``_common.oracle``),
 candidate within 5% of the fastest together until their ratios to it are known to +-0.3% (at most a minute).
 regret = oracle time of the pick / oracle time of the best - 1. Also prints how often the 5 picks agreed and
 which calibrations were flagged noisy (served, measured again by the next ``calibrate()``) and why (``why``: the
-causes each recorded, e.g. ``["other_processes"]``).
+causes each recorded, e.g. ``["other_processes"]``), and ``headlines``: the figure each calibration's reason states
+for its pick against plain fp32 on its device ("~2.48x" an estimate, ">=1.6x" a bound) beside the oracle's ratio of
+the same two (goal: estimates within 10%).
 
     python benchmarks/decision_quality.py [FAMILY ...]
 """
@@ -18,9 +20,10 @@ import math
 import os
 import tempfile
 
-from _common import emit, families_from_argv, oracle, picked
+from _common import emit, families_from_argv, oracle, picked, stated_headline
 
 from autotune._calibrate import measure_family
+from autotune._decide import decide
 
 CALIBRATIONS = 5
 #: the oracle resolves the ratios of the picks and of every candidate this close to the fastest to +-0.3%
@@ -31,9 +34,10 @@ def main() -> None:
     os.environ["AUTOTUNE_CACHE_DIR"] = tempfile.mkdtemp(prefix="autotune-bench-")
     worst = 0.0
     for kind in families_from_argv():
-        picks, tried, noisy, why = [], [], [], []
+        picks, tried, noisy, why, stated = [], [], [], [], []
         for _ in range(CALIBRATIONS):
             measured = measure_family(kind)
+            stated.append(stated_headline(decide(measured, digest="benchmark")))
             pick = picked(measured)
             picks.append(pick.label)
             tried.append(pick)
@@ -45,6 +49,10 @@ def main() -> None:
         regrets = [truth[p] / best - 1 for p in picks]
         worst = max(worst, *regrets)
         _, count = collections.Counter(picks).most_common(1)[0]
+        # each stated headline over the oracle's ratio of the same two, "~" an estimate, ">=" a bound
+        headlines = [None if s is None or s[0].label not in truth else
+                     f"{'>=' if s[2] else '~'}{s[1]:.2f}x vs {truth[s[0].label] / truth[p]:.2f}x"
+                     for s, p in zip(stated, picks, strict=True)]
         emit({
             "benchmark": "decision_quality", "family": kind,
             "oracle_ms": {k: round(v, 3) for k, v in truth.items()},
@@ -53,6 +61,7 @@ def main() -> None:
             "oracle_se_pct": {k: round(100 * v, 2) if math.isfinite(v) else None for k, v in errors.items()},
             "max_regret_pct": round(100 * max(regrets), 2),
             "mean_regret_pct": round(100 * sum(regrets) / len(regrets), 2),
+            "headlines": headlines,
         })
     emit({"benchmark": "decision_quality", "family": "ALL", "worst_regret_pct": round(100 * worst, 2)})
 

@@ -46,13 +46,14 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from _common import stated_headline
+
 from autotune._cache.store import StoreFile
 from autotune._config import Config
 from autotune._decide import decide, finalists
 from autotune._records import Candidate, Failure
 from autotune._rules import MARGIN, complexity
 from autotune._variants import Facts, Situation, reachable
-from autotune._wording import headline
 from autotune.testing.simulate import simulate
 from autotune.testing.traces import read_replay
 from autotune.testing.truth import (
@@ -385,17 +386,12 @@ def _pct(count: int, total: int) -> float | None:
 
 
 def _headline(truth: Truth, pick: Config, chosen: Candidate) -> tuple[float, bool] | None:
-    """The pick's stated ratio to plain fp32 on its device over the true one, and whether it is a bound; None where
-    the reason states none (an fp32 pick, fp32 failed, a chain of evidence that breaks)."""
-    evidence = pick.evidence
-    fp32 = Candidate(device=chosen.device, precision="fp32")
-    found = next((r for r in evidence.rivals if r.candidate == fp32), None) if evidence is not None else None
-    if evidence is None or found is None or chosen.precision == "fp32":
+    """The pick's stated ratio to plain fp32 on its device over the true one, and whether it is a bound."""
+    stated = stated_headline(pick)
+    if stated is None:
         return None
-    claim = headline(found, pick.candidate, evidence)
-    if claim is None:
-        return None
-    return claim[0] / (truth.step_ms(fp32) / truth.step_ms(chosen)), claim[1]
+    fp32, ratio, bound = stated
+    return ratio / (truth.step_ms(fp32) / truth.step_ms(chosen)), bound
 
 
 def space(truth: Truth) -> list[Candidate]:
