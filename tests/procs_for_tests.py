@@ -5,6 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from autotune._lab.measure import MeasureSettings
+from autotune._lab.protocol import CalibrationSettings
+
+#: a calibration a worker test can afford: precisions only, a fifth of a second to time them
+SETTINGS = CalibrationSettings(search="precision", measure=MeasureSettings(budget_s=0.2))
+
 
 def workers_of(pid: int) -> list[int]:
     """Calibration worker processes whose parent is ``pid``."""

@@ -6,9 +6,13 @@ test_machines.py), never as hand-made results.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from autotune._cache.freshness import family_key, rules_digest
+from autotune._cache.store import Store
 from autotune._config import Config
 from autotune._families import family_names, get_family
+from autotune._fingerprint import fingerprint
 from autotune._records import Candidate, CandidateResult, Failure, FamilyResult, Numerics, Rival, Timing
 
 # Each candidate's rounds start at their own place in this cycle, so two candidates never share their noise (as
@@ -59,3 +63,17 @@ def rival(config: Config, label: str) -> Rival:
     found = [r for r in config.evidence.rivals if r.candidate.label == label]
     assert found, f"{label} is not among the rivals: {[r.candidate.label for r in config.evidence.rivals]}"
     return found[0]
+
+
+def measured(kind: str) -> FamilyResult:
+    """``kind`` with fp32 and bf16 on the CPU timed, bf16 twice as fast."""
+    return family(kind, timed("cpu", "fp32", 100.0), timed("cpu", "bf16-mixed", 50.0))
+
+
+def saved_store(root: Path) -> Store:
+    """A results store at ``root`` holding cnn and mlp for this machine."""
+    store = Store(root)
+    fp = fingerprint()
+    store.save(fp, measured("cnn"))
+    store.save(fp, measured("mlp"))
+    return store

@@ -10,22 +10,9 @@ import sys
 
 import pytest
 import torch
+from fp32_for_tests import fp32_state
 
 import autotune
-
-B = torch.backends
-
-
-#: every setting torch's per-backend API exposes here, parents included
-NODES = {
-    "generic": B, "cudnn": B.cudnn, "mkldnn": B.mkldnn, "cuda.matmul": B.cuda.matmul, "cudnn.conv": B.cudnn.conv,
-    "cudnn.rnn": B.cudnn.rnn, "mkldnn.matmul": B.mkldnn.matmul, "mkldnn.conv": B.mkldnn.conv,
-    "mkldnn.rnn": B.mkldnn.rnn,
-}
-
-
-def _state() -> dict[str, str]:
-    return {name: node.fp32_precision for name, node in NODES.items()}
 
 
 def test_the_new_api_set_by_the_app_breaks_torchs_legacy_getter_but_not_autotune(
@@ -36,11 +23,11 @@ def test_the_new_api_set_by_the_app_breaks_torchs_legacy_getter_but_not_autotune
     torch.backends.cuda.matmul.fp32_precision = "tf32"
     with pytest.raises(RuntimeError, match="mix of the legacy and new APIs"):
         torch.get_float32_matmul_precision()  # what fingerprint() used to call
-    before = _state()
+    before = fp32_state()
     assert autotune.fingerprint().digest  # reads no fp32 setting: no crash, and the app's settings stay its own
     config = autotune.best_config(tiny_family)  # calibrates in this process: every candidate switches settings
     assert config.source == "measured"
-    assert _state() == before
+    assert fp32_state() == before
 
 
 _LEGACY_ROUND_TRIP = """

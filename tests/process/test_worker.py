@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from procs_for_tests import SETTINGS, alive
 
 import autotune
 from autotune._families import get_family
@@ -22,15 +23,6 @@ from autotune._worker.worker import Worker
 TESTS = Path(__file__).parents[1]
 
 
-SETTINGS = CalibrationSettings(search="precision", measure=MeasureSettings(budget_s=0.2))
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
-    except FileNotFoundError:
-        return False
-    return state not in ("Z", "X")  # a zombie has exited; only its parent's reaping is left
 
 
 def test_one_worker_measures_every_family_in_turn() -> None:
@@ -42,7 +34,7 @@ def test_one_worker_measures_every_family_in_turn() -> None:
         second = worker.run_family(get_family("tiny_cnn"), SETTINGS)
         assert worker.starts == 1
         pid = worker.pid
-    assert pid is not None and not _alive(pid)  # closed with the calibration
+    assert pid is not None and not alive(pid)  # closed with the calibration
     assert all(r.usable for r in first.candidates if r.candidate.precision == "fp32")
     assert second.worker_start_s == 0.0 and any(r.usable for r in second.candidates)
 
@@ -106,7 +98,7 @@ def _host_with_a_hung_worker() -> tuple[subprocess.Popen[str], int]:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:  # the worker is busy in the hung candidate once its verification began
         children = Path(f"/proc/{pid}/task/{pid}/children")
-        if _alive(pid) and Path(f"/proc/{pid}/stat").exists() and children.exists():
+        if alive(pid) and Path(f"/proc/{pid}/stat").exists() and children.exists():
             status = Path(f"/proc/{pid}/status").read_text()
             if "State:\tS" in status and _cpu_seconds(pid) > 1.0:  # imported torch, now asleep in the step
                 break
@@ -125,9 +117,9 @@ def test_a_worker_dies_with_its_killed_host() -> None:
     host.send_signal(signal.SIGKILL)
     host.wait()
     deadline = time.monotonic() + 2.0
-    while _alive(pid) and time.monotonic() < deadline:
+    while alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not _alive(pid)
+    assert not alive(pid)
 
 
 def test_the_worker_entry_imports_nothing_heavy_before_it_is_tied_to_its_host() -> None:
@@ -163,13 +155,13 @@ def test_a_worker_still_importing_torch_dies_with_its_killed_host() -> None:
     pid = int(host.stdout.readline())
     try:
         deadline = time.monotonic() + 60
-        while _alive(pid) and "/torch/lib/" not in _maps(pid) and time.monotonic() < deadline:
+        while alive(pid) and "/torch/lib/" not in _maps(pid) and time.monotonic() < deadline:
             time.sleep(0.01)
         assert "/torch/lib/" in _maps(pid), "the worker never began importing torch"
         host.send_signal(signal.SIGKILL)
         host.wait()
         time.sleep(1.0)
-        assert not _alive(pid)
+        assert not alive(pid)
     finally:
         host.kill()
         with contextlib.suppress(ProcessLookupError):
@@ -182,7 +174,7 @@ def test_an_interrupted_host_kills_its_worker_before_going_on() -> None:
     host.send_signal(signal.SIGINT)
     out, _ = host.communicate(timeout=30)
     assert "interrupted" in out
-    assert not _alive(pid)
+    assert not alive(pid)
 
 
 API_HOST = textwrap.dedent("""
@@ -215,7 +207,7 @@ def test_an_interrupted_calibration_frees_its_lock_and_the_next_one_runs_alone(i
         worker = _worker_in_a_hung_step(host.pid)
         host.send_signal(signal.SIGINT)
         assert host.stdout.readline().strip() == "interrupted"
-        assert not _alive(worker), "the worker was killed before the host went on"
+        assert not alive(worker), "the worker was killed before the host went on"
         (lock_path,) = isolated_autotune.glob("*.hang.calibrating.lock")
         lock = filelock.FileLock(lock_path)
         lock.acquire(timeout=0)  # free: raises Timeout if the interrupted calibration still held it
@@ -232,7 +224,7 @@ def _worker_in_a_hung_step(host_pid: int) -> int:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         children = Path(f"/proc/{host_pid}/task/{host_pid}/children").read_text().split()
-        if children and _alive(pid := int(children[0])):
+        if children and alive(pid := int(children[0])):
             status = Path(f"/proc/{pid}/status").read_text()
             if "State:\tS" in status and _cpu_seconds(pid) > 1.0:  # imported torch, now asleep in the step
                 return pid

@@ -14,22 +14,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from procs_for_tests import SETTINGS, alive
 
 import autotune
 from autotune._families import get_family
-from autotune._lab.measure import MeasureSettings
-from autotune._lab.protocol import CalibrationSettings
 from autotune._worker.worker import Worker
-
-SETTINGS = CalibrationSettings(search="precision", measure=MeasureSettings(budget_s=0.2))
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
-    except FileNotFoundError:
-        return False
-    return state not in ("Z", "X")  # a zombie has exited; only its parent's reaping is left
 
 
 @pytest.fixture
@@ -56,7 +45,7 @@ def test_the_worker_started_early_is_the_one_the_calibration_uses() -> None:
         assert worker.pid == started
         result = worker.run_family(get_family("tiny"), SETTINGS)
         assert worker.starts == 1
-    assert any(r.usable for r in result.candidates) and not _alive(started)
+    assert any(r.usable for r in result.candidates) and not alive(started)
 
 
 @pytest.mark.usefixtures("early")
@@ -73,7 +62,7 @@ def test_a_worker_started_early_that_died_is_replaced_and_one_nobody_takes_is_ki
     launch.start_early()
     unused = launch._early[0].tree.proc.pid
     launch.discard()
-    assert not _alive(unused) and not launch._early
+    assert not alive(unused) and not launch._early
 
 
 @pytest.mark.usefixtures("early")
@@ -189,7 +178,7 @@ def test_a_command_that_measures_nothing_leaves_no_worker_behind(isolated_autotu
 
     def ours(pid: str) -> bool:
         try:
-            return mark.encode() in Path(f"/proc/{pid}/environ").read_bytes() and _alive(int(pid))
+            return mark.encode() in Path(f"/proc/{pid}/environ").read_bytes() and alive(int(pid))
         except OSError:  # gone meanwhile, or another user's
             return False
 

@@ -8,22 +8,9 @@ from collections.abc import Callable, Iterator
 
 import pytest
 import torch
+from fp32_for_tests import NODES, fp32_state
 
 from autotune import Config, _fp32
-
-B = torch.backends
-
-
-#: every setting torch's per-backend API exposes here, parents included
-NODES = {
-    "generic": B, "cudnn": B.cudnn, "mkldnn": B.mkldnn, "cuda.matmul": B.cuda.matmul, "cudnn.conv": B.cudnn.conv,
-    "cudnn.rnn": B.cudnn.rnn, "mkldnn.matmul": B.mkldnn.matmul, "mkldnn.conv": B.mkldnn.conv,
-    "mkldnn.rnn": B.mkldnn.rnn,
-}
-
-
-def _state() -> dict[str, str]:
-    return {name: node.fp32_precision for name, node in NODES.items()}
 
 
 @pytest.fixture(autouse=True)
@@ -34,11 +21,11 @@ def untouched_settings() -> Iterator[None]:
     """
     for node in NODES.values():
         node.fp32_precision = "none"
-    fresh = _state()
+    fresh = fp32_state()
     yield
     for node in NODES.values():
         node.fp32_precision = "none"
-    assert _state() == fresh
+    assert fp32_state() == fresh
 
 
 def _set(*settings: tuple[str, str]) -> Callable[[], None]:
@@ -68,18 +55,18 @@ def _config(precision: str) -> Config:
 @pytest.mark.parametrize("app", list(APP_SETTINGS), ids=list(APP_SETTINGS))
 def test_precisions_mean_what_they_say_and_the_app_settings_come_back_exactly(app: str) -> None:
     APP_SETTINGS[app]()
-    before = _state()
+    before = fp32_state()
     legacy_before = torch.get_float32_matmul_precision() if app in ("untouched", "legacy high") else None
     with _fp32.preserved():
         _fp32.apply("fp32")
-        assert {n: v for n, v in _state().items() if "." in n} == dict.fromkeys(_fp32.current().values, "ieee")
+        assert {n: v for n, v in fp32_state().items() if "." in n} == dict.fromkeys(_fp32.current().values, "ieee")
         _fp32.apply("tf32")
-        state = _state()
+        state = fp32_state()
         assert (state["cuda.matmul"], state["cudnn.conv"], state["cudnn.rnn"]) == ("tf32", "tf32", "tf32")
         assert state["mkldnn.matmul"] == state["mkldnn.conv"] == "ieee"
         _fp32.apply("bf16-mixed")  # mixed precision leaves fp32 operations to the app
-        assert _state() == state
-    assert _state() == before
+        assert fp32_state() == state
+    assert fp32_state() == before
     if legacy_before is not None:  # an app on the legacy API can still read it: nothing was mixed for good
         assert torch.get_float32_matmul_precision() == legacy_before
 
@@ -106,6 +93,6 @@ def test_config_applies_its_precision_process_wide_and_autocast_leaves_it() -> N
         assert torch.backends.cuda.matmul.fp32_precision == "ieee"
         assert torch.backends.cudnn.conv.fp32_precision == "ieee"  # torch's default would be TF32
         assert torch.backends.cudnn.rnn.fp32_precision == "ieee"
-        before = _state()
+        before = fp32_state()
         _config("bf16-mixed").apply_precision()
-        assert _state() == before
+        assert fp32_state() == before

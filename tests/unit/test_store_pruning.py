@@ -10,23 +10,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from samples import family, timed
+from samples import measured, saved_store
 
 import autotune
 from autotune._cache.store import KEEP_FILES, KEEP_QUARANTINED, Store
 
 
-def _result(kind: str):  # type: ignore[no-untyped-def]
-    return family(kind, timed("cpu", "fp32", 100.0), timed("cpu", "bf16-mixed", 50.0))
-
-
 @pytest.fixture
 def store(tmp_path: Path) -> Store:
-    store = Store(tmp_path / "store")
-    fp = autotune.fingerprint()
-    store.save(fp, _result("cnn"))
-    store.save(fp, _result("mlp"))
-    return store
+    return saved_store(tmp_path / "store")
 
 
 DAY_S = 86400.0
@@ -37,7 +29,7 @@ def _other_machines(store: Store, count: int) -> list[Path]:
     paths = []
     for cores in range(100, 100 + count):
         fp = autotune.Fingerprint.model_validate({**base, "usable_cores": cores})
-        Store(store.root).save(fp, _result("cnn"))
+        Store(store.root).save(fp, measured("cnn"))
         paths.append(store.path(fp.digest))
     return paths
 
@@ -57,7 +49,7 @@ def test_pruning_keeps_files_used_within_30_days_whatever_their_modification_tim
     for i, path in enumerate(others):
         # Written long ago by other environments; the first four were read (used) yesterday.
         _age(path, written_days=90 + i, used_days=1 if i < 4 else 40 + i)
-    store.save(autotune.fingerprint(), _result("cnn"))  # a save prunes
+    store.save(autotune.fingerprint(), measured("cnn"))  # a save prunes
     left = set(store.root.glob("*.json"))
     assert set(others[:4]) <= left, "files in use by another environment are never pruned"
     assert store.path(autotune.fingerprint().digest) in left
@@ -69,7 +61,7 @@ def test_pruning_keeps_a_few_unused_files_for_a_hardware_swap_back(store: Store)
     others = _other_machines(store, 3)
     for path in others:
         _age(path, written_days=400, used_days=None)  # no marker: an older autotune's file
-    store.save(autotune.fingerprint(), _result("cnn"))
+    store.save(autotune.fingerprint(), measured("cnn"))
     assert set(others) <= set(store.root.glob("*.json"))
 
 
@@ -89,7 +81,7 @@ def test_quarantined_files_beyond_a_few_are_pruned(store: Store) -> None:
         Store(store.root).load(fp.digest)  # quarantines it
     assert len(list(store.root.glob("*.corrupt-*"))) == KEEP_QUARANTINED + 3
     newest = sorted(p.name for p in store.root.glob("*.corrupt-*"))[-KEEP_QUARANTINED:]
-    store.save(fp, _result("cnn"))
+    store.save(fp, measured("cnn"))
     assert sorted(p.name for p in store.root.glob("*.corrupt-*")) == newest
 
 
@@ -97,7 +89,7 @@ def test_temp_files_of_a_killed_writer_are_removed_by_the_next_save(store: Store
     fp = autotune.fingerprint()
     stale = store.root / f".{store.path(fp.digest).name}.abc123.tmp"
     stale.write_text('{"half a wri')
-    Store(store.root).save(fp, _result("cnn"))
+    Store(store.root).save(fp, measured("cnn"))
     assert not stale.exists()
 
 
@@ -106,7 +98,7 @@ def test_a_corrupt_file_replaced_by_another_process_meanwhile_is_judged_again_no
 ) -> None:
     fp = autotune.fingerprint()
     theirs = Store(tmp_path / "theirs")
-    theirs.save(fp, _result("mlp"))  # what the other process is about to publish
+    theirs.save(fp, measured("mlp"))  # what the other process is about to publish
     store = Store(tmp_path / "store")
     store.root.mkdir(mode=0o700)
     path = store.path(fp.digest)
@@ -123,7 +115,7 @@ def test_a_corrupt_file_replaced_by_another_process_meanwhile_is_judged_again_no
         return real_lstat(file, *args, **kwargs)
 
     monkeypatch.setattr(os, "lstat", racing)
-    saved = store.save(fp, cnn := _result("cnn"))
+    saved = store.save(fp, cnn := measured("cnn"))
     monkeypatch.undo()
     assert set(saved.families) == {"cnn", "mlp"} and saved.families["cnn"] == cnn
     loaded = Store(store.root).load(fp.digest)

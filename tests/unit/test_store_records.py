@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from samples import family, timed
+from samples import family, measured, saved_store, timed
 
 import autotune
 from autotune._cache.store import SCHEMA_VERSION, Store
@@ -25,17 +25,9 @@ from autotune._cache.store import SCHEMA_VERSION, Store
 Mutation = Callable[[Path], None]
 
 
-def _result(kind: str):  # type: ignore[no-untyped-def]
-    return family(kind, timed("cpu", "fp32", 100.0), timed("cpu", "bf16-mixed", 50.0))
-
-
 @pytest.fixture
 def store(tmp_path: Path) -> Store:
-    store = Store(tmp_path / "store")
-    fp = autotune.fingerprint()
-    store.save(fp, _result("cnn"))
-    store.save(fp, _result("mlp"))
-    return store
+    return saved_store(tmp_path / "store")
 
 
 def _edit(change: Callable[[dict[str, Any]], None]) -> Mutation:
@@ -146,7 +138,7 @@ def test_corrupt_file_suite(store: Store, variant: str, caplog: pytest.LogCaptur
     with caplog.at_level(logging.WARNING, logger="autotune"):
         loaded = fresh.load(fp.digest)
         served = set(loaded.families) if loaded is not None else set()
-        saved = fresh.save(fp, cnn := _result("cnn"))  # the damaged family measured again
+        saved = fresh.save(fp, cnn := measured("cnn"))  # the damaged family measured again
     warnings = [r.getMessage() for r in caplog.records if r.name == "autotune" and r.levelno >= logging.WARNING]
     assert saved.families["cnn"] == cnn
     quarantined = sorted(p.name for p in store.root.glob("*.corrupt-*"))
@@ -192,7 +184,7 @@ def test_permission_denied_is_read_nowhere_and_never_overwritten(
     fresh = Store(store.root)
     with caplog.at_level(logging.WARNING, logger="autotune"):
         assert fresh.load(fp.digest) is None
-        saved = fresh.save(fp, cnn := _result("cnn"))
+        saved = fresh.save(fp, cnn := measured("cnn"))
     assert "Permission denied" in caplog.text and "keeping results in memory" in caplog.text
     monkeypatch.undo()
     assert path.read_bytes() == content
@@ -214,7 +206,7 @@ def test_a_read_error_never_leads_to_overwriting(
 
     monkeypatch.setattr(os, "read", failing)
     with caplog.at_level(logging.WARNING, logger="autotune"):
-        saved = Store(store.root).save(fp, _result("transformer"))
+        saved = Store(store.root).save(fp, measured("transformer"))
     monkeypatch.undo()
     assert "Input/output error" in caplog.text
     assert path.read_bytes() == content, "cnn and mlp were not lost to a transient read error"
@@ -229,7 +221,7 @@ def test_fields_this_version_does_not_know_survive_a_save(store: Store) -> None:
     document["families"]["mlp"]["energy_j"] = 12.5
     document["families"]["mlp"]["candidates"][0]["candidate"]["graph_mode"] = "captured"
     path.write_text(json.dumps(document))
-    Store(store.root).save(fp, _result("cnn"))
+    Store(store.root).save(fp, measured("cnn"))
     after = json.loads(path.read_text())
     assert after["written_by"] == {"autotune": "9.0", "extras": [1, 2]}
     assert after["families"]["mlp"] == document["families"]["mlp"]
@@ -245,7 +237,7 @@ def test_a_planted_symlink_lock_is_refused_and_results_stay_in_memory(
     victim.write_text("keep me")
     Path(f"{store.path(fp.digest)}.lock").symlink_to(victim)
     with caplog.at_level(logging.WARNING, logger="autotune"):
-        saved = store.save(fp, cnn := _result("cnn"))
+        saved = store.save(fp, cnn := measured("cnn"))
     assert "symbolic link" in caplog.text and "keeping results in memory" in caplog.text
     assert victim.read_text() == "keep me" and not store.path(fp.digest).exists()
     assert saved.families["cnn"] == cnn and store.load(fp.digest) == saved
@@ -264,7 +256,7 @@ def test_a_planted_symlink_calibration_lock_is_refused(tmp_path: Path, caplog: p
 
 def test_the_cache_directory_is_created_private(tmp_path: Path) -> None:
     store = Store(tmp_path / "a" / "cache")
-    store.save(autotune.fingerprint(), _result("cnn"))
+    store.save(autotune.fingerprint(), measured("cnn"))
     assert stat.S_IMODE(os.stat(store.root).st_mode) == 0o700
 
 
@@ -279,7 +271,7 @@ def test_a_results_directory_writable_by_others_is_refused(
     fresh = Store(store.root)
     with caplog.at_level(logging.WARNING, logger="autotune"):
         assert fresh.load(fp.digest) is None  # another user could have planted it
-        saved = fresh.save(fp, cnn := _result("cnn"))
+        saved = fresh.save(fp, cnn := measured("cnn"))
     assert "writable by other users" in caplog.text
     assert path.read_bytes() == content
     assert saved.families["cnn"] == cnn and fresh.load(fp.digest) == saved
@@ -324,7 +316,7 @@ def test_a_family_saved_only_in_memory_is_still_served_next_to_the_file(
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(os, "replace", full)
-    store.save(fp, _result("transformer"))
+    store.save(fp, measured("transformer"))
     monkeypatch.undo()
     loaded = store.load(fp.digest)
     assert loaded is not None and set(loaded.families) == {"cnn", "mlp", "transformer"}
