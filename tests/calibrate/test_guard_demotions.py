@@ -79,7 +79,7 @@ def test_demotions_of_two_families_written_at_once_by_two_processes_are_both_kep
     script = textwrap.dedent("""
         import sys, time, autotune
         from autotune._cache import demotions
-        from test_guard import _recorded
+        from test_guard_demotions import _recorded
         kind, start = sys.argv[1], float(sys.argv[2])
         digest = autotune.fingerprint().digest
         time.sleep(max(0.0, start - time.time()))
@@ -87,8 +87,8 @@ def test_demotions_of_two_families_written_at_once_by_two_processes_are_both_kep
             demotions.record(digest, _recorded(kind, step=run + 1))
     """)
     start = time.time() + 4.0  # both past their imports
-    tests = str(Path(__file__).parents[1])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")])}
+    here, tests = str(Path(__file__).parent), str(Path(__file__).parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([here, tests, os.environ.get("PYTHONPATH", "")])}
     procs = [subprocess.Popen([sys.executable, "-c", script, kind, str(start)], env=env)
              for kind in (tiny_family, "other")]
     assert [p.wait(timeout=120) for p in procs] == [0, 0]

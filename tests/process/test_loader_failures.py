@@ -83,15 +83,6 @@ class NoLength(Dataset[torch.Tensor]):
         return torch.zeros(4)
 
 
-@pytest.fixture
-def spawned() -> Iterator[None]:
-    """Worker processes started by spawn, as on macOS and Windows (or under CUDA): the dataset is pickled."""
-    before = multiprocessing.get_start_method(allow_none=True)
-    multiprocessing.set_start_method("spawn", force=True)
-    yield
-    multiprocessing.set_start_method(before, force=True)
-
-
 def _answers_kept() -> list[str]:
     return sorted(p.name for p in loader_answers.FILES.directory().glob("*.json"))
 
