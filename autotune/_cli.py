@@ -31,6 +31,7 @@ from autotune._families import builtin_family_names, family_names, register_fami
 from autotune._fingerprint import fingerprint
 from autotune._loop_wording import demotion_words
 from autotune._records import FamilyResult
+from autotune._variants import CPU
 from autotune._version import __version__
 from autotune._wording import mib_words, ratio_words, time_words
 from autotune.backends import diagnose
@@ -245,7 +246,7 @@ def trace(kind: str, args: argparse.Namespace) -> int:
         Col("share", shares, wraps=False),
     ], title=f"top operators by self {'device' if on_device else 'CPU'} time per step")
     out.print(table)
-    if not on_device and report.candidate.device != "cpu":
+    if not on_device and report.candidate.device != CPU:
         out.print(f"[dim]torch.profiler records no {report.candidate.device} kernels: CPU side only[/dim]")
     out.print(f"trace: {report.path}", highlight=False, soft_wrap=True)  # a path is copied whole: never wrapped
     out.print("[dim]open it in https://ui.perfetto.dev or chrome://tracing[/dim]")

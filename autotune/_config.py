@@ -20,7 +20,7 @@ from autotune._errors import ConfigurationError, FrameworkError
 from autotune._precision import AUTOCAST_DTYPES, DEFAULT_INIT_SCALE
 from autotune._ranks.group import joined
 from autotune._records import Choice, Prefer
-from autotune._variants import FP16_MIXED, apply, precision_row
+from autotune._variants import CPU, FP16_MIXED, apply, precision_row
 from autotune.backends import backend_for
 
 if TYPE_CHECKING:
@@ -145,7 +145,7 @@ class Config(Decision):
                 f"Lightning has no built-in accelerator for {backend.title}; train with cfg.prepare() and "
                 "cfg.autocast() in your own loop, or through Accelerate (cfg.accelerate_kwargs())"))
         fp16_plugin = init_scale and self.precision == FP16_MIXED.name
-        if device.type == "cpu" and self.precision == FP16_MIXED.name and not fp16_plugin:
+        if device.type == CPU and self.precision == FP16_MIXED.name and not fp16_plugin:
             raise FrameworkError("Lightning", "fp16 mixed precision on the CPU", (
                 "Lightning replaces precision='16-mixed' on the CPU with 'bf16-mixed'; pass "
                 "**cfg.lightning_kwargs(init_scale=True), which gives its fp16 plugin instead, or train with "
@@ -155,9 +155,9 @@ class Config(Decision):
         if per_machine == 1 and nodes == 1:
             placed: int | list[int] = [device.index] if device.index is not None else 1
             kwargs: dict[str, Any] = {"accelerator": backend.lightning_accelerator, "devices": placed}
-        elif device.type == "mps":
-            raise FrameworkError("Lightning", f"{per_machine * nodes} processes on MPS", (
-                "Lightning trains on one MPS device, in one process; ask for devices=1"))
+        elif backend.lightning_one_process:
+            raise FrameworkError("Lightning", f"{per_machine * nodes} processes on {device.type.upper()}", (
+                f"Lightning trains on one {device.type.upper()} device, in one process; ask for devices=1"))
         else:
             kwargs = {"accelerator": backend.lightning_accelerator, "devices": per_machine,
                       **({"num_nodes": nodes} if nodes > 1 else {}), "strategy": "ddp"}
@@ -182,11 +182,11 @@ class Config(Decision):
         ``cpu=True`` and then trains without autocast, in fp32.
         """
         device = torch.device(self.device)
-        if device.type == "cpu" and self.precision == FP16_MIXED.name:
+        if device.type == CPU and self.precision == FP16_MIXED.name:
             raise FrameworkError("Accelerate", "fp16 mixed precision on the CPU", (
                 "Accelerate accepts mixed_precision='fp16' with cpu=True but trains without autocast; keep "
                 "mixed_precision='no' and wrap forward + loss in cfg.autocast() yourself"))
-        return {"cpu": device.type == "cpu", "mixed_precision": precision_row(self.precision).accelerate}
+        return {"cpu": device.type == CPU, "mixed_precision": precision_row(self.precision).accelerate}
 
     def guard(self, model: nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None, *,
               loss_fn: Callable[[nn.Module, Any], torch.Tensor] | None = None,

@@ -42,7 +42,7 @@ from autotune._records import (
     Verdict,
 )
 from autotune._rules import indifference, is_open, margin, tie_winner
-from autotune._variants import FP32, PREFERENCES
+from autotune._variants import CPU, FP32, PREFERENCES
 from autotune._wording import headline, no_gpu_words, reason, times_over
 
 log = logging.getLogger("autotune")
@@ -72,7 +72,7 @@ def decide(
         pool = [r for r in usable if r.candidate.device == forced_device]
         if not pool:
             return _unmeasured_forced(measured, forced_device, digest)
-    elif prefer == "cpu":
+    elif prefer == CPU:
         pool = [r for r in usable if is_cpu(r)]
     elif prefer != "auto":
         pool = [r for r in usable if not is_cpu(r) and prefer in ("gpu", r.candidate.device.split(":")[0])]
@@ -173,7 +173,7 @@ def pick_fastest(pool: Sequence[CandidateResult], expected_steps: int | None, *,
     picks = device_picks(pool, expected_steps, alpha=alpha)
     scores = ranking(list(picks.values()), expected_steps)
     best = min(picks.values(), key=lambda r: scores[id(r)])
-    cpu = picks.get("cpu")
+    cpu = picks.get(CPU)
     if cpu is not None and best is not cpu and not clearly_faster(best, cpu, expected_steps, alpha=alpha):
         return cpu
     return best
@@ -256,7 +256,7 @@ def _unmeasured_forced(measured: FamilyResult, device: str, digest: str) -> Deci
 
 
 def is_cpu(result: CandidateResult) -> bool:
-    return result.candidate.device == "cpu"
+    return result.candidate.device == CPU
 
 
 def step_ms(result: CandidateResult) -> float:

@@ -74,7 +74,7 @@ class Candidate(Choice):
 
 
 #: fp32 on the CPU: what every speed-up is against, and the answer that always trains
-FP32_CPU = Candidate(device="cpu", precision=_variants.FP32.name)
+FP32_CPU = Candidate(device=_variants.CPU, precision=_variants.FP32.name)
 
 
 class Failure(Record):

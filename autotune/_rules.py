@@ -68,7 +68,7 @@ def tie_winner(a: Candidate, b: Candidate) -> Candidate | None:
     device, then the preferred one (:func:`preference`); None where the faster one wins (two accelerators,
     two thread counts other than torch's, layout and optimizer kernels)."""
     if a.device != b.device:
-        cpu = [c for c in (a, b) if c.device == "cpu"]
+        cpu = [c for c in (a, b) if c.device == _variants.CPU]
         return cpu[0] if cpu else None
     if preference(a) == preference(b):
         return None

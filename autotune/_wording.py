@@ -150,11 +150,11 @@ def short_noise_words(causes: Sequence[NoiseCause], loads: Sequence[MachineLoad]
 
 def no_gpu_words(measured: FamilyResult) -> str:
     """Why a GPU the user preferred cannot answer, e.g. "there is no usable GPU (cuda: not built)"."""
-    gpu_failures = [r for r in measured.candidates if r.candidate.device != "cpu" and r.failure is not None]
+    gpu_failures = [r for r in measured.candidates if r.candidate.device != _variants.CPU and r.failure is not None]
     if gpu_failures:
         return "every GPU candidate failed (" + "; ".join(
             f"{r.candidate.label} {r.failure.kind}: {r.failure.detail}" for r in gpu_failures if r.failure) + ")"
-    notes = "; ".join(f"{name}: {why}" for name, why in measured.backend_notes.items() if name != "cpu")
+    notes = "; ".join(f"{name}: {why}" for name, why in measured.backend_notes.items() if name != _variants.CPU)
     return f"there is no usable GPU ({notes})" if notes else "there is no usable GPU"
 
 
@@ -219,7 +219,7 @@ def answer_words(choice: Choice) -> str:
 
 def _where(device: str) -> str:
     """e.g. ``'the CPU'``, ``'cuda:0'``"""
-    return "the CPU" if device == "cpu" else device
+    return "the CPU" if device == _variants.CPU else device
 
 
 def _named(candidate: Candidate, pick: Candidate) -> str:
@@ -252,7 +252,7 @@ def _device_claim(pick: Candidate, evidence: Evidence) -> str | None:
             return f"{where} is {ratio_words(1 / times)} faster per step"
         return f"as requested, though {where} is {ratio_words(1 / times)} faster per step"
     if best.verdict == "tie":
-        return f"{where} was no faster" + (", and on a tie the CPU wins" if pick.device == "cpu" else "")
+        return f"{where} was no faster" + (", and on a tie the CPU wins" if pick.device == _variants.CPU else "")
     return f"{ratio_words(times)} faster per step than {where}"
 
 

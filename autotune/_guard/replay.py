@@ -40,7 +40,7 @@ from torch import nn
 from autotune import _batch, _fp32
 from autotune._precision import AUTOCAST_DTYPES
 from autotune._records import FP32_CPU, Candidate, Misbehaviour, Replay
-from autotune._variants import FP32
+from autotune._variants import CPU, FP32
 from autotune.backends import backend_for
 
 log = logging.getLogger("autotune")
@@ -69,7 +69,7 @@ def _bytes(value: Any) -> int:
 
 
 def _on_host(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.detach().to("cpu", copy=True)
+    return tensor.detach().to(CPU, copy=True)
 
 
 @dataclass(frozen=True)
@@ -257,7 +257,7 @@ class Tape:
     def _too_large(self, size: int) -> str | None:
         """Why a state of ``size`` bytes is not kept on the host (over its share of the available memory), or None;
         None too where the OS does not say what is available."""
-        available = backend_for("cpu").free_memory_bytes("cpu")
+        available = backend_for(CPU).free_memory_bytes(CPU)
         if available is None or size <= SNAPSHOT_MEMORY_SHARE * available / self.ranks:
             return None
         shared = f", shared by this machine's {self.ranks} ranks" if self.ranks > 1 else ""
@@ -349,7 +349,7 @@ class Tape:
             dtype = AUTOCAST_DTYPES[on.precision]
             seen: list[_Seen] = []
             beside: list[_Seen] = []
-            forked = [device.index or 0] if device.type == "cuda" else []
+            forked = [device.index or 0] if backend_for(on.device).forks_rng else []
             with _fp32.preserved(), torch.random.fork_rng(devices=forked):
                 if dtype is None:
                     _fp32.apply(on.precision)

@@ -197,8 +197,8 @@ class Guard(Generic[Answered]):
         if self._buffer is None:
             # On the loss's device (else the scale's): a copy across devices would wait for them at every step.
             scale_device = scaler._get_scale_async() if scaler is not None and scaler.is_enabled() else None
-            device = (loss.device if isinstance(loss, torch.Tensor)
-                      else scale_device.device if isinstance(scale_device, torch.Tensor) else torch.device("cpu"))
+            device = (loss.device if isinstance(loss, torch.Tensor) else scale_device.device
+                      if isinstance(scale_device, torch.Tensor) else torch.device(FP32_CPU.device))
             self._buffer = torch.full((2, self.read_every), math.nan, dtype=torch.float32, device=device)
             self._slots = list(zip(self._buffer[0].unbind(), self._buffer[1].unbind(), strict=True))
         loss_slot, scale_slot = self._slots[self._filled]

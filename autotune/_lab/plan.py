@@ -14,7 +14,7 @@ from autotune._records import Candidate
 from autotune._variants import Facts, Search, Situation
 from autotune.backends import all_backends
 
-BASELINE = Candidate(device="cpu", precision=_variants.FP32.name)
+BASELINE = Candidate(device=_variants.CPU, precision=_variants.FP32.name)
 
 
 def plan() -> tuple[list[Candidate], dict[str, str]]:

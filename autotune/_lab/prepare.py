@@ -134,7 +134,7 @@ class TorchLab:
         steady = trajectory.step_s[1:] or trajectory.step_s
         self.best_step_s = min(self.best_step_s, _stats.median(steady))
         timed: Steppable = step
-        if self.copies is not None and candidate.device == "cpu":
+        if self.copies is not None and candidate.device == _variants.CPU:
             timed = Loaded(step, candidate, self.copies)
         return Prepared(timed, result, steady, step.facts)
 
@@ -143,7 +143,7 @@ class TorchLab:
         (only where that step's limit is above the floor: a full step could cost seconds). Returns the set-up
         seconds the probe took from it (its first pass's excess over its second)."""
         fastest = self.best_first.get(candidate.device)
-        if (self.probe is None or candidate.device != "cpu" or candidate != candidate.base or fastest is None
+        if (self.probe is None or candidate.device != _variants.CPU or candidate != candidate.base or fastest is None
                 or _variants.compiles(fastest[1])
                 or self.settings.slow_first_step_factor * fastest[0] <= self.settings.slow_step_floor_s):
             return 0.0
@@ -166,7 +166,7 @@ class TorchLab:
         for device in dict.fromkeys(c.device for c in candidates):
             backend_for(device).release_cached_memory(device)
         if self.copies is not None:
-            self.copies.release([c for c in candidates if c.device == "cpu"])
+            self.copies.release([c for c in candidates if c.device == _variants.CPU])
 
     def _result(self, step: TrainStep, backend: Backend, trajectory: Trajectory,
                 default_skipped: int | None, probe_s: float) -> CandidateResult:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-from autotune import _stats
+from autotune import _stats, _variants
 from autotune._lab.looks import Dropped
 from autotune._lab.plan import BASELINE
 from autotune._lab.prepare import CandidateFailed, Prepared, classify, unverified
@@ -111,7 +111,7 @@ class Roster:
         self.emit(Failed(result=result))
         if candidate == BASELINE:
             self.reference_failure = failure
-        elif (candidate.device != "cpu" and self.discard_on_device_error
+        elif (candidate.device != _variants.CPU and self.discard_on_device_error
               and failure.kind not in ("numerics", "too_slow")):
             self.poisoned = True  # a device error can leave the context poisoned: measure nothing else here
         return False

@@ -318,7 +318,7 @@ class Session:
         # Built again on the CPU only: on an accelerator a build beside the pick could run out of its memory, and
         # fail a candidate (or poison the device) that the search had timed and dropped cleanly.
         held = all(c in self.roster.ready for c in (reference, pick)) or (
-            pick.device == "cpu" and (result.setup_s or 0.0) < cap_s)
+            pick.device == _variants.CPU and (result.setup_s or 0.0) < cap_s)
         if held and self.roster.rebuild([reference, pick], 1.0) == [reference, pick]:
             settings = self._stage_settings(FINAL_STAGE).model_copy(update={"order_seed": FINAL_STAGE + 1})
             warm = {c: warm_up(self.roster.ready[c].step, self.clock, self.roster.ready[c].recent_s, settings,
@@ -333,8 +333,8 @@ class Session:
                                if series is not None else (0.0, 0.0, 0.0))
         if series is None or low <= 1 + _rules.margin(reference, pick):
             why = (f"which would cost more than {_rules.HEADLINE_COST:.0%} of the calibration's time" if held or
-                   pick.device == "cpu" else f"{reference.label} no longer held (built again beside the pick, it "
-                   "could run out of the device's memory)")
+                   pick.device == _variants.CPU else f"{reference.label} no longer held (built again beside the "
+                   "pick, it could run out of the device's memory)")
             self.notes.append(f"{reference.label} against {pick.label}: their ratio not timed to within "
                               f"{_rules.HEADLINE_ERROR:.0%}, {why}; the headline is a bound")
             return
@@ -364,7 +364,7 @@ class Session:
         if device not in self.clock_checked:
             why_not = self.lab.clock_check(device)
             self.clock_checked[device] = why_not is None
-            if device != "cpu":
+            if device != _variants.CPU:
                 self.notes.append(f"{device} clock check: " + ("throttle reasons read after each candidate's timed "
                                                                "steps" if why_not is None else f"off, {why_not}"))
         return self.clock_checked[device]

@@ -28,7 +28,7 @@ from autotune._records import (
     FamilyResult,
     Ranks,
 )
-from autotune._variants import AXES, NUM_THREADS, SHARED_FIELDS, precision_row
+from autotune._variants import AXES, CPU, NUM_THREADS, SHARED_FIELDS, precision_row
 from autotune._wording import agreed_reason
 from autotune.backends import Accelerator
 
@@ -151,7 +151,7 @@ def for_rank(choice: Decision, own: Decision, measured: FamilyResult | None, *, 
         answer = choice.model_copy(update=updates)
         answer = answer.model_copy(update={"reason": agreed_reason(
             answer.candidate, own.candidate, cost, decided_by=decided_by, plain=plain)})
-    threads = _threads(here, share) if device == "cpu" else NUM_THREADS.default
+    threads = _threads(here, share) if device == CPU else NUM_THREADS.default
     evidence = (own.evidence or Evidence()).model_copy(update={"agreement": agreement})
     return answer.model_copy(update={NUM_THREADS.field: threads, "init_scale": choice.init_scale, "ranks": ranks,
                                      "evidence": evidence})

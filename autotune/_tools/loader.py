@@ -48,7 +48,7 @@ from autotune._tools import workers as _workers
 from autotune._tools.apart import Continuing, Silent, Tick, apart, sampling, untouched
 from autotune._tools.question import dataset_signature, described, named
 from autotune._tools.stand_in import StandIn
-from autotune._variants import threads_per_process
+from autotune._variants import CPU, threads_per_process
 from autotune.backends import backend_for, resolve_device
 
 log = logging.getLogger("autotune")
@@ -157,7 +157,7 @@ def _measure(candidate: Candidate, model_kind: str, dataset: Any, signature: str
             f"{exc}; the DataLoader is measured copying its batches to this Config's device: ask on the machine "
             "that trains")) from exc
     backend = backend_for(candidate.device)
-    threads = (candidate.num_threads or default_threads()) if backend.device_type == "cpu" else None
+    threads = (candidate.num_threads or default_threads()) if backend.device_type == CPU else None
     pin = bool(fixed.get("pin_memory", backend.async_copies))
     drop_last = bool(fixed.get("drop_last", False))
     batches = length // batch_size if drop_last else math.ceil(length / batch_size)

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from autotune import _batch
+from autotune._variants import CPU
 from autotune.backends import Backend
 
 #: the matrix products' side: about a tenth of a millisecond each on one core, fine enough for short steps
@@ -34,7 +35,7 @@ class StandIn:
         self.device = device
         self.backend = backend
         self.pin = pin
-        self.on_cpu = backend.device_type == "cpu"
+        self.on_cpu = backend.device_type == CPU
         self.products = 0
         if self.on_cpu and step_ms > 0:
             self._left = torch.rand(_SIDE, _SIDE, generator=torch.Generator().manual_seed(0))

@@ -11,6 +11,7 @@ from multiprocessing.connection import Connection
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
+from autotune._variants import CPU
 from autotune.backends import _linux, backend_for
 
 #: a worker silent this long is ruled out (DataLoader's ``timeout``)
@@ -26,7 +27,7 @@ def most_workers(cores: int, processes: int) -> int:
     ``MEMORY_SHARE`` of the memory available to its share, each counted at this process's own resident memory (a
     forked worker comes to hold what it writes of it, Python's reference counts included; a spawned one imports
     torch and the dataset again); at least one. Where the memory is not known (not Linux), the cores alone."""
-    available = backend_for("cpu").free_memory_bytes("cpu")
+    available = backend_for(CPU).free_memory_bytes(CPU)
     worker_bytes = _linux.anonymous_bytes()
     if available is None or not worker_bytes:
         return max(1, cores)

@@ -23,6 +23,8 @@ Precision = Literal["fp32", "tf32", "bf16-mixed", "fp16-mixed"]
 Prefer = Literal["auto", "gpu", "cpu", "cuda", "mps", "xpu"]
 #: ``best_config``'s and ``--prefer``'s words
 PREFERENCES: tuple[Prefer, ...] = get_args(Prefer)
+#: the device every machine has, its backend's name: the fp32 reference runs there and a tie goes to it
+CPU = "cpu"
 #: how far the search looks (``AUTOTUNE_SEARCH``): the precisions only, the default variants, or every axis
 Search = Literal["precision", "default", "extended"]
 MemoryFormat = Literal["contiguous", "channels_last"]
@@ -152,7 +154,7 @@ OPTIMIZER: Axis[OptimizerImpl] = Axis(
 NUM_THREADS: Axis[int | None] = Axis(
     field="num_threads", default=None, label=_threads, prose=_threads, preferred=True, shared=False, compiles=False,
     stage=3,
-    propose=lambda s: fewer_threads(s.default_threads) if s.device == "cpu" else [],
+    propose=lambda s: fewer_threads(s.default_threads) if s.device == CPU else [],
 )
 COMPILED: Axis[bool] = Axis(
     field="compiled", default=False, label=lambda _: "compiled", prose=lambda _: "torch.compile", preferred=True,
@@ -192,7 +194,7 @@ def prose(choice: object) -> list[str]:
 
 
 __all__ = [
-    "AXES", "BF16_MIXED", "COMPILED", "FP16_MIXED", "FP32", "MEMORY_FORMAT", "NUM_THREADS", "OPTIMIZER",
+    "AXES", "BF16_MIXED", "COMPILED", "CPU", "FP16_MIXED", "FP32", "MEMORY_FORMAT", "NUM_THREADS", "OPTIMIZER",
     "PRECISION_ROWS", "PREFERENCES", "SHARED_FIELDS", "TF32", "Axis", "Facts", "MemoryFormat", "OptimizerImpl",
     "Precision", "PrecisionRow", "Prefer", "Search", "Situation", "changed", "compiles", "fewer_threads",
     "precision_row", "prose", "reachable", "simplicity", "threads_per_process",

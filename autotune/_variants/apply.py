@@ -17,7 +17,17 @@ from torch import nn
 from autotune import _batch
 from autotune._families import Workload, adamw
 from autotune._records import Choice
-from autotune._variants import AXES, COMPILED, MEMORY_FORMAT, NUM_THREADS, OPTIMIZER, Facts, MemoryFormat, OptimizerImpl
+from autotune._variants import (
+    AXES,
+    COMPILED,
+    CPU,
+    MEMORY_FORMAT,
+    NUM_THREADS,
+    OPTIMIZER,
+    Facts,
+    MemoryFormat,
+    OptimizerImpl,
+)
 from autotune.backends import all_backends
 
 V = TypeVar("V")
@@ -83,7 +93,7 @@ def _threads(count: int | None, device: str) -> Callable[[], None]:
     Set around a candidate's share of a round, outside its timed steps: switching the count is not part of a
     training step, so no candidate's time includes it.
     """
-    if count is None or device != "cpu":
+    if count is None or device != CPU:
         return _nothing_to_restore
     before = torch.get_num_threads()
     torch.set_num_threads(count)
@@ -178,13 +188,13 @@ def copies_non_blocking(source: torch.device, target: torch.device, *, pinned: b
     silently corrupted data when the source was freed early (pytorch/pytorch#189690, #139550), which is what
     a training loop does with each batch.
     """
-    return pinned and source.type == "cpu" and target.type in _async_copy_targets()
+    return pinned and source.type == CPU and target.type in _async_copy_targets()
 
 
 def move(tensor: torch.Tensor, device: torch.device, keywords: Mapping[str, Any]) -> torch.Tensor:
     """A batch tensor on the device, copied with ``keywords`` (:func:`batch_keywords`)."""
     # is_pinned() asks the accelerator's host allocator: only worth asking when the answer can matter
-    pinned = device.type in _async_copy_targets() and tensor.device.type == "cpu" and tensor.is_pinned()
+    pinned = device.type in _async_copy_targets() and tensor.device.type == CPU and tensor.is_pinned()
     return tensor.to(device, non_blocking=copies_non_blocking(tensor.device, device, pinned=pinned), **keywords)
 
 

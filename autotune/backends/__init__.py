@@ -1,5 +1,6 @@
 """One module per hardware backend behind one small interface (``api.Backend``), probed lazily. A new backend
-is its module plus one line in :func:`all_backends`: the rest of the package asks the interface.
+is its module, its entry in :func:`all_backends` and its ``prefer`` word (``autotune._variants.Prefer``):
+the rest of the package asks the interface and names no backend (``tests/unit/test_tables.py``).
 
 The host process only calls what never initialises a device (:meth:`Backend.host_accelerators` and the class
 facts): an app may ``fork`` DataLoader workers after calling us, and a CUDA context in the parent breaks that.

@@ -74,6 +74,11 @@ class Backend(ABC):
     asynchronous: ClassVar[bool] = False
     #: ``lightning.Trainer(accelerator=...)`` for this device; None where Lightning has no built-in accelerator
     lightning_accelerator: ClassVar[str | None]
+    #: whether Lightning trains on this device in one process only (its DDP does not take the device)
+    lightning_one_process: ClassVar[bool] = False
+    #: whether a guard's replay forks this device's random state (``torch.random.fork_rng``) to leave the app's as
+    #: it was
+    forks_rng: ClassVar[bool] = False
     #: environment variables that choose which of its devices a process sees, and in which order
     visible_device_variables: ClassVar[tuple[str, ...]] = ()
 

@@ -224,6 +224,7 @@ class CudaBackend(Backend):
     async_copies = True
     asynchronous = True
     lightning_accelerator = "cuda"
+    forks_rng = True
     visible_device_variables = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "HIP_VISIBLE_DEVICES",
                                 "ROCR_VISIBLE_DEVICES")
 

@@ -23,6 +23,7 @@ class MpsBackend(Backend):
     device_type = "mps"
     asynchronous = True
     lightning_accelerator = "mps"
+    lightning_one_process = True
 
     def __init__(self) -> None:
         #: the largest driver allocation seen since ``reset_peak_memory``, and the one at the reset; None before

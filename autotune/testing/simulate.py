@@ -22,6 +22,7 @@ from autotune._lab.protocol import CalibrationSettings, Checkpoint, Done
 from autotune._lab.session import Session
 from autotune._lab.step import pins_batches
 from autotune._records import FP32_CPU, Candidate, CandidateResult, ClockEvent, FamilyResult, Numerics
+from autotune._variants import CPU
 from autotune.backends import ClockReading, backend_for
 from autotune.testing.traces import Cursor
 from autotune.testing.truth import CandidateTruth, Loop, Truth, run_steps
@@ -80,7 +81,7 @@ class _Weather:
         value *= math.pow(self.load(), load_power)
         if truth.burst is not None and truth.burst[0] <= now < truth.burst[1]:
             value *= truth.burst_factor
-        if self.stage_1_over and device != "cpu":
+        if self.stage_1_over and device != CPU:
             value *= truth.slowdown_after_stage_1
         if truth.throttled(now, device):
             value *= truth.clock_drop_factor
@@ -102,7 +103,7 @@ class _FakeStep:
         self.launch_s = launch_s
         self.loop = loop
         self.load_power = load_power
-        self.asynchronous = device != "cpu"
+        self.asynchronous = device != CPU
         self.steps = 0
         #: its steps run on a thread pool that spin-waits after them (a CPU candidate on more than one thread)
         self.pooled = pooled
@@ -144,7 +145,7 @@ class _FakeStep:
     def _busy(self, start: float, end: float) -> None:
         """Log a step on an accelerator for its windowed clock readings (``Truth.clock_window_s``)."""
         weather, truth = self.weather, self.weather.truth
-        if self.device == "cpu":
+        if self.device == CPU:
             return
         weather.last_on[self.device] = self.own
         if truth.clock_window_s:
@@ -208,7 +209,7 @@ class TruthLab:
     def clock_mhz(self, device: str) -> float | None:
         """An accelerator's clock: nominal, or lower by the drop's factor once it throttles; averaged over the
         last ``clock_window_s`` (its steps at their clocks, idle time at the idle clock) where that is set."""
-        if device == "cpu":
+        if device == CPU:
             return None
         truth, now = self.truth, self.weather.clock.now
         if not truth.clock_window_s:
@@ -223,7 +224,7 @@ class TruthLab:
 
     def clock_check(self, device: str) -> str | None:
         """A simulated accelerator reports its throttle reasons; the CPU none."""
-        return "the CPU reports no clock events" if device == "cpu" else None
+        return "the CPU reports no clock events" if device == CPU else None
 
     def clock_reading(self, device: str) -> ClockReading | None:
         """The clock (:meth:`clock_mhz`) and the reasons in force: thermal while it throttles, the power cap
@@ -252,7 +253,7 @@ class TruthLab:
         step = _FakeStep(self.truth.compute_ms(candidate) / 1000, candidate.device, self.weather, truth,
                          launch_s=self.truth.launch_ms(candidate) / 1000, loop=loop,
                          load_power=self.truth.load_power(candidate),
-                         pooled=candidate.device == "cpu" and candidate.num_threads != 1,
+                         pooled=candidate.device == CPU and candidate.num_threads != 1,
                          recorded=self._recorded(candidate))
         recent_s = []
         self.weather.in_setup = True
@@ -291,7 +292,7 @@ def simulate(truth: Truth, seed: int, settings: CalibrationSettings | None = Non
     lab = TruthLab(truth, weather, settings)
     events = [] if events is None else events
     session = Session(lab, settings, events.append, clock=clock,
-                      control=_FakeStep(CONTROL_MS / 1000, "cpu", _ControlWeather(weather)),
+                      control=_FakeStep(CONTROL_MS / 1000, CPU, _ControlWeather(weather)),
                       settle=_settle(weather), discard_on_device_error=False)
     planned = sorted(truth.candidates, key=lambda c: c != FP32_CPU)
     session.run(planned, staged=True, backend_notes={}, failed=failed, resume=resume)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from autotune._records import Candidate, Failure, FamilyResult
 from autotune._rules import margin, preference
-from autotune._variants import Facts, precision_row
+from autotune._variants import CPU, Facts, precision_row
 from autotune.backends import backend_for
 from autotune.testing.traces import Replay, TraceFile
 
@@ -184,7 +184,7 @@ class Truth:
 
     def load_power(self, candidate: Candidate) -> float:
         """How strongly ``candidate``'s steps feel the machine's load: 1 at torch's thread count."""
-        if candidate.device != "cpu":
+        if candidate.device != CPU:
             return 1.0
         return math.pow((candidate.num_threads or self.default_threads) / self.default_threads, self.threads_load)
 
@@ -200,7 +200,7 @@ class Truth:
 
     def launch_ms(self, candidate: Candidate) -> float:
         """The host's time to launch one step of ``candidate`` on an accelerator (0 on the CPU)."""
-        if candidate.device == "cpu":
+        if candidate.device == CPU:
             return 0.0
         base = self.candidates[candidate.base].launch_ms
         return base * math.prod(self.variant_launch_factors.get(word, 1.0) for word in candidate.variants)
@@ -219,7 +219,7 @@ class Truth:
 
     def loop(self, candidate: Candidate, *, copies_wait: bool) -> Loop | None:
         """How ``candidate``'s steps run on a pipelined accelerator; None on the CPU or an unpipelined truth."""
-        if not self.pipelined or candidate.device == "cpu":
+        if not self.pipelined or candidate.device == CPU:
             return None
         return Loop(compute_s=self.compute_ms(candidate) / 1000, launch_s=self.launch_ms(candidate) / 1000,
                     lead_s=self.candidates[candidate.base].lead_ms / 1000, copy_s=self.copy_ms / 1000,
@@ -227,7 +227,7 @@ class Truth:
                     scaler_sync=precision_row(candidate.precision).grad_scaler and candidate.optimizer != "fused")
 
     def throttled(self, now: float, device: str) -> bool:
-        return device != "cpu" and self.clock_drop is not None and self.clock_drop[0] <= now < self.clock_drop[1]
+        return device != CPU and self.clock_drop is not None and self.clock_drop[0] <= now < self.clock_drop[1]
 
 
 def true_pick(truth: Truth, candidates: list[Candidate], expected_steps: int | None = None) -> Candidate:
@@ -244,7 +244,7 @@ def true_pick(truth: Truth, candidates: list[Candidate], expected_steps: int | N
                     if not any(score(o) * (1 + margin(o, c)) < score(c) for o in on_device if o != c)]
         picks[device] = min(unbeaten, key=lambda c: (preference(c), score(c)))
     best = min(picks.values(), key=score)
-    cpu = picks.get("cpu")
+    cpu = picks.get(CPU)
     if cpu is not None and best != cpu and score(best) * (1 + margin(best, cpu)) >= score(cpu):
         return cpu
     return best

@@ -1,5 +1,6 @@
 """A candidate is made of tables: the precisions, the variant axes and the ``prefer`` words live in
-``autotune._variants``, and the rest of the package reads the rows instead of spelling their names."""
+``autotune._variants``, each backend's names in its module, and the rest of the package reads the rows and the
+backends instead of spelling their names."""
 
 from __future__ import annotations
 
@@ -14,17 +15,20 @@ from autotune import _variants
 from autotune._lab.verify import TOLERANCES
 from autotune._precision import AUTOCAST_DTYPES
 from autotune._records import PRECISIONS, Choice
-from autotune._variants import AXES, PRECISION_ROWS, PREFERENCES, MemoryFormat, OptimizerImpl, Precision
+from autotune._variants import AXES, CPU, PRECISION_ROWS, PREFERENCES, MemoryFormat, OptimizerImpl, Precision
 from autotune.backends import all_backends
 
 PACKAGE = Path(__file__).parents[2] / "autotune"
 
-#: where the names may be spelled: the table, and each backend (which says what it supports)
+#: where the names may be spelled: the table (its prefer words name every backend, its CPU is the baseline's
+#: device), and each backend (its own names, and what it supports)
 TABLES = ("_variants/", "backends/")
 #: the names the table holds; "default" (an optimizer setting) is also a search's and a setting's word
 NAMES = {
     "precision": set(get_args(Precision)),
     "axis": {axis.field for axis in AXES} | (set(get_args(MemoryFormat)) | set(get_args(OptimizerImpl))) - {"default"},
+    "backend": {name for backend in all_backends()
+                for name in (backend.name, backend.device_type, backend.lightning_accelerator) if name is not None},
 }
 #: (file, name) where the name is the subject itself, not a row of the table
 EXCEPTIONS = {
@@ -34,6 +38,12 @@ EXCEPTIONS = {
     # the simulated truths: a fused optimizer's GradScaler needs no sync; a recorded channels_last means 4-D inputs
     ("testing/truth.py", "fused"),
     ("testing/truth.py", "channels_last"),
+    # the CPU in others' words: Accelerate's ``cpu=`` argument, /proc/stat's lines, cgroup v1's controller
+    ("_config.py", "cpu"),
+    ("_lab/load/_proc.py", "cpu"),
+    ("_quota.py", "cpu"),
+    # the fingerprint's field for the torch build's CUDA version, a key of the cache's format
+    ("_fingerprint.py", "cuda"),
 }
 
 
@@ -92,6 +102,11 @@ def test_the_ranks_share_the_precision_and_the_shared_axes() -> None:
 
 def test_prefer_names_every_backend_after_auto_and_gpu() -> None:
     assert PREFERENCES == ("auto", "gpu", *(backend.name for backend in all_backends()))
+
+
+def test_the_cpu_backend_is_named_after_the_tables_cpu() -> None:
+    cpu = all_backends()[0]
+    assert cpu.name == cpu.device_type == cpu.lightning_accelerator == CPU
 
 
 def test_only_the_compiled_axis_compiles() -> None:
