@@ -24,6 +24,7 @@ from autotune import _fp32
 from autotune._errors import CalibrationCancelled, CalibrationError, TraceError, WorkerStartError
 from autotune._families import Family
 from autotune._lab import load
+from autotune._lab.check import check
 from autotune._lab.child import Control, calibrate
 from autotune._lab.memory import probe_memory
 from autotune._lab.plan import BASELINE
@@ -42,7 +43,6 @@ from autotune._lab.protocol import (
     Traced,
     TraceJob,
 )
-from autotune._lab.retime import check
 from autotune._lab.trace import traced_or_failure
 from autotune._records import Candidate, CandidateResult, Failure, FamilyResult
 from autotune._reports import TraceReport
