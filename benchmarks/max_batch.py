@@ -122,7 +122,7 @@ def _remeasure(kind: str, report: MaxBatchReport) -> int | None:
 
 _DEFAULT_MALLOC = """
 import sys
-from autotune._lab.memory import probe_memory
+from autotune._lab.max_batch import probe_memory
 from autotune._lab.protocol import MemoryProbeJob
 print(probe_memory(MemoryProbeJob.model_validate_json(sys.stdin.read())).model_dump_json())
 """

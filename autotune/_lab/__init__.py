@@ -6,7 +6,7 @@
 ``looks``, a busy machine told by ``load``: what the operating system says, the pause before each control), all
 driven by ``child`` over the typed messages of ``protocol``; ``entry`` runs ``child`` once the worker is tied to
 its host's life, and ``copies`` the copies of the timed step that stand for a job's other processes on the
-machine. Beside the pipeline: ``check`` (re-timing a cached pick for the canary, ``--check``), ``memory``
+machine. Beside the pipeline: ``check`` (re-timing a cached pick for the canary, ``--check``), ``max_batch``
 (peak memory at one batch size), ``trace`` (a step under the profiler). The host side of the worker process is
 :mod:`autotune._worker`; truth profiles (:mod:`autotune.testing.truth`) drive the same session on a fake clock
 in :mod:`autotune.testing.simulate`.

@@ -22,7 +22,7 @@ from autotune._fingerprint import default_threads
 from autotune._lab import load
 from autotune._lab.check import check
 from autotune._lab.copies import Load, LoadSetup
-from autotune._lab.memory import pin_allocator, probe_memory
+from autotune._lab.max_batch import pin_allocator, probe_memory
 from autotune._lab.plan import plan
 from autotune._lab.prepare import TorchLab, warm_process
 from autotune._lab.protocol import (

@@ -26,7 +26,7 @@ from autotune._families import Family
 from autotune._lab import load
 from autotune._lab.check import check
 from autotune._lab.child import Control, calibrate
-from autotune._lab.memory import probe_memory
+from autotune._lab.max_batch import probe_memory
 from autotune._lab.plan import BASELINE
 from autotune._lab.prepare import unverified, warm_process
 from autotune._lab.protocol import (

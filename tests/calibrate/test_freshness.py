@@ -201,7 +201,7 @@ def test_the_rules_digest_is_derived_from_the_settings_and_the_rule_constants(
 
 #: the worker package's modules that shape no calibration: the other tools' jobs and the worker's plumbing
 #: (``protocol``'s settings count by their defaults)
-NOT_RULES = {"autotune._lab.child", "autotune._lab.copies", "autotune._lab.entry", "autotune._lab.memory",
+NOT_RULES = {"autotune._lab.child", "autotune._lab.copies", "autotune._lab.entry", "autotune._lab.max_batch",
              "autotune._lab.protocol", "autotune._lab.check", "autotune._lab.trace"}
 
 
