@@ -25,7 +25,7 @@ def _quiet_numpy() -> None:
 _quiet_numpy()
 
 # The public names load on first use (PEP 562): ``python -m autotune`` starts its calibration worker before
-# anything here imports torch, so the two imports overlap (``autotune._worker.launch``).
+# anything here imports torch, so the two imports overlap (``autotune._lab.host.launch``).
 _WHERE = {
     "best_config": "_config",
     "freeze_support": "_lab.entry", "set_worker_python": "_lab.entry",

@@ -30,10 +30,10 @@ from _common import BUILTINS, emit
 import autotune
 from autotune import _fp32
 from autotune._families import get_family
+from autotune._lab.host.worker import Worker
 from autotune._lab.protocol import MemoryProbed, MemoryProbeJob
 from autotune._records import Candidate
 from autotune._reports import MaxBatchReport
-from autotune._worker.worker import Worker
 
 MARGIN = 0.15
 

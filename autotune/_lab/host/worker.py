@@ -26,6 +26,8 @@ from autotune._families import Family
 from autotune._lab import load
 from autotune._lab.check import check
 from autotune._lab.child import Control, calibrate
+from autotune._lab.host.launch import worker_argv
+from autotune._lab.host.process import Attempt, Event, Process, Progress, record, start_advice
 from autotune._lab.max_batch import probe_memory
 from autotune._lab.plan import BASELINE
 from autotune._lab.prepare import unverified, warm_process
@@ -47,8 +49,6 @@ from autotune._lab.trace import traced_or_failure
 from autotune._records import Candidate, CandidateResult, Failure, FamilyResult
 from autotune._reports import TraceReport
 from autotune._version import __version__
-from autotune._worker.launch import worker_argv
-from autotune._worker.process import Attempt, Event, Process, Progress, record, start_advice
 
 log = logging.getLogger("autotune")
 
