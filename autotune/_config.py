@@ -13,14 +13,15 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 from torch import nn
 
-from autotune import _fp32
 from autotune._answer import best_decision
+from autotune._apply import axes
+from autotune._apply import fp32 as _fp32
+from autotune._apply.precision import AUTOCAST_DTYPES, DEFAULT_INIT_SCALE
 from autotune._decision import Decision, Source
 from autotune._errors import ConfigurationError, FrameworkError
-from autotune._precision import AUTOCAST_DTYPES, DEFAULT_INIT_SCALE
 from autotune._ranks.group import joined
 from autotune._records import Choice, Prefer
-from autotune._variants import FP16_MIXED, apply, precision_row
+from autotune._variants import FP16_MIXED, precision_row
 from autotune.backends import backend_for
 
 if TYPE_CHECKING:
@@ -98,9 +99,9 @@ class Config(Decision):
         implementation is passed only to an optimizer that takes it, and never over the caller's own ``fused=``
         or ``foreach=`` (a log line says when the measured variant is not applied).
         """
-        model = model.to(self.device, **apply.model_keywords(self))
+        model = model.to(self.device, **axes.model_keywords(self))
         built = optimizer(model.parameters(), **options, **optimizer_kwargs_for(optimizer, self, options))
-        return apply.forward(self, model), built
+        return axes.forward(self, model), built
 
     def prepare_batch(self, batch: Batch) -> Batch:
         """A batch as the loader hands it on the device, as calibration moved it; images in the measured layout.
@@ -109,11 +110,11 @@ class Config(Decision):
         tensors of a tensor, tuple, list, dict or other mapping (a Hugging Face ``BatchEncoding``) or dataclass,
         nested, are moved into new containers of the same types; other values (ints, strings, None) are kept.
         """
-        return apply.move_batch(self, batch)
+        return axes.move_batch(self, batch)
 
     def apply_threads(self) -> None:
         """Set torch's CPU thread count (process-wide) when fewer threads measured faster; else a no-op."""
-        apply.set_process(self)
+        axes.set_process(self)
 
     def lightning_kwargs(self, *, devices: int | None = None, init_scale: bool = False) -> dict[str, Any]:
         """Keyword arguments for ``lightning.Trainer``,
@@ -357,7 +358,7 @@ def optimizer_kwargs_for(
     """
     name = getattr(optimizer, "__qualname__", repr(optimizer))
     kwargs: dict[str, Any] = {}
-    for wanted, keywords in apply.optimizer_requests(choice):
+    for wanted, keywords in axes.optimizer_requests(choice):
         measured = ", ".join(wanted)
         chosen = [k for k in options if k in keywords]
         if chosen:

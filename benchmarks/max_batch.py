@@ -28,7 +28,7 @@ import torch
 from _common import BUILTINS, emit
 
 import autotune
-from autotune import _fp32
+from autotune._apply import fp32 as _fp32
 from autotune._families import get_family
 from autotune._lab.host.worker import Worker
 from autotune._lab.protocol import MemoryProbed, MemoryProbeJob

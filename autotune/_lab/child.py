@@ -17,7 +17,7 @@ from typing import IO
 
 import torch
 
-from autotune import _fp32
+from autotune._apply import fp32 as _fp32
 from autotune._fingerprint import default_threads
 from autotune._lab import load
 from autotune._lab.check import check

@@ -17,8 +17,9 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Literal
 
-from autotune import _env, _fp32, _stats
+from autotune import _env, _stats
 from autotune._answer import cached_families
+from autotune._apply import fp32 as _fp32
 from autotune._cache.locks import measuring
 from autotune._calibrate import new_worker, run_calibration
 from autotune._decide import finalists, picked

@@ -16,8 +16,8 @@ from typing import Literal
 
 import torch
 
-from autotune import _fp32
 from autotune._answer import answer
+from autotune._apply import fp32 as _fp32
 from autotune._cache.batch_answers import Answers
 from autotune._calibrate import new_worker
 from autotune._errors import BatchSizeUnsupportedError, ConfigurationError, MaxBatchError

@@ -17,7 +17,7 @@ import torch
 from families_for_tests import FAILS_ABOVE
 
 import autotune
-from autotune import _fp32
+from autotune._apply import fp32 as _fp32
 from autotune._cache.batch_answers import Answers
 from autotune._cli import main
 from autotune._families import Family

@@ -16,7 +16,7 @@ PACKAGE = Path(__file__).parents[2] / "autotune"
 #: room -> all it imports of autotune: the variant table, the errors, the statistics and the walk of a batch import
 #: nothing of it; the records, only the variant table (a Choice's fields are its
 #: rows); the loop's and the tools' reports, only the records; where a launcher put a process, only the errors; the
-#: job's group, no Config (the guard and the Config use it)
+#: job's group, no Config (the guard and the Config use it); what a precision means to torch, only the table
 ONLY = {
     "autotune._variants": set(),
     "autotune._batch": set(),
@@ -27,16 +27,21 @@ ONLY = {
     "autotune._ranks.launch": {"autotune._errors"},
     "autotune._ranks.group": {"autotune._env", "autotune._errors", "autotune._ranks.launch", "autotune._records",
                               "autotune._version"},
+    "autotune._apply.precision": {"autotune._variants"},
+    "autotune._apply.fp32": {"autotune._variants", "autotune._records"},
 }
 #: room -> the rooms it never imports: the worker's child prunes and never decides or touches the cache, nor reaches
 #: its host side; the cache times nothing and knows no Config; the decision is pure; the host side of the worker
 #: process holds no results; the ranks of a job exchange answers and never measure (the one way to an answer hands
-#: them what to exchange). A sub-room's own row replaces its room's.
+#: them what to exchange); the torch-side application serves the worker, the guard and the Config, and reads none of
+#: them. A sub-room's own row replaces its room's.
 NEVER = {
     "autotune._ranks": {"autotune._answer", "autotune._calibrate", "autotune._cache", "autotune._lab",
-                        "autotune._background", "autotune._tools"},
+                        "autotune._background", "autotune._tools", "autotune._apply"},
     "autotune.backends": {"autotune._cache", "autotune._lab", "autotune._config", "autotune._decide",
-                          "autotune._answer", "autotune._calibrate"},
+                          "autotune._answer", "autotune._calibrate", "autotune._apply"},
+    "autotune._apply": {"autotune._lab", "autotune._cache", "autotune._decide", "autotune._answer", "autotune._config",
+                        "autotune._guard", "autotune._calibrate", "autotune._tools", "autotune._ranks"},
     "autotune._lab": {"autotune._answer", "autotune._cache", "autotune._decide", "autotune._config",
                       "autotune._guard", "autotune._calibrate", "autotune._background", "autotune._tools",
                       "autotune._lab.host"},
@@ -101,12 +106,6 @@ def _runtime_imports(path: Path) -> set[str]:
             found.add((node.module or "").split(".")[0])
     return found
 
-#: the arrows of the one circle of rooms left (a room: a top-level module or a package): the torch-side application
-#: of the variants (``_variants.apply``) lives in the variant table's package, which the records read
-ROOM_CIRCLE_ARROWS = {("autotune._records", "autotune._variants"), ("autotune._variants", "autotune._records"),
-                      ("autotune._variants", "autotune.backends"), ("autotune.backends", "autotune._records")}
-
-
 def _room(name: str) -> str:
     return ".".join(name.split(".")[:2])
 
@@ -152,13 +151,13 @@ def test_imports_have_no_circle() -> None:
     assert _circles(GRAPH) == []
 
 
-def test_rooms_climb_back_up_only_where_known() -> None:
-    # Between rooms an arrow inside a circle climbs back up; the ones left are named above, and none may be added.
+def test_rooms_have_no_circle() -> None:
+    # Between rooms (a top-level module or a package) an arrow inside a circle climbs back up; without a circle the
+    # rooms have an order, and every arrow runs down it.
     rooms: dict[str, set[str]] = {}
     for name, imported in GRAPH.items():
         rooms.setdefault(_room(name), set()).update(_room(i) for i in imported if _room(i) != _room(name))
-    inside = {(a, b) for circle in _circles(rooms) for a in circle for b in rooms[a] if b in circle}
-    assert inside <= ROOM_CIRCLE_ARROWS
+    assert _circles(rooms) == []
 
 
 def test_one_module_decides() -> None:

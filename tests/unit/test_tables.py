@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from autotune import _variants
+from autotune._apply.precision import AUTOCAST_DTYPES
 from autotune._lab.verify import TOLERANCES
-from autotune._precision import AUTOCAST_DTYPES
 from autotune._records import PRECISIONS, Choice
 from autotune._variants import AXES, PRECISION_ROWS, PREFERENCES, MemoryFormat, OptimizerImpl, Precision
 from autotune.backends import all_backends
@@ -28,6 +28,8 @@ NAMES = {
 }
 #: (file, name) where the name is the subject itself, not a row of the table
 EXCEPTIONS = {
+    # torch's keyword of ``.to()`` that the layout axis sets, not the axis
+    ("_apply/axes.py", "memory_format"),
     # the attribute and argument a framework's optimizer wrapper holds, not the optimizer axis
     ("_guard/replay.py", "optimizer"),
     ("_guard/watch.py", "optimizer"),

@@ -20,7 +20,7 @@ import threading
 import time
 from types import TracebackType
 
-from autotune import _fp32
+from autotune._apply import fp32 as _fp32
 from autotune._errors import CalibrationCancelled, CalibrationError, TraceError, WorkerStartError
 from autotune._families import Family
 from autotune._lab import load

@@ -1,7 +1,7 @@
 """What a mixed precision means to torch: the autocast dtype and the GradScaler default.
 
-The fp32 / tf32 settings live in :mod:`autotune._fp32`; the variants' layout and batch copy in
-:mod:`autotune._variants.apply`.
+The fp32 / tf32 settings live in :mod:`autotune._apply.fp32`; the variants' layout and batch copy in
+:mod:`autotune._apply.axes`.
 """
 
 from __future__ import annotations

@@ -23,7 +23,9 @@ from autotune.backends import all_backends
 V = TypeVar("V")
 B = TypeVar("B")
 
-MEMORY_FORMATS = {"contiguous": torch.contiguous_format, "channels_last": torch.channels_last}
+#: each memory format's torch layout, in the order of the table's names
+MEMORY_FORMATS: dict[MemoryFormat, torch.memory_format] = dict(
+    zip(get_args(MemoryFormat), (torch.contiguous_format, torch.channels_last), strict=True))
 
 
 def _no_keywords(value: object) -> dict[str, Any]:
