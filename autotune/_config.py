@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import inspect
 import logging
 import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
@@ -16,11 +15,11 @@ from torch import nn
 from autotune._answer import best_decision
 from autotune._apply import axes
 from autotune._apply import fp32 as _fp32
-from autotune._apply.precision import AUTOCAST_DTYPES, DEFAULT_INIT_SCALE
+from autotune._apply import precision as _precision
 from autotune._decision import Decision, Source
 from autotune._errors import ConfigurationError, FrameworkError
 from autotune._ranks.group import joined
-from autotune._records import Choice, Prefer
+from autotune._records import Prefer
 from autotune._variants import FP16_MIXED, precision_row
 from autotune.backends import backend_for
 
@@ -45,7 +44,7 @@ class Config(Decision):
     @property
     def autocast_dtype(self) -> torch.dtype | None:
         """``torch.bfloat16`` / ``torch.float16`` for mixed precision, None for fp32 and tf32."""
-        return AUTOCAST_DTYPES[self.precision]
+        return _precision.AUTOCAST_DTYPES[self.precision]
 
     @contextlib.contextmanager
     def autocast(self) -> Iterator[None]:
@@ -53,8 +52,7 @@ class Config(Decision):
 
         TF32 is not switched here: it is a process-wide setting, applied by :meth:`apply_precision`.
         """
-        dtype = self.autocast_dtype
-        with torch.autocast(self.device_type, dtype=dtype or torch.float32, enabled=dtype is not None):
+        with _precision.autocast(self.device_type, self.precision):
             yield
 
     def apply_precision(self) -> None:
@@ -84,7 +82,7 @@ class Config(Decision):
         Calibration measures these variants with AdamW; an optimizer without the keyword (RMSprop has no
         ``fused``) gets ``{}``, and a WARNING on the ``autotune`` logger says the measured variant is not applied.
         """
-        return optimizer_kwargs_for(optimizer, self, {})
+        return axes.optimizer_kwargs_for(optimizer, self, {})
 
     def prepare(
         self,
@@ -100,7 +98,7 @@ class Config(Decision):
         or ``foreach=`` (a log line says when the measured variant is not applied).
         """
         model = model.to(self.device, **axes.model_keywords(self))
-        built = optimizer(model.parameters(), **options, **optimizer_kwargs_for(optimizer, self, options))
+        built = optimizer(model.parameters(), **options, **axes.optimizer_kwargs_for(optimizer, self, options))
         return axes.forward(self, model), built
 
     def prepare_batch(self, batch: Batch) -> Batch:
@@ -262,11 +260,7 @@ class Config(Decision):
 
     def grad_scaler(self) -> torch.amp.GradScaler:
         """A GradScaler enabled only for fp16, starting at the init_scale calibration found safe."""
-        return torch.amp.GradScaler(
-            self.device_type,
-            init_scale=self.init_scale or DEFAULT_INIT_SCALE,
-            enabled=precision_row(self.precision).grad_scaler,
-        )
+        return _precision.grad_scaler(self.device_type, self.precision, self.init_scale)
 
 
 log = logging.getLogger("autotune")
@@ -334,42 +328,4 @@ def _lightning_fp16(device_type: str, scaler: torch.amp.GradScaler) -> Any:
     raise ImportError("lightning_kwargs(init_scale=True) needs Lightning: pip install lightning (or pytorch-lightning)")
 
 
-def accepts_keyword(optimizer: Callable[..., Any], keyword: str) -> bool:
-    """Whether ``optimizer(params, **{keyword: True})`` names the keyword in its signature
-    (``**kwargs`` does not count)."""
-    try:
-        parameters = inspect.signature(optimizer).parameters
-    except (TypeError, ValueError):  # a builtin or C callable without a signature: do not guess
-        return False
-    parameter = parameters.get(keyword)
-    return parameter is not None and parameter.kind in (
-        inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-
-
-def optimizer_kwargs_for(
-    optimizer: Callable[..., Any], choice: Choice, options: Mapping[str, Any]
-) -> dict[str, Any]:
-    """The optimizer keywords ``choice`` was measured with, e.g. ``{"fused": True}``, that ``optimizer`` takes
-    and ``options`` leave to it.
-
-    The caller's own choice in ``options`` of any keyword an axis may set (``fused=`` / ``foreach=``) wins (INFO
-    log); an optimizer without the keyword gets nothing of that axis (WARNING log: the measured gain is not
-    realised).
-    """
-    name = getattr(optimizer, "__qualname__", repr(optimizer))
-    kwargs: dict[str, Any] = {}
-    for wanted, keywords in axes.optimizer_requests(choice):
-        measured = ", ".join(wanted)
-        chosen = [k for k in options if k in keywords]
-        if chosen:
-            log.info("%s: the caller's %s wins over the measured %s implementation", name,
-                     ", ".join(f"{k}={options[k]!r}" for k in chosen), measured)
-        elif missing := [k for k in wanted if not accepts_keyword(optimizer, k)]:
-            log.warning("%s takes no %s= keyword: the %s implementation calibration measured (with AdamW) is not "
-                        "applied", name, "=, ".join(missing), measured)
-        else:
-            kwargs.update(wanted)
-    return kwargs
-
-
-__all__ = ["Config", "Source", "accepts_keyword", "best_config", "config_of", "forget", "optimizer_kwargs_for"]
+__all__ = ["Config", "Source", "best_config", "config_of", "forget"]
