@@ -20,7 +20,7 @@ from autotune.backends import all_backends
 PACKAGE = Path(__file__).parents[2] / "autotune"
 
 #: where the names may be spelled: the table, and each backend (which says what it supports)
-TABLES = ("_variants/", "backends/")
+TABLES = ("_variants.py", "backends/")
 #: the names the table holds; "default" (an optimizer setting) is also a search's and a setting's word
 NAMES = {
     "precision": set(get_args(Precision)),
