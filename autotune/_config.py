@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-import importlib
 import logging
-import sys
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -17,10 +15,8 @@ from autotune._apply import axes
 from autotune._apply import fp32 as _fp32
 from autotune._apply import precision as _precision
 from autotune._decision import Decision, Source
-from autotune._errors import ConfigurationError, FrameworkError
 from autotune._ranks.group import joined
 from autotune._records import Prefer
-from autotune._variants import FP16_MIXED, precision_row
 from autotune.backends import backend_for
 
 if TYPE_CHECKING:
@@ -135,34 +131,9 @@ class Config(Decision):
         CPU without ``init_scale=True`` (Lightning warns and trains in bf16 instead), Intel XPU (no built-in
         Lightning accelerator) and more than one process on MPS (one device, which Lightning's DDP does not take).
         """
-        if devices is not None and (isinstance(devices, bool) or not isinstance(devices, int) or devices < 1):
-            raise ConfigurationError("devices", devices, "a positive int: the processes on this machine")
-        device = torch.device(self.device)
-        backend = backend_for(self.device)
-        if backend.lightning_accelerator is None:
-            raise FrameworkError("Lightning", f"device {self.device!r}", (
-                f"Lightning has no built-in accelerator for {backend.title}; train with cfg.prepare() and "
-                "cfg.autocast() in your own loop, or through Accelerate (cfg.accelerate_kwargs())"))
-        fp16_plugin = init_scale and self.precision == FP16_MIXED.name
-        if device.type == "cpu" and self.precision == FP16_MIXED.name and not fp16_plugin:
-            raise FrameworkError("Lightning", "fp16 mixed precision on the CPU", (
-                "Lightning replaces precision='16-mixed' on the CPU with 'bf16-mixed'; pass "
-                "**cfg.lightning_kwargs(init_scale=True), which gives its fp16 plugin instead, or train with "
-                "cfg.autocast() in your own loop"))
-        per_machine = devices if devices is not None else self.ranks.local_world_size if self.ranks else 1
-        nodes = self.ranks.nodes if self.ranks is not None and devices is None else 1
-        if per_machine == 1 and nodes == 1:
-            placed: int | list[int] = [device.index] if device.index is not None else 1
-            kwargs: dict[str, Any] = {"accelerator": backend.lightning_accelerator, "devices": placed}
-        elif device.type == "mps":
-            raise FrameworkError("Lightning", f"{per_machine * nodes} processes on MPS", (
-                "Lightning trains on one MPS device, in one process; ask for devices=1"))
-        else:
-            kwargs = {"accelerator": backend.lightning_accelerator, "devices": per_machine,
-                      **({"num_nodes": nodes} if nodes > 1 else {}), "strategy": "ddp"}
-        if fp16_plugin:
-            return {**kwargs, "plugins": [_lightning_fp16(device.type, self.grad_scaler())]}
-        return {**kwargs, "precision": precision_row(self.precision).lightning}
+        from autotune._frameworks import lightning  # an adapter: loaded for an app that asks for it
+
+        return lightning.trainer_kwargs(self, devices=devices, init_scale=init_scale)
 
     def accelerate_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``accelerate.Accelerator``, e.g. ``{"cpu": True, "mixed_precision": "bf16"}``.
@@ -180,12 +151,9 @@ class Config(Decision):
         Raises :class:`FrameworkError` for fp16 on the CPU: Accelerate accepts ``mixed_precision="fp16"`` with
         ``cpu=True`` and then trains without autocast, in fp32.
         """
-        device = torch.device(self.device)
-        if device.type == "cpu" and self.precision == FP16_MIXED.name:
-            raise FrameworkError("Accelerate", "fp16 mixed precision on the CPU", (
-                "Accelerate accepts mixed_precision='fp16' with cpu=True but trains without autocast; keep "
-                "mixed_precision='no' and wrap forward + loss in cfg.autocast() yourself"))
-        return {"cpu": device.type == "cpu", "mixed_precision": precision_row(self.precision).accelerate}
+        from autotune._frameworks import accelerate  # an adapter: loaded for an app that asks for it
+
+        return accelerate.accelerator_kwargs(self)
 
     def guard(self, model: nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None, *,
               loss_fn: Callable[[nn.Module, Any], torch.Tensor] | None = None,
@@ -313,19 +281,6 @@ def config_of(decision: Decision) -> Config:
 def forget() -> None:
     """Forget the Configs of this process's answers (with ``_answer.forget``, its decisions)."""
     _configs.clear()
-
-
-def _lightning_fp16(device_type: str, scaler: torch.amp.GradScaler) -> Any:
-    """Lightning's fp16 precision plugin with ``scaler``, from the Lightning package the app imported (``lightning``
-    first, else ``pytorch_lightning``); ImportError saying what to install where neither is."""
-    packages = ("lightning.pytorch", "pytorch_lightning")
-    for name in [p for p in packages if p.split(".")[0] in sys.modules] or packages:
-        try:
-            precision = importlib.import_module(f"{name}.plugins.precision")
-        except ImportError:
-            continue
-        return precision.MixedPrecision(FP16_MIXED.lightning, device_type, scaler=scaler)
-    raise ImportError("lightning_kwargs(init_scale=True) needs Lightning: pip install lightning (or pytorch-lightning)")
 
 
 __all__ = ["Config", "Source", "best_config", "config_of", "forget"]

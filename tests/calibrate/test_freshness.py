@@ -220,7 +220,7 @@ def test_every_module_of_the_worker_package_is_named_as_a_rule_module_or_not() -
 #: what a warm ``best_config`` never loads: the calibration, the worker, the tools, the guard, the ranks' agreement,
 #: the framework adapters and the frameworks themselves
 COLD = ("autotune._lab", "autotune._calibrate", "autotune._background", "autotune._tools",
-        "autotune._guard", "autotune._ranks.agree", "autotune._ranks.job", "autotune._lightning", "lightning",
+        "autotune._guard", "autotune._ranks.agree", "autotune._ranks.job", "autotune._frameworks", "lightning",
         "pytorch_lightning", "accelerate")
 
 

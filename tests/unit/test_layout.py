@@ -34,17 +34,21 @@ ONLY = {
 #: its host side; the cache times nothing and knows no Config; the decision is pure; the host side of the worker
 #: process holds no results; the ranks of a job exchange answers and never measure (the one way to an answer hands
 #: them what to exchange); the torch-side application serves the worker, the guard and the Config, and reads none of
-#: them. A sub-room's own row replaces its room's.
+#: them; the framework adapters take a decision and never answer one (the Config loads them, not the other way).
+#: A sub-room's own row replaces its room's.
 NEVER = {
     "autotune._ranks": {"autotune._answer", "autotune._calibrate", "autotune._cache", "autotune._lab",
-                        "autotune._background", "autotune._tools", "autotune._apply"},
+                        "autotune._background", "autotune._tools", "autotune._apply", "autotune._frameworks"},
     "autotune.backends": {"autotune._cache", "autotune._lab", "autotune._config", "autotune._decide",
-                          "autotune._answer", "autotune._calibrate", "autotune._apply"},
+                          "autotune._answer", "autotune._calibrate", "autotune._apply", "autotune._frameworks"},
     "autotune._apply": {"autotune._lab", "autotune._cache", "autotune._decide", "autotune._answer", "autotune._config",
-                        "autotune._guard", "autotune._calibrate", "autotune._tools", "autotune._ranks"},
+                        "autotune._guard", "autotune._calibrate", "autotune._tools", "autotune._ranks",
+                        "autotune._frameworks"},
+    "autotune._frameworks": {"autotune._config", "autotune._answer", "autotune._calibrate", "autotune._background",
+                             "autotune._decide", "autotune._lab", "autotune._tools", "autotune._cache"},
     "autotune._lab": {"autotune._answer", "autotune._cache", "autotune._decide", "autotune._config",
                       "autotune._guard", "autotune._calibrate", "autotune._background", "autotune._tools",
-                      "autotune._lab.host"},
+                      "autotune._frameworks", "autotune._lab.host"},
     "autotune._lab.host": {"autotune._answer", "autotune._decide", "autotune._config", "autotune._calibrate",
                            "autotune._cache.store", "autotune._cache.lookup", "autotune._tools"},
     "autotune._cache": {"autotune._answer", "autotune._config", "autotune._decide", "autotune._guard",
