@@ -25,7 +25,7 @@ def _quiet_numpy() -> None:
 _quiet_numpy()
 
 # The public names load on first use (PEP 562): ``python -m autotune`` starts its calibration worker before
-# anything here imports torch, so the two imports overlap (``autotune._worker.launch``).
+# anything here imports torch, so the two imports overlap (``autotune._lab.host.launch``).
 _WHERE = {
     "best_config": "_config",
     "freeze_support": "_lab.entry", "set_worker_python": "_lab.entry",
@@ -46,7 +46,7 @@ _WHERE = {
     "Guard": "_guard.watch",
     # Loads Lightning: reachable as autotune.GuardCallback, left out of __all__ so that `from autotune import *`
     # never needs a framework the app may not have.
-    "GuardCallback": "_lightning",
+    "GuardCallback": "_frameworks.callback",
     "max_batch_report": "_tools.max_batch", "max_batch_size": "_tools.max_batch",
     "Evidence": "_records", "Rival": "_records",
     **dict.fromkeys(["LoaderReport", "LoaderTrial", "LoopSummary", "MaxBatchReport", "MemoryLine", "MemoryProbe",
@@ -80,9 +80,11 @@ if TYPE_CHECKING:
     )
     from autotune._families import Family, Workload, get_family, register_family
     from autotune._fingerprint import Fingerprint, fingerprint
+    from autotune._frameworks.callback import (
+        GuardCallback as GuardCallback,  # re-exported; not in __all__: it loads Lightning
+    )
     from autotune._guard.watch import Guard
     from autotune._lab.entry import freeze_support, set_worker_python
-    from autotune._lightning import GuardCallback as GuardCallback  # re-exported; not in __all__: it loads Lightning
     from autotune._records import Evidence, Rival
     from autotune._reports import (
         LoaderReport,

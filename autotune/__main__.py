@@ -3,8 +3,8 @@
 import sys
 
 from autotune import _args
+from autotune._lab.host import launch
 from autotune._version import __version__
-from autotune._worker import launch
 
 
 def run() -> int:

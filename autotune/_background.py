@@ -1,7 +1,7 @@
 """Calibration for the app: ``calibrate`` now, and, never blocking the app, ``start_calibration`` on a background
 thread. Each report names every family's answer as ``best_config`` gives it (demotions honoured).
 
-The job's thread drives the calibration's one worker process (``_worker.worker``); the app keeps
+The job's thread drives the calibration's one worker process (``_lab.host.worker``); the app keeps
 training meanwhile with ``best_config(kind, wait=False)``. ``cancel()`` kills the worker's process group at
 once: the family in progress is not stored (its lock is released by the normal ``finally`` path), the ones
 finished before stay stored, and the next job measures the rest. A job still running when the interpreter
@@ -25,8 +25,8 @@ from autotune._config import Config, config_of
 from autotune._errors import CalibrationCancelled, CalibrationPending
 from autotune._families import Family, builtin_family_names, get_family
 from autotune._fingerprint import Fingerprint, fingerprint
+from autotune._lab.host.worker import Worker
 from autotune._records import FamilyResult, Record
-from autotune._worker.worker import Worker
 
 log = logging.getLogger("autotune")
 

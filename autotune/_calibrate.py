@@ -27,12 +27,12 @@ from autotune._decide import picked
 from autotune._errors import CalibrationCancelled, CalibrationError
 from autotune._families import Family, get_family
 from autotune._fingerprint import Fingerprint, fingerprint
+from autotune._lab.host.worker import Worker
 from autotune._lab.measure import MeasureSettings
 from autotune._lab.protocol import CalibrationSettings
 from autotune._records import Candidate, FamilyKey, FamilyResult
 from autotune._variants import threads_per_process
 from autotune._wording import noise_words, remeasure_advice
-from autotune._worker.worker import Worker
 
 log = logging.getLogger("autotune")
 

@@ -164,7 +164,7 @@ def _decisions(args: argparse.Namespace) -> int:
 def _check(args: argparse.Namespace) -> int:
 
     kinds = [_register(value) for value in args.family] if args.family else None
-    from autotune._tools.canary import check_cached  # what measures loads only where a command measures
+    from autotune._tools.check import check_cached  # what measures loads only where a command measures
 
     results = check_cached(kinds)
     if args.json:

@@ -3,24 +3,20 @@
 from __future__ import annotations
 
 import contextlib
-import importlib
-import inspect
 import logging
-import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 from torch import nn
 
-from autotune import _fp32
 from autotune._answer import best_decision
+from autotune._apply import axes
+from autotune._apply import fp32 as _fp32
+from autotune._apply import precision as _precision
 from autotune._decision import Decision, Source
-from autotune._errors import ConfigurationError, FrameworkError
-from autotune._precision import AUTOCAST_DTYPES, DEFAULT_INIT_SCALE
 from autotune._ranks.group import joined
-from autotune._records import Choice, Prefer
-from autotune._variants import CPU, FP16_MIXED, apply, precision_row
+from autotune._records import Prefer
 from autotune.backends import backend_for
 
 if TYPE_CHECKING:
@@ -44,7 +40,7 @@ class Config(Decision):
     @property
     def autocast_dtype(self) -> torch.dtype | None:
         """``torch.bfloat16`` / ``torch.float16`` for mixed precision, None for fp32 and tf32."""
-        return AUTOCAST_DTYPES[self.precision]
+        return _precision.AUTOCAST_DTYPES[self.precision]
 
     @contextlib.contextmanager
     def autocast(self) -> Iterator[None]:
@@ -52,8 +48,7 @@ class Config(Decision):
 
         TF32 is not switched here: it is a process-wide setting, applied by :meth:`apply_precision`.
         """
-        dtype = self.autocast_dtype
-        with torch.autocast(self.device_type, dtype=dtype or torch.float32, enabled=dtype is not None):
+        with _precision.autocast(self.device_type, self.precision):
             yield
 
     def apply_precision(self) -> None:
@@ -83,7 +78,7 @@ class Config(Decision):
         Calibration measures these variants with AdamW; an optimizer without the keyword (RMSprop has no
         ``fused``) gets ``{}``, and a WARNING on the ``autotune`` logger says the measured variant is not applied.
         """
-        return optimizer_kwargs_for(optimizer, self, {})
+        return axes.optimizer_kwargs_for(optimizer, self, {})
 
     def prepare(
         self,
@@ -98,9 +93,9 @@ class Config(Decision):
         implementation is passed only to an optimizer that takes it, and never over the caller's own ``fused=``
         or ``foreach=`` (a log line says when the measured variant is not applied).
         """
-        model = model.to(self.device, **apply.model_keywords(self))
-        built = optimizer(model.parameters(), **options, **optimizer_kwargs_for(optimizer, self, options))
-        return apply.forward(self, model), built
+        model = model.to(self.device, **axes.model_keywords(self))
+        built = optimizer(model.parameters(), **options, **axes.optimizer_kwargs_for(optimizer, self, options))
+        return axes.forward(self, model), built
 
     def prepare_batch(self, batch: Batch) -> Batch:
         """A batch as the loader hands it on the device, as calibration moved it; images in the measured layout.
@@ -109,11 +104,11 @@ class Config(Decision):
         tensors of a tensor, tuple, list, dict or other mapping (a Hugging Face ``BatchEncoding``) or dataclass,
         nested, are moved into new containers of the same types; other values (ints, strings, None) are kept.
         """
-        return apply.move_batch(self, batch)
+        return axes.move_batch(self, batch)
 
     def apply_threads(self) -> None:
         """Set torch's CPU thread count (process-wide) when fewer threads measured faster; else a no-op."""
-        apply.set_process(self)
+        axes.set_process(self)
 
     def lightning_kwargs(self, *, devices: int | None = None, init_scale: bool = False) -> dict[str, Any]:
         """Keyword arguments for ``lightning.Trainer``,
@@ -136,34 +131,9 @@ class Config(Decision):
         CPU without ``init_scale=True`` (Lightning warns and trains in bf16 instead), Intel XPU (no built-in
         Lightning accelerator) and more than one process on MPS (one device, which Lightning's DDP does not take).
         """
-        if devices is not None and (isinstance(devices, bool) or not isinstance(devices, int) or devices < 1):
-            raise ConfigurationError("devices", devices, "a positive int: the processes on this machine")
-        device = torch.device(self.device)
-        backend = backend_for(self.device)
-        if backend.lightning_accelerator is None:
-            raise FrameworkError("Lightning", f"device {self.device!r}", (
-                f"Lightning has no built-in accelerator for {backend.title}; train with cfg.prepare() and "
-                "cfg.autocast() in your own loop, or through Accelerate (cfg.accelerate_kwargs())"))
-        fp16_plugin = init_scale and self.precision == FP16_MIXED.name
-        if device.type == CPU and self.precision == FP16_MIXED.name and not fp16_plugin:
-            raise FrameworkError("Lightning", "fp16 mixed precision on the CPU", (
-                "Lightning replaces precision='16-mixed' on the CPU with 'bf16-mixed'; pass "
-                "**cfg.lightning_kwargs(init_scale=True), which gives its fp16 plugin instead, or train with "
-                "cfg.autocast() in your own loop"))
-        per_machine = devices if devices is not None else self.ranks.local_world_size if self.ranks else 1
-        nodes = self.ranks.nodes if self.ranks is not None and devices is None else 1
-        if per_machine == 1 and nodes == 1:
-            placed: int | list[int] = [device.index] if device.index is not None else 1
-            kwargs: dict[str, Any] = {"accelerator": backend.lightning_accelerator, "devices": placed}
-        elif backend.lightning_one_process:
-            raise FrameworkError("Lightning", f"{per_machine * nodes} processes on {device.type.upper()}", (
-                f"Lightning trains on one {device.type.upper()} device, in one process; ask for devices=1"))
-        else:
-            kwargs = {"accelerator": backend.lightning_accelerator, "devices": per_machine,
-                      **({"num_nodes": nodes} if nodes > 1 else {}), "strategy": "ddp"}
-        if fp16_plugin:
-            return {**kwargs, "plugins": [_lightning_fp16(device.type, self.grad_scaler())]}
-        return {**kwargs, "precision": precision_row(self.precision).lightning}
+        from autotune._frameworks import lightning  # an adapter: loaded for an app that asks for it
+
+        return lightning.trainer_kwargs(self, devices=devices, init_scale=init_scale)
 
     def accelerate_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``accelerate.Accelerator``, e.g. ``{"cpu": True, "mixed_precision": "bf16"}``.
@@ -181,12 +151,9 @@ class Config(Decision):
         Raises :class:`FrameworkError` for fp16 on the CPU: Accelerate accepts ``mixed_precision="fp16"`` with
         ``cpu=True`` and then trains without autocast, in fp32.
         """
-        device = torch.device(self.device)
-        if device.type == CPU and self.precision == FP16_MIXED.name:
-            raise FrameworkError("Accelerate", "fp16 mixed precision on the CPU", (
-                "Accelerate accepts mixed_precision='fp16' with cpu=True but trains without autocast; keep "
-                "mixed_precision='no' and wrap forward + loss in cfg.autocast() yourself"))
-        return {"cpu": device.type == CPU, "mixed_precision": precision_row(self.precision).accelerate}
+        from autotune._frameworks import accelerate  # an adapter: loaded for an app that asks for it
+
+        return accelerate.accelerator_kwargs(self)
 
     def guard(self, model: nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None, *,
               loss_fn: Callable[[nn.Module, Any], torch.Tensor] | None = None,
@@ -261,11 +228,7 @@ class Config(Decision):
 
     def grad_scaler(self) -> torch.amp.GradScaler:
         """A GradScaler enabled only for fp16, starting at the init_scale calibration found safe."""
-        return torch.amp.GradScaler(
-            self.device_type,
-            init_scale=self.init_scale or DEFAULT_INIT_SCALE,
-            enabled=precision_row(self.precision).grad_scaler,
-        )
+        return _precision.grad_scaler(self.device_type, self.precision, self.init_scale)
 
 
 log = logging.getLogger("autotune")
@@ -320,55 +283,4 @@ def forget() -> None:
     _configs.clear()
 
 
-def _lightning_fp16(device_type: str, scaler: torch.amp.GradScaler) -> Any:
-    """Lightning's fp16 precision plugin with ``scaler``, from the Lightning package the app imported (``lightning``
-    first, else ``pytorch_lightning``); ImportError saying what to install where neither is."""
-    packages = ("lightning.pytorch", "pytorch_lightning")
-    for name in [p for p in packages if p.split(".")[0] in sys.modules] or packages:
-        try:
-            precision = importlib.import_module(f"{name}.plugins.precision")
-        except ImportError:
-            continue
-        return precision.MixedPrecision(FP16_MIXED.lightning, device_type, scaler=scaler)
-    raise ImportError("lightning_kwargs(init_scale=True) needs Lightning: pip install lightning (or pytorch-lightning)")
-
-
-def accepts_keyword(optimizer: Callable[..., Any], keyword: str) -> bool:
-    """Whether ``optimizer(params, **{keyword: True})`` names the keyword in its signature
-    (``**kwargs`` does not count)."""
-    try:
-        parameters = inspect.signature(optimizer).parameters
-    except (TypeError, ValueError):  # a builtin or C callable without a signature: do not guess
-        return False
-    parameter = parameters.get(keyword)
-    return parameter is not None and parameter.kind in (
-        inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-
-
-def optimizer_kwargs_for(
-    optimizer: Callable[..., Any], choice: Choice, options: Mapping[str, Any]
-) -> dict[str, Any]:
-    """The optimizer keywords ``choice`` was measured with, e.g. ``{"fused": True}``, that ``optimizer`` takes
-    and ``options`` leave to it.
-
-    The caller's own choice in ``options`` of any keyword an axis may set (``fused=`` / ``foreach=``) wins (INFO
-    log); an optimizer without the keyword gets nothing of that axis (WARNING log: the measured gain is not
-    realised).
-    """
-    name = getattr(optimizer, "__qualname__", repr(optimizer))
-    kwargs: dict[str, Any] = {}
-    for wanted, keywords in apply.optimizer_requests(choice):
-        measured = ", ".join(wanted)
-        chosen = [k for k in options if k in keywords]
-        if chosen:
-            log.info("%s: the caller's %s wins over the measured %s implementation", name,
-                     ", ".join(f"{k}={options[k]!r}" for k in chosen), measured)
-        elif missing := [k for k in wanted if not accepts_keyword(optimizer, k)]:
-            log.warning("%s takes no %s= keyword: the %s implementation calibration measured (with AdamW) is not "
-                        "applied", name, "=, ".join(missing), measured)
-        else:
-            kwargs.update(wanted)
-    return kwargs
-
-
-__all__ = ["Config", "Source", "accepts_keyword", "best_config", "config_of", "forget", "optimizer_kwargs_for"]
+__all__ = ["Config", "Source", "best_config", "config_of", "forget"]

@@ -15,7 +15,8 @@ with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
     import torch
 
-from autotune import _fp32
+from autotune._apply import axes
+from autotune._apply import fp32 as _fp32
 from autotune._config import Config
 from autotune._decide import decision_alpha, finalists, pick_fastest
 from autotune._families import get_family
@@ -23,7 +24,7 @@ from autotune._lab.measure import per_step_s
 from autotune._lab.plan import plan
 from autotune._lab.step import TrainStep
 from autotune._records import Candidate, FamilyResult
-from autotune._variants import Situation, apply, reachable
+from autotune._variants import Situation, reachable
 from autotune._wording import headline
 from autotune.backends import backend_for
 
@@ -41,7 +42,7 @@ def search_space(kind: str) -> list[Candidate]:
     combination the search never tried still counts against its pick.
     """
     planned, _ = plan()
-    facts = apply.facts(get_family(kind).build())
+    facts = axes.facts(get_family(kind).build())
     space = []
     for base in planned:
         space += reachable(base, Situation(facts=facts, device=base.device, search="default",

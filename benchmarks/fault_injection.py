@@ -52,7 +52,7 @@ def _env(cache: str) -> dict[str, str]:
 HUNG = """
 import autotune
 from autotune._lab.protocol import CalibrationSettings
-from autotune._worker.worker import Worker
+from autotune._lab.host.worker import Worker
 autotune.register_family("hang", "families_for_tests:build_hang")
 worker = Worker(isolation="subprocess", timeout_s=600)
 worker.start()

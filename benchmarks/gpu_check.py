@@ -40,7 +40,7 @@ import time
 from _common import BUILTINS, emit, oracle, picked, search_space, torch
 
 import autotune
-from autotune import _fp32
+from autotune._apply import fp32 as _fp32
 from autotune._records import Candidate, FamilyResult
 from autotune.backends import Backend, all_backends
 from autotune.backends.cuda import nvidia_hardware_present

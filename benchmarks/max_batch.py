@@ -28,12 +28,12 @@ import torch
 from _common import BUILTINS, emit
 
 import autotune
-from autotune import _fp32
+from autotune._apply import fp32 as _fp32
 from autotune._families import get_family
+from autotune._lab.host.worker import Worker
 from autotune._lab.protocol import MemoryProbed, MemoryProbeJob
 from autotune._records import Candidate
 from autotune._reports import MaxBatchReport
-from autotune._worker.worker import Worker
 
 MARGIN = 0.15
 
@@ -122,7 +122,7 @@ def _remeasure(kind: str, report: MaxBatchReport) -> int | None:
 
 _DEFAULT_MALLOC = """
 import sys
-from autotune._lab.memory import probe_memory
+from autotune._lab.max_batch import probe_memory
 from autotune._lab.protocol import MemoryProbeJob
 print(probe_memory(MemoryProbeJob.model_validate_json(sys.stdin.read())).model_dump_json())
 """

@@ -27,14 +27,14 @@ from pathlib import Path
 
 from _common import BUILTINS, emit, search_space, torch
 
-from autotune import _fp32
+from autotune._apply import axes
+from autotune._apply import fp32 as _fp32
 from autotune._families import get_family
 from autotune._fingerprint import fingerprint
 from autotune._lab.child import Control
 from autotune._lab.load import settle
 from autotune._lab.measure import MeasureSettings, timed, warm_up
 from autotune._lab.step import TrainStep
-from autotune._variants import apply
 from autotune.backends import backend_for
 from autotune.testing.traces import CandidateTrace, StepTrace, TraceFile, TraceMachine
 
@@ -106,7 +106,7 @@ def record(kind: str, seconds: float, settings: MeasureSettings) -> TraceFile:
                            recorded_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                            load_average_start=load_start, load_average_end=_load_average())
     return TraceFile(
-        family=kind, machine=machine, facts=apply.facts(family.build()), seconds=round(time.perf_counter() - began, 1),
+        family=kind, machine=machine, facts=axes.facts(family.build()), seconds=round(time.perf_counter() - began, 1),
         far_behind=settings.far_behind,
         candidates=[CandidateTrace(candidate=c, steps=StepTrace(steps_per_sample=per_sample[c], start_s=starts[c],
                                                                 step_ms=steps[c])) for c in active],

@@ -11,7 +11,8 @@ import torch
 from reasons_for_tests import one_sentence_problem
 
 import autotune
-from autotune import _fp32, _wording
+from autotune import _wording
+from autotune._apply import fp32 as _fp32
 from autotune.testing import reset_state
 
 

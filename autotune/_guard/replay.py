@@ -37,8 +37,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from autotune import _batch, _fp32
-from autotune._precision import AUTOCAST_DTYPES
+from autotune import _batch
+from autotune._apply import fp32 as _fp32
+from autotune._apply.precision import AUTOCAST_DTYPES
 from autotune._records import FP32_CPU, Candidate, Misbehaviour, Replay
 from autotune._variants import CPU, FP32
 from autotune.backends import backend_for

@@ -115,7 +115,7 @@ class Guard(Generic[Answered]):
         self.model: nn.Module | None = None
         self._tape: Tape | None = None
         self.job = job
-        self._answer = answer
+        self.answer = answer
         if model is not None and optimizer is not None and loss_fn is not None:
             self.watch(model, optimizer, loss_fn)
         elif model is not None or optimizer is not None or loss_fn is not None:
@@ -272,7 +272,7 @@ class Guard(Generic[Answered]):
         In a job it is a collective, as ``best_config`` is: every rank calls it (after the finding every rank's
         guard shares), so that every rank trains the one answer DDP needs; a rank that calls it alone raises
         :class:`RanksError` within ``AUTOTUNE_RANKS_LOOP_TIMEOUT_S``."""
-        if self._answer is None:
+        if self.answer is None:
             raise ConfigurationError("answer", None, "autotune.best_config", why=(
                 "a Guard made by hand answers fallback() with the function it is given: pass "
                 "answer=autotune.best_config, or make the guard with cfg.guard(), which gives it best_config"))
@@ -282,7 +282,7 @@ class Guard(Generic[Answered]):
             self.job.allgather("", at="guard.fallback()", model_kind=self.model_kind, in_loop=True,
                                waiting_for="the other ranks to call guard.fallback() too (in a job every rank calls "
                                "it, as every rank calls best_config)")
-        return self._answer(self.model_kind, model=self.model, prefer=prefer, expected_steps=expected_steps, wait=False)
+        return self.answer(self.model_kind, model=self.model, prefer=prefer, expected_steps=expected_steps, wait=False)
 
     # -- reading and judging ---------------------------------------------------------------------------------
 

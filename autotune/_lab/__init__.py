@@ -6,11 +6,11 @@
 ``looks``, a busy machine told by ``load``: what the operating system says, the pause before each control), all
 driven by ``child`` over the typed messages of ``protocol``; ``entry`` runs ``child`` once the worker is tied to
 its host's life, and ``copies`` the copies of the timed step that stand for a job's other processes on the
-machine. Beside the pipeline: ``retime`` (re-timing a cached pick for the canary), ``memory`` (peak memory at one
-batch size), ``trace`` (a step under the profiler). The host side of the worker process is
-:mod:`autotune._worker`; truth profiles (:mod:`autotune.testing.truth`) drive the same session on a fake clock
-in :mod:`autotune.testing.simulate`.
+machine. Beside the pipeline: ``check`` (re-timing a cached pick for the canary, ``--check``), ``max_batch``
+(peak memory at one batch size), ``trace`` (a step under the profiler). The host side of the worker process
+lives beside the child in ``host``; truth profiles (:mod:`autotune.testing.truth`) drive the same session on a
+fake clock in :mod:`autotune.testing.simulate`.
 
-It imports backends, families and the records, never the API, the cache or the decision: it prunes, and
-``autotune._decide`` picks from what it measured.
+The child imports backends, families and the records, never ``host``, the API, the cache or the decision: it
+prunes, and ``autotune._decide`` picks from what it measured. Only ``host`` takes the cache's locks.
 """

@@ -17,11 +17,12 @@ from typing import IO
 
 import torch
 
-from autotune import _fp32
+from autotune._apply import fp32 as _fp32
 from autotune._fingerprint import default_threads
 from autotune._lab import load
+from autotune._lab.check import check
 from autotune._lab.copies import Load, LoadSetup
-from autotune._lab.memory import pin_allocator, probe_memory
+from autotune._lab.max_batch import pin_allocator, probe_memory
 from autotune._lab.plan import plan
 from autotune._lab.prepare import TorchLab, warm_process
 from autotune._lab.protocol import (
@@ -40,7 +41,6 @@ from autotune._lab.protocol import (
     Traced,
     TraceJob,
 )
-from autotune._lab.retime import check
 from autotune._lab.session import Session
 from autotune._lab.trace import traced_or_failure
 from autotune._records import CandidateResult, Failure

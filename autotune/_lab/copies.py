@@ -25,7 +25,7 @@ from typing import IO
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from autotune import _fp32
+from autotune._apply import fp32 as _fp32
 from autotune._families import Family
 from autotune._lab import entry
 from autotune._lab.measure import Steppable

@@ -12,7 +12,7 @@ that writes there goes to stderr), says :data:`HELLO` (the host then knows it ru
 version) and ties its life to its host's, so that a host killed meanwhile never leaves it running, even mid-step:
 on Linux the kernel's parent-death signal plus a check that ``HOST_PID`` is still its parent, on Linux and macOS a
 watchdog thread that exits once the parent changes, on Windows the host's job object
-(``autotune._worker._windows``). Only then does ``child`` (or ``copies``) run.
+(``autotune._lab.host._windows``). Only then does ``child`` (or ``copies``) run.
 """
 
 from __future__ import annotations

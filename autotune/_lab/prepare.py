@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-from autotune import _fp32, _stats, _variants
+from autotune import _stats, _variants
+from autotune._apply import fp32 as _fp32
 from autotune._families import Family
 from autotune._lab.copies import Load, Loaded
 from autotune._lab.measure import Steppable

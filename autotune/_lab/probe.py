@@ -16,7 +16,8 @@ from collections.abc import Iterator
 
 import torch
 
-from autotune import _batch, _fp32
+from autotune import _batch
+from autotune._apply import fp32 as _fp32
 from autotune._families import Family
 from autotune._lab.step import TrainStep
 from autotune._records import Candidate

@@ -10,8 +10,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
+from autotune._apply.fp32 import Fp32Settings
 from autotune._families import Family
-from autotune._fp32 import Fp32Settings
 from autotune._lab.measure import MeasureSettings
 from autotune._records import Candidate, CandidateResult, Drop, Failure, MachineLoad, NoiseCause
 from autotune._reports import TraceReport

@@ -17,11 +17,12 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.overrides import TorchFunctionMode
 
-from autotune import _batch, _fp32
+from autotune import _batch
+from autotune._apply import axes
+from autotune._apply import fp32 as _fp32
+from autotune._apply.precision import AUTOCAST_DTYPES, DEFAULT_INIT_SCALE
 from autotune._families import Family
-from autotune._precision import AUTOCAST_DTYPES, DEFAULT_INIT_SCALE
 from autotune._records import Candidate
-from autotune._variants import apply
 from autotune.backends import Backend
 
 
@@ -63,16 +64,16 @@ class TrainStep:
         workload = family.build(batch_size)  # None: the family's own batch
         self.initial_params = [p.detach().clone() for p in workload.model.parameters()]
         start_device(backend, candidate.device)  # a no-op after the device's first candidate
-        self.model = workload.model.to(self.device, **apply.model_keywords(candidate))
+        self.model = workload.model.to(self.device, **axes.model_keywords(candidate))
         self.model.train()
         #: the batch on the host, its tensors pinned where a loop's would be
         self.inputs = (_batch.map_tensors(workload.inputs, torch.Tensor.pin_memory) if pins_batches(backend)
                        else workload.inputs)
         self.loss_fn = workload.loss
-        self.optimizer = apply.make_optimizer(workload, self.model, candidate)
-        self.forward = apply.forward(candidate, self.model)
+        self.optimizer = axes.make_optimizer(workload, self.model, candidate)
+        self.forward = axes.forward(candidate, self.model)
         #: what the workload says about which variants are worth trying
-        self.facts = apply.facts(workload)
+        self.facts = axes.facts(workload)
         self.dtype = AUTOCAST_DTYPES[candidate.precision]
         self.init_scale = (init_scale or DEFAULT_INIT_SCALE) if self.dtype is torch.float16 else None
         self.scaler = torch.amp.GradScaler(
@@ -83,7 +84,7 @@ class TrainStep:
     def batch(self) -> Any:
         """The batch on the device, as each step copies it: as ``Config.prepare_batch`` does (an image batch in the
         candidate's memory format)."""
-        return apply.move_batch(self.candidate, self.inputs)
+        return axes.move_batch(self.candidate, self.inputs)
 
     def _forward_backward(self, *, checked: bool = False) -> Tensor:
         inputs = self.batch()
@@ -109,7 +110,7 @@ class TrainStep:
         CUDA, as ``Config.apply_precision`` sets it) and its variants' (its thread count)."""
         _fp32.ensure(self.fp32)
         self.backend.apply_loop_settings()
-        with apply.process(self.candidate):
+        with axes.process(self.candidate):
             yield
 
     def run(self, steps: int = 1, *, synchronize: bool = True) -> None:

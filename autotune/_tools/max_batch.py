@@ -16,8 +16,8 @@ from typing import Literal
 
 import torch
 
-from autotune import _fp32
 from autotune._answer import answer
+from autotune._apply import fp32 as _fp32
 from autotune._cache.batch_answers import Answers
 from autotune._calibrate import new_worker
 from autotune._errors import BatchSizeUnsupportedError, ConfigurationError, MaxBatchError
@@ -125,7 +125,7 @@ MAX_PROBES = 10
 #: a confirmed batch whose peak is within this share of the target is close enough
 CLOSE = 0.03
 #: predictions aim this share under the target (doubled after each batch that did not fit): a probe's peak
-#: repeats within a fraction of a percent in the probe worker (the CPU's: ``memory.pin_allocator``), but the
+#: repeats within a fraction of a percent in the probe worker (the CPU's: ``_lab.max_batch.pin_allocator``), but the
 #: line bends a little with the batch (the allocator's rounding, the library's algorithm choices)
 AIM = 0.015
 #: below this difference between two peaks the line's slope is page noise

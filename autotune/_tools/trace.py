@@ -9,8 +9,8 @@ import re
 import sys
 from pathlib import Path
 
-from autotune import _fp32
 from autotune._answer import answer, cached_families
+from autotune._apply import fp32 as _fp32
 from autotune._calibrate import new_worker
 from autotune._errors import ConfigurationError
 from autotune._families import get_family

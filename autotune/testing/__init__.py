@@ -8,8 +8,8 @@ from autotune import _answer, _background, _calibrate, _config, _env, _fingerpri
 from autotune._cache import demotions, exchange, freshness, locks, lookup, sidefiles
 from autotune._families import reset_registry
 from autotune._guard import model
+from autotune._lab.host import launch
 from autotune._ranks import group
-from autotune._worker import launch
 
 
 def reset_state() -> None:

@@ -299,6 +299,15 @@ def test_without_lightning_the_callback_says_what_to_install(tmp_path: Path) -> 
     assert done.stdout.startswith("autotune.GuardCallback needs Lightning: pip install lightning (or pytorch-")
 
 
+def test_the_lightning_callback_takes_the_config_best_config_answered() -> None:
+    # The callback asks the Config for its guard without importing it (the adapters sit below the Config): a bare
+    # decision has no guard to make.
+    from autotune._decision import Decision
+
+    with pytest.raises(TypeError, match="takes the Config best_config answered, got Decision"):
+        autotune.GuardCallback(Decision.model_validate(_config("fp32").model_dump()))
+
+
 def test_the_guard_is_one_line_in_accelerates_loop(fresh_accelerate_state: None) -> None:
     """NaN in the data from batch 30 on: the bf16 run's losses are NaN, and its weights with them; replayed, fp32's
     are too: the data's doing, nothing is demoted."""

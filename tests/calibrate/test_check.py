@@ -11,10 +11,10 @@ import autotune
 from autotune import _answer
 from autotune._cache import lookup as _cached
 from autotune._cli import main
+from autotune._lab.check import faster_by_margin
 from autotune._lab.protocol import Retimed
-from autotune._lab.retime import faster_by_margin
 from autotune._records import Candidate, CandidateResult, Drop, Failure, Interval
-from autotune._tools.canary import _against, _judge
+from autotune._tools.check import _against, _judge
 
 PICK = Candidate(device="cpu", precision="bf16-mixed")
 FP32 = Candidate(device="cpu", precision="fp32")
@@ -93,14 +93,15 @@ def test_a_pick_of_fewer_threads_is_checked_against_torchs_own_count_it_dropped(
 def test_a_pick_that_fails_its_set_up_is_reported_without_timing_the_others(isolated_autotune: Path) -> None:
     import time
 
+    from autotune._apply import fp32 as _fp32
+    from autotune._lab.check import check
     from autotune._lab.child import Control
     from autotune._lab.measure import Unwatched
     from autotune._lab.protocol import Begin, CalibrationSettings, Checked, CheckJob, Failed
-    from autotune._lab.retime import check
 
     gone = Candidate(device="cuda:99", precision="bf16-mixed")  # a device this machine does not have
     job = CheckJob(family=autotune.Family("tiny", "families_for_tests:build_tiny"), candidates=[FP32, gone],
-                   pick=gone, settings=CalibrationSettings(verify=False), fp32=autotune._fp32.current(), threads=1,
+                   pick=gone, settings=CalibrationSettings(verify=False), fp32=_fp32.current(), threads=1,
                    sys_path=[])
     events: list[object] = []
     check(job, events.append, clock=time.perf_counter, control=Control(), settle=time.sleep, watch=Unwatched())

@@ -199,10 +199,10 @@ def test_the_rules_digest_is_derived_from_the_settings_and_the_rule_constants(
     assert rules_digest() == digest
 
 
-#: the worker package's modules that shape no calibration: the other tools' jobs and the worker's plumbing
-#: (``protocol``'s settings count by their defaults)
-NOT_RULES = {"autotune._lab.child", "autotune._lab.copies", "autotune._lab.entry", "autotune._lab.memory",
-             "autotune._lab.protocol", "autotune._lab.retime", "autotune._lab.trace"}
+#: the worker package's modules that shape no calibration: the other tools' jobs and the worker's plumbing, its host
+#: side (``host``) included (``protocol``'s settings count by their defaults)
+NOT_RULES = {"autotune._lab.child", "autotune._lab.copies", "autotune._lab.entry", "autotune._lab.max_batch",
+             "autotune._lab.protocol", "autotune._lab.check", "autotune._lab.trace", "autotune._lab.host"}
 
 
 def test_every_module_of_the_worker_package_is_named_as_a_rule_module_or_not() -> None:
@@ -219,8 +219,8 @@ def test_every_module_of_the_worker_package_is_named_as_a_rule_module_or_not() -
 
 #: what a warm ``best_config`` never loads: the calibration, the worker, the tools, the guard, the ranks' agreement,
 #: the framework adapters and the frameworks themselves
-COLD = ("autotune._lab", "autotune._worker", "autotune._calibrate", "autotune._background", "autotune._tools",
-        "autotune._guard", "autotune._ranks.agree", "autotune._ranks.job", "autotune._lightning", "lightning",
+COLD = ("autotune._lab", "autotune._calibrate", "autotune._background", "autotune._tools",
+        "autotune._guard", "autotune._ranks.agree", "autotune._ranks.job", "autotune._frameworks", "lightning",
         "pytorch_lightning", "accelerate")
 
 

@@ -6,9 +6,10 @@ import pytest
 import torch
 
 import autotune
-from autotune import Config, _fp32
+from autotune import Config
 from autotune._answer import cached_families
-from autotune._variants.apply import copies_non_blocking
+from autotune._apply import fp32 as _fp32
+from autotune._apply.axes import copies_non_blocking
 
 has_cuda = torch.cuda.is_available()
 has_tf32 = has_cuda and torch.version.hip is None and torch.cuda.get_device_capability(0)[0] >= 8

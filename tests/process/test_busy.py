@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import autotune
-from autotune import _fp32
+from autotune._apply import fp32 as _fp32
 from autotune._decide import picked
 from autotune._families import get_family
 from autotune._lab import load

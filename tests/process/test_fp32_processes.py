@@ -32,7 +32,7 @@ def test_the_new_api_set_by_the_app_breaks_torchs_legacy_getter_but_not_autotune
 
 _LEGACY_ROUND_TRIP = """
 import torch
-from autotune import _fp32
+from autotune._apply import fp32 as _fp32
 host = _fp32.read("legacy")
 assert host.values == {"float32_matmul_precision": "highest", "cudnn.allow_tf32": "true"}, host
 _fp32.ensure(_fp32.target("tf32", host))

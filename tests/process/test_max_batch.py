@@ -17,14 +17,14 @@ import torch
 from families_for_tests import FAILS_ABOVE
 
 import autotune
-from autotune import _fp32
+from autotune._apply import fp32 as _fp32
 from autotune._cache.batch_answers import Answers
 from autotune._cli import main
 from autotune._families import Family
+from autotune._lab.host.worker import Worker
 from autotune._lab.protocol import MemoryProbeJob
 from autotune._records import Candidate
 from autotune._reports import MaxBatchReport
-from autotune._worker.worker import Worker
 
 MIB = 2**20
 CPU_FP32 = Candidate(device="cpu", precision="fp32")

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from autotune._worker import _posix as _proc_posix
-from autotune._worker import _windows as _proc_windows
-from autotune._worker import launch
+from autotune._lab.host import _posix as _proc_posix
+from autotune._lab.host import _windows as _proc_windows
+from autotune._lab.host import launch
 
 POSIX = pytest.mark.skipif(os.name != "posix", reason="process groups are POSIX")
 

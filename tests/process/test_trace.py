@@ -9,7 +9,7 @@ import pytest
 import samples
 
 import autotune
-from autotune import _fp32
+from autotune._apply import fp32 as _fp32
 from autotune._cache.store import Store
 from autotune._cli import main
 from autotune._lab.protocol import TraceJob

@@ -16,9 +16,9 @@ from procs_for_tests import SETTINGS, alive
 
 import autotune
 from autotune._families import get_family
+from autotune._lab.host.worker import Worker
 from autotune._lab.measure import MeasureSettings
 from autotune._lab.protocol import CalibrationSettings
-from autotune._worker.worker import Worker
 
 TESTS = Path(__file__).parents[1]
 
@@ -77,7 +77,7 @@ HOST = textwrap.dedent("""
     import autotune
     from autotune._lab.measure import MeasureSettings
     from autotune._lab.protocol import CalibrationSettings
-    from autotune._worker.worker import Worker
+    from autotune._lab.host.worker import Worker
     from autotune._families import get_family
 
     autotune.register_family("hang", "families_for_tests:build_hang")
@@ -131,7 +131,7 @@ def test_the_worker_entry_imports_nothing_heavy_before_it_is_tied_to_its_host() 
 
 HOST_OF_A_STARTING_WORKER = textwrap.dedent("""
     import sys
-    from autotune._worker import launch
+    from autotune._lab.host import launch
 
     tree = launch.ProcessTree(launch.worker_argv())
     print(tree.proc.pid, flush=True)

@@ -18,14 +18,14 @@ from procs_for_tests import SETTINGS, alive
 
 import autotune
 from autotune._families import get_family
-from autotune._worker.worker import Worker
+from autotune._lab.host.worker import Worker
 
 
 @pytest.fixture
 def early(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, container: Callable[..., Path]) -> Iterator[None]:
     """``launch`` as on a machine of several cores where nothing else measures (a temporary directory of its own,
     where the machine's measuring lock lives), and nothing started early left for the next test."""
-    from autotune._worker import launch
+    from autotune._lab.host import launch
 
     container(cpus=2)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
@@ -35,7 +35,7 @@ def early(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, container: Callable[.
 
 @pytest.mark.usefixtures("early")
 def test_the_worker_started_early_is_the_one_the_calibration_uses() -> None:
-    from autotune._worker import launch
+    from autotune._lab.host import launch
 
     launch.start_early()  # as ``python -m autotune`` does before the host imports torch
     started = launch._early[0].tree.proc.pid
@@ -50,7 +50,7 @@ def test_the_worker_started_early_is_the_one_the_calibration_uses() -> None:
 
 @pytest.mark.usefixtures("early")
 def test_a_worker_started_early_that_died_is_replaced_and_one_nobody_takes_is_killed() -> None:
-    from autotune._worker import launch
+    from autotune._lab.host import launch
 
     launch.start_early()
     dead = launch._early[0].tree
@@ -70,7 +70,7 @@ def test_a_worker_started_early_that_dies_before_its_first_job_is_replaced_once(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
 ) -> None:
     from autotune._errors import WorkerStartError
-    from autotune._worker import launch
+    from autotune._lab.host import launch
 
     autotune.register_family("tiny", "families_for_tests:build_tiny")
     launch.start_early()
@@ -104,8 +104,8 @@ def test_a_worker_started_early_gets_through_a_chatty_import_before_anyone_takes
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from autotune._lab import entry
+    from autotune._lab.host import launch
     from autotune._lab.protocol import EVENT, Ready
-    from autotune._worker import launch
 
     monkeypatch.setenv("PYTHONVERBOSE", "1")  # the worker writes a line to stderr for each module it imports
     launch.start_early()
@@ -121,7 +121,7 @@ def test_no_worker_starts_early_in_process_or_while_another_process_measures(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from autotune._cache.locks import measuring_lock
-    from autotune._worker import launch
+    from autotune._lab.host import launch
 
     monkeypatch.setenv("AUTOTUNE_ISOLATION", "inprocess")
     launch.start_early()
@@ -144,9 +144,9 @@ def test_the_command_line_starts_its_worker_before_torch_and_only_when_it_may_me
 ) -> None:
     from autotune import __main__ as entry
     from autotune import _cli
-    from autotune._worker import launch
+    from autotune._lab.host import launch
 
-    code = ("import sys, autotune.__main__, autotune._args, autotune._worker.launch; "
+    code = ("import sys, autotune.__main__, autotune._args, autotune._lab.host.launch; "
             "assert 'torch' not in sys.modules, [m for m in sys.modules if m.startswith('autotune')]")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr

@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 import autotune
-from autotune._worker import process
+from autotune._lab.host import process
 
 TESTS = Path(__file__).parents[1]
 
@@ -120,7 +120,7 @@ def test_the_worker_runs_on_the_interpreter_the_app_names(
     autotune.register_family("tiny", "families_for_tests:build_tiny")
     autotune.set_worker_python(sys.executable)
     assert os.environ["AUTOTUNE_WORKER_PYTHON"] == sys.executable
-    from autotune._worker.launch import worker_argv
+    from autotune._lab.host.launch import worker_argv
 
     assert worker_argv()[:3] == [sys.executable, "-m", "autotune._lab.entry"]
     assert autotune.best_config("tiny").source == "measured"

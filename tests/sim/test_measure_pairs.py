@@ -16,6 +16,8 @@ from measure_for_tests import (
 )
 
 from autotune import _stats
+from autotune._lab.check import answered, faster_by_margin
+from autotune._lab.check import comparisons as canary_pairs
 from autotune._lab.looks import look
 from autotune._lab.measure import (
     Comparisons,
@@ -23,8 +25,6 @@ from autotune._lab.measure import (
     MeasureSettings,
     Series,
 )
-from autotune._lab.retime import answered, faster_by_margin
-from autotune._lab.retime import comparisons as canary_pairs
 from autotune._records import Candidate
 
 

@@ -65,9 +65,9 @@ def test_every_backend_answers_the_whole_interface_without_a_device() -> None:
     import torch
 
     from autotune import FrameworkError
+    from autotune._apply.axes import copies_non_blocking
     from autotune._config import Config
     from autotune._env import DEVICE
-    from autotune._variants.apply import copies_non_blocking
     from autotune.backends import Finding, all_backends, backend_for
     from autotune.backends.api import Backend
 
@@ -128,7 +128,7 @@ def test_a_step_clock_pairs_each_marker_with_the_next() -> None:
 def test_a_step_on_a_device_without_its_own_clock_is_timed_from_the_host() -> None:
     # Real torch on the CPU: no events, so a span less a lone step after an untimed one (one figure); the batch
     # stays pageable (copies there are not stream-ordered).
-    from autotune import _fp32
+    from autotune._apply import fp32 as _fp32
     from autotune._families import get_family
     from autotune._lab.step import TrainStep, pins_batches
     from autotune._records import Candidate

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 import autotune
-from autotune import Config, _fp32
+from autotune import Config
+from autotune._apply import fp32 as _fp32
 
 
 def _config(precision: str, init_scale: float | None = None) -> Config:

@@ -10,7 +10,8 @@ import pytest
 import torch
 from fp32_for_tests import NODES, fp32_state
 
-from autotune import Config, _fp32
+from autotune import Config
+from autotune._apply import fp32 as _fp32
 
 
 @pytest.fixture(autouse=True)

@@ -16,7 +16,7 @@ PACKAGE = Path(__file__).parents[2] / "autotune"
 #: room -> all it imports of autotune: the variant table, the errors, the statistics and the walk of a batch import
 #: nothing of it; the records, only the variant table (a Choice's fields are its
 #: rows); the loop's and the tools' reports, only the records; where a launcher put a process, only the errors; the
-#: job's group, no Config (the guard and the Config use it)
+#: job's group, no Config (the guard and the Config use it); what a precision means to torch, only the table
 ONLY = {
     "autotune._variants": set(),
     "autotune._batch": set(),
@@ -27,25 +27,34 @@ ONLY = {
     "autotune._ranks.launch": {"autotune._errors"},
     "autotune._ranks.group": {"autotune._env", "autotune._errors", "autotune._ranks.launch", "autotune._records",
                               "autotune._version"},
+    "autotune._apply.precision": {"autotune._variants"},
+    "autotune._apply.fp32": {"autotune._variants", "autotune._records"},
 }
-#: room -> the rooms it never imports: the worker's package prunes and never decides or touches the cache; the cache
-#: times nothing and knows no Config; the decision is pure; the host side of the worker process holds no results; the
-#: ranks of a job exchange answers and never measure (the one way to an answer hands them what to exchange)
+#: room -> the rooms it never imports: the worker's child prunes and never decides or touches the cache, nor reaches
+#: its host side; the cache times nothing and knows no Config; the decision is pure; the host side of the worker
+#: process holds no results; the ranks of a job exchange answers and never measure (the one way to an answer hands
+#: them what to exchange); the torch-side application serves the worker, the guard and the Config, and reads none of
+#: them; the framework adapters take a decision and never answer one (the Config loads them, not the other way).
+#: A sub-room's own row replaces its room's.
 NEVER = {
     "autotune._ranks": {"autotune._answer", "autotune._calibrate", "autotune._cache", "autotune._lab",
-                        "autotune._worker", "autotune._background", "autotune._tools"},
-    "autotune.backends": {"autotune._cache", "autotune._lab", "autotune._worker", "autotune._config",
-                          "autotune._decide", "autotune._answer", "autotune._calibrate"},
+                        "autotune._background", "autotune._tools", "autotune._apply", "autotune._frameworks"},
+    "autotune.backends": {"autotune._cache", "autotune._lab", "autotune._config", "autotune._decide",
+                          "autotune._answer", "autotune._calibrate", "autotune._apply", "autotune._frameworks"},
+    "autotune._apply": {"autotune._lab", "autotune._cache", "autotune._decide", "autotune._answer", "autotune._config",
+                        "autotune._guard", "autotune._calibrate", "autotune._tools", "autotune._ranks",
+                        "autotune._frameworks"},
+    "autotune._frameworks": {"autotune._config", "autotune._answer", "autotune._calibrate", "autotune._background",
+                             "autotune._decide", "autotune._lab", "autotune._tools", "autotune._cache"},
     "autotune._lab": {"autotune._answer", "autotune._cache", "autotune._decide", "autotune._config",
-                      "autotune._guard", "autotune._calibrate", "autotune._background", "autotune._worker",
-                      "autotune._tools"},
+                      "autotune._guard", "autotune._calibrate", "autotune._background", "autotune._tools",
+                      "autotune._frameworks", "autotune._lab.host"},
+    "autotune._lab.host": {"autotune._answer", "autotune._decide", "autotune._config", "autotune._calibrate",
+                           "autotune._cache.store", "autotune._cache.lookup", "autotune._tools"},
     "autotune._cache": {"autotune._answer", "autotune._config", "autotune._decide", "autotune._guard",
-                        "autotune._lab", "autotune._calibrate", "autotune._background", "autotune._worker",
-                        "autotune._tools"},
-    "autotune._decide": {"autotune._cache", "autotune._lab", "autotune._worker", "autotune._calibrate",
-                         "autotune._answer", "autotune.backends"},
-    "autotune._worker": {"autotune._answer", "autotune._decide", "autotune._config", "autotune._calibrate",
-                         "autotune._cache.store", "autotune._cache.lookup"},
+                        "autotune._lab", "autotune._calibrate", "autotune._background", "autotune._tools"},
+    "autotune._decide": {"autotune._cache", "autotune._lab", "autotune._calibrate", "autotune._answer",
+                         "autotune.backends"},
 }
 
 
@@ -101,12 +110,6 @@ def _runtime_imports(path: Path) -> set[str]:
             found.add((node.module or "").split(".")[0])
     return found
 
-#: the arrows of the one circle of rooms left (a room: a top-level module or a package): the torch-side application
-#: of the variants (``_variants.apply``) lives in the variant table's package, which the records read
-ROOM_CIRCLE_ARROWS = {("autotune._records", "autotune._variants"), ("autotune._variants", "autotune._records"),
-                      ("autotune._variants", "autotune.backends"), ("autotune.backends", "autotune._records")}
-
-
 def _room(name: str) -> str:
     return ".".join(name.split(".")[:2])
 
@@ -152,13 +155,13 @@ def test_imports_have_no_circle() -> None:
     assert _circles(GRAPH) == []
 
 
-def test_rooms_climb_back_up_only_where_known() -> None:
-    # Between rooms an arrow inside a circle climbs back up; the ones left are named above, and none may be added.
+def test_rooms_have_no_circle() -> None:
+    # Between rooms (a top-level module or a package) an arrow inside a circle climbs back up; without a circle the
+    # rooms have an order, and every arrow runs down it.
     rooms: dict[str, set[str]] = {}
     for name, imported in GRAPH.items():
         rooms.setdefault(_room(name), set()).update(_room(i) for i in imported if _room(i) != _room(name))
-    inside = {(a, b) for circle in _circles(rooms) for a in circle for b in rooms[a] if b in circle}
-    assert inside <= ROOM_CIRCLE_ARROWS
+    assert _circles(rooms) == []
 
 
 def test_one_module_decides() -> None:
@@ -173,15 +176,23 @@ def test_the_lowest_rooms_import_only_what_they_name(room: str) -> None:
     assert GRAPH[room] - {"autotune"} <= ONLY[room]
 
 
+def _in(room: str, name: str) -> bool:
+    return name == room or name.startswith(room + ".")
+
+
+def _row(name: str) -> str | None:
+    """The most specific NEVER row over ``name``: a sub-room's own row replaces its room's."""
+    return max((room for room in NEVER if _in(room, name)), key=len, default=None)
+
+
 @pytest.mark.parametrize("room", sorted(NEVER))
 def test_imports_run_one_way(room: str) -> None:
     wrong = {
         (name, imported)
-        for name, imports in GRAPH.items() if name == room or name.startswith(room + ".")
+        for name, imports in GRAPH.items() if _row(name) == room
         for imported in imports
         for banned in NEVER[room]
-        if (imported == banned or imported.startswith(banned if banned.endswith(".") else banned + "."))
-        and not (imported == room or imported.startswith(room + "."))
+        if _in(banned, imported) and not (_in(room, imported) and not _in(room, banned))
     }
     assert sorted(wrong) == []
 

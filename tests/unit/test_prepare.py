@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from autotune import Config
-from autotune._variants.apply import copies_non_blocking
+from autotune._apply.axes import copies_non_blocking
 
 
 def _config(optimizer: str = "fused", device: str = "cpu") -> Config:

@@ -17,10 +17,10 @@ import pytest
 
 import autotune
 from autotune import _fingerprint, _quota
+from autotune._lab.host import launch
 from autotune._lab.load import MachineTimes, others
 from autotune._lab.measure import MeasureSettings, noise
 from autotune._records import MachineLoad
-from autotune._worker import launch
 
 #: a v1 host's mounts: cpu and cpuacct mounted together, as Docker, Kubernetes and systemd mount them
 V1_MOUNTS = (

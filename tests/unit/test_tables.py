@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from autotune import _variants
+from autotune._apply.precision import AUTOCAST_DTYPES
 from autotune._lab.verify import TOLERANCES
-from autotune._precision import AUTOCAST_DTYPES
 from autotune._records import PRECISIONS, Choice
 from autotune._variants import AXES, CPU, PRECISION_ROWS, PREFERENCES, MemoryFormat, OptimizerImpl, Precision
 from autotune.backends import all_backends
@@ -22,7 +22,7 @@ PACKAGE = Path(__file__).parents[2] / "autotune"
 
 #: where the names may be spelled: the table (its prefer words name every backend, its CPU is the baseline's
 #: device), and each backend (its own names, and what it supports)
-TABLES = ("_variants/", "backends/")
+TABLES = ("_variants.py", "backends/")
 #: the names the table holds; "default" (an optimizer setting) is also a search's and a setting's word
 NAMES = {
     "precision": set(get_args(Precision)),
@@ -32,6 +32,8 @@ NAMES = {
 }
 #: (file, name) where the name is the subject itself, not a row of the table
 EXCEPTIONS = {
+    # torch's keyword of ``.to()`` that the layout axis sets, not the axis
+    ("_apply/axes.py", "memory_format"),
     # the attribute and argument a framework's optimizer wrapper holds, not the optimizer axis
     ("_guard/replay.py", "optimizer"),
     ("_guard/watch.py", "optimizer"),
@@ -39,7 +41,7 @@ EXCEPTIONS = {
     ("testing/truth.py", "fused"),
     ("testing/truth.py", "channels_last"),
     # the CPU in others' words: Accelerate's ``cpu=`` argument, /proc/stat's lines, cgroup v1's controller
-    ("_config.py", "cpu"),
+    ("_frameworks/accelerate.py", "cpu"),
     ("_lab/load/_proc.py", "cpu"),
     ("_quota.py", "cpu"),
     # the fingerprint's field for the torch build's CUDA version, a key of the cache's format

@@ -10,11 +10,13 @@ import pytest
 import torch
 from families_for_tests import build_tiny_cnn, build_tiny_with_sgd
 
-from autotune import Config, Family, _fp32, _variants
+from autotune import Config, Family, _variants
+from autotune._apply import axes
+from autotune._apply import fp32 as _fp32
 from autotune._lab.step import TrainStep
 from autotune._records import Candidate, Choice
 from autotune._rules import complexity, preference
-from autotune._variants import AXES, Axis, Facts, Situation, apply
+from autotune._variants import AXES, Axis, Facts, Situation
 from autotune.backends import backend_for
 
 _EVERYTHING = Situation(facts=Facts(image_inputs=True, default_optimizer=True), device="cpu", search="extended",
@@ -41,7 +43,7 @@ def test_the_table_names_each_choice_field_once_with_its_default_and_its_torch_s
     fields = [axis.field for axis in AXES]
     assert fields == [name for name in Choice.model_fields if name not in ("device", "precision")]
     assert {name: Choice.model_fields[name].default for name in fields} == {a.field: a.default for a in AXES}
-    assert set(apply.APPLY) == set(fields)
+    assert set(axes.APPLY) == set(fields)
     # Candidates as stored before the table keep their field names, settings and defaults.
     plain = {"device": "cpu", "precision": "fp32", "memory_format": "contiguous", "optimizer": "default",
              "num_threads": None, "compiled": False}
@@ -106,8 +108,8 @@ def test_a_setting_reaches_torch_in_the_timed_step_and_in_prepare(axis: Axis[Any
 
 
 def test_facts_come_from_the_built_workload() -> None:
-    assert apply.facts(build_tiny_cnn()) == Facts(image_inputs=True, default_optimizer=True)
-    assert apply.facts(build_tiny_with_sgd()) == Facts(image_inputs=False, default_optimizer=False)
+    assert axes.facts(build_tiny_cnn()) == Facts(image_inputs=True, default_optimizer=True)
+    assert axes.facts(build_tiny_with_sgd()) == Facts(image_inputs=False, default_optimizer=False)
 
 
 def test_the_reachable_space_holds_every_combination_of_the_proposed_settings_once() -> None:

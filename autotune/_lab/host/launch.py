@@ -3,7 +3,7 @@
 A worker start is an interpreter start, ``import torch`` and torch's first optimizer: seconds. ``python -m
 autotune`` pays its own ``import torch`` before it knows what to measure; started first (:func:`start_early`),
 the worker's start overlaps the host's import instead of following it, and the first
-:class:`~autotune._worker.worker.Worker` that needs a process takes this one (:func:`take`). One nobody takes
+:class:`~autotune._lab.host.worker.Worker` that needs a process takes this one (:func:`take`). One nobody takes
 (every family was cached, a usage error) is killed when the command ends (:func:`discard`) or the host exits.
 A worker's output is read from its start (:class:`Launched`), taken or not: a chatty import must not fill a pipe
 nobody reads (a few KiB on Windows) and stall the worker until the host takes it. This module imports nothing
@@ -31,9 +31,9 @@ from autotune._lab import entry
 from autotune._quota import usable_cores
 
 if sys.platform == "win32":
-    from autotune._worker._windows import ProcessTree
+    from autotune._lab.host._windows import ProcessTree
 else:
-    from autotune._worker._posix import ProcessTree
+    from autotune._lab.host._posix import ProcessTree
 
 
 def worker_argv() -> list[str]:

@@ -4,7 +4,7 @@ One row per precision (:data:`PRECISION_ROWS`, simplest first): how its float32 
 GradScaler scales the loss, its words in Lightning, Accelerate and a reason. One row per axis (:data:`AXES`): its
 :class:`~autotune._records.Choice` field and default, its words, whether torch's own setting wins a tie, whether
 every rank of a job shares it, and when the search proposes another setting. The records, the rules, the plan and
-the reasons iterate these rows; :mod:`autotune._variants.apply` applies each axis to torch. Imports nothing of
+the reasons iterate these rows; :mod:`autotune._apply.axes` applies each axis to torch. Imports nothing of
 autotune, nor torch: the records read it.
 """
 
@@ -40,7 +40,7 @@ class PrecisionRow:
 
     name: Precision
     #: how float32 matmuls, convolutions and RNNs compute: ``'ieee'``, ``'tf32'`` (on CUDA; IEEE on the CPU), or
-    #: None where autocast decides and the app's own settings stand (see :mod:`autotune._fp32`)
+    #: None where autocast decides and the app's own settings stand (see :mod:`autotune._apply.fp32`)
     fp32_math: Literal["ieee", "tf32"] | None
     #: autocast's dtype as torch names it, e.g. ``'bfloat16'``; None: no autocast
     autocast: str | None

@@ -3,7 +3,7 @@
 Far cheaper than a calibration: no search, no numerics gate (the candidates passed it when calibrated), only
 the candidates named, set up once (their unchecked first steps warm them up) and timed in a few interleaved,
 paired rounds with the calibration's own :func:`~autotune._lab.measure.interleave`, until
-:func:`faster_by_margin` can answer for every other candidate. The verdict is the host's (``autotune._tools.canary``).
+:func:`faster_by_margin` can answer for every other candidate. The verdict is the host's (``autotune._tools.check``).
 """
 
 from __future__ import annotations

@@ -20,12 +20,15 @@ import threading
 import time
 from types import TracebackType
 
-from autotune import _fp32
+from autotune._apply import fp32 as _fp32
 from autotune._errors import CalibrationCancelled, CalibrationError, TraceError, WorkerStartError
 from autotune._families import Family
 from autotune._lab import load
+from autotune._lab.check import check
 from autotune._lab.child import Control, calibrate
-from autotune._lab.memory import probe_memory
+from autotune._lab.host.launch import worker_argv
+from autotune._lab.host.process import Attempt, Event, Process, Progress, record, start_advice
+from autotune._lab.max_batch import probe_memory
 from autotune._lab.plan import BASELINE
 from autotune._lab.prepare import unverified, warm_process
 from autotune._lab.protocol import (
@@ -42,13 +45,10 @@ from autotune._lab.protocol import (
     Traced,
     TraceJob,
 )
-from autotune._lab.retime import check
 from autotune._lab.trace import traced_or_failure
 from autotune._records import Candidate, CandidateResult, Failure, FamilyResult
 from autotune._reports import TraceReport
 from autotune._version import __version__
-from autotune._worker.launch import worker_argv
-from autotune._worker.process import Attempt, Event, Process, Progress, record, start_advice
 
 log = logging.getLogger("autotune")
 

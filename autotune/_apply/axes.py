@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
+import logging
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, get_args
@@ -30,10 +32,14 @@ from autotune._variants import (
 )
 from autotune.backends import all_backends
 
+log = logging.getLogger("autotune")
+
 V = TypeVar("V")
 B = TypeVar("B")
 
-MEMORY_FORMATS = {"contiguous": torch.contiguous_format, "channels_last": torch.channels_last}
+#: each memory format's torch layout, in the order of the table's names
+MEMORY_FORMATS: dict[MemoryFormat, torch.memory_format] = dict(
+    zip(get_args(MemoryFormat), (torch.contiguous_format, torch.channels_last), strict=True))
 
 
 def _no_keywords(value: object) -> dict[str, Any]:
@@ -135,6 +141,44 @@ def optimizer_requests(choice: Choice) -> list[tuple[dict[str, Any], tuple[str, 
     return [(wanted, row.optimizer_keywords) for row, setting in _rows(choice) if (wanted := row.optimizer(setting))]
 
 
+def accepts_keyword(optimizer: Callable[..., Any], keyword: str) -> bool:
+    """Whether ``optimizer(params, **{keyword: True})`` names the keyword in its signature
+    (``**kwargs`` does not count)."""
+    try:
+        parameters = inspect.signature(optimizer).parameters
+    except (TypeError, ValueError):  # a builtin or C callable without a signature: do not guess
+        return False
+    parameter = parameters.get(keyword)
+    return parameter is not None and parameter.kind in (
+        inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+
+
+def optimizer_kwargs_for(
+    optimizer: Callable[..., Any], choice: Choice, options: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The optimizer keywords ``choice`` was measured with, e.g. ``{"fused": True}``, that ``optimizer`` takes
+    and ``options`` leave to it.
+
+    The caller's own choice in ``options`` of any keyword an axis may set (``fused=`` / ``foreach=``) wins (INFO
+    log); an optimizer without the keyword gets nothing of that axis (WARNING log: the measured gain is not
+    realised).
+    """
+    name = getattr(optimizer, "__qualname__", repr(optimizer))
+    kwargs: dict[str, Any] = {}
+    for wanted, keywords in optimizer_requests(choice):
+        measured = ", ".join(wanted)
+        chosen = [k for k in options if k in keywords]
+        if chosen:
+            log.info("%s: the caller's %s wins over the measured %s implementation", name,
+                     ", ".join(f"{k}={options[k]!r}" for k in chosen), measured)
+        elif missing := [k for k in wanted if not accepts_keyword(optimizer, k)]:
+            log.warning("%s takes no %s= keyword: the %s implementation calibration measured (with AdamW) is not "
+                        "applied", name, "=, ".join(missing), measured)
+        else:
+            kwargs.update(wanted)
+    return kwargs
+
+
 def forward(choice: Choice, model: nn.Module) -> nn.Module:
     """What runs forward: ``model`` itself, or ``torch.compile(model)``."""
     for row, setting in _rows(choice):
@@ -206,6 +250,7 @@ def move_batch(choice: Choice, batch: B) -> B:
 
 
 __all__ = [
-    "APPLY", "MEMORY_FORMATS", "Apply", "batch_keywords", "copies_non_blocking", "facts", "forward", "make_optimizer",
-    "model_keywords", "move", "move_batch", "optimizer_requests", "process", "set_process",
+    "APPLY", "MEMORY_FORMATS", "Apply", "accepts_keyword", "batch_keywords", "copies_non_blocking", "facts", "forward",
+    "make_optimizer", "model_keywords", "move", "move_batch", "optimizer_kwargs_for", "optimizer_requests", "process",
+    "set_process",
 ]

@@ -25,6 +25,7 @@ from pydantic import ValidationError
 
 from autotune._errors import WorkerStartError
 from autotune._lab import entry
+from autotune._lab.host.launch import Launched, take
 from autotune._lab.protocol import (
     EVENT,
     Begin,
@@ -42,7 +43,6 @@ from autotune._lab.protocol import (
     TraceJob,
 )
 from autotune._records import Candidate, Failure
-from autotune._worker.launch import Launched, take
 
 log = logging.getLogger("autotune")
 

@@ -5,7 +5,7 @@ thermal paste drying out, a background service. For each measured family the cac
 worker against fp32 on the CPU and the runner-up (the fastest other candidate of the final comparison, dropped
 or not, on another device, precision or thread count), in interleaved rounds; when another of them is now
 faster than the pick by more than the decision margin (at the decision's confidence; see
-:func:`~autotune._lab.retime.faster_by_margin`), or the pick fails, the family is calibrated again and
+:func:`~autotune._lab.check.faster_by_margin`), or the pick fails, the family is calibrated again and
 the change reported. The rounds stop as soon as that question is answered for every candidate.
 """
 
@@ -17,16 +17,17 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Literal
 
-from autotune import _env, _fp32, _stats
+from autotune import _env, _stats
 from autotune._answer import cached_families
+from autotune._apply import fp32 as _fp32
 from autotune._cache.locks import measuring
 from autotune._calibrate import new_worker, run_calibration
 from autotune._decide import finalists, picked
 from autotune._families import Family, family_names, get_family
+from autotune._lab.check import faster_by_margin
 from autotune._lab.measure import MeasureSettings
 from autotune._lab.plan import BASELINE
 from autotune._lab.protocol import CalibrationSettings, CheckJob, Retimed
-from autotune._lab.retime import faster_by_margin
 from autotune._records import Candidate, CandidateResult, FamilyResult, Record
 
 log = logging.getLogger("autotune")

@@ -5,20 +5,18 @@ both are, so that either's Trainer takes the callback); nothing else in autotune
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 from torch import nn
 
-from autotune._config import Config, best_config
+from autotune._decision import Decision
 from autotune._errors import FrameworkError
+from autotune._frameworks.lightning import PACKAGES
 from autotune._guard.watch import Guard, OnFailure
 from autotune._ranks.group import joined
 from autotune._ranks.job import confirm
-
-#: the packages whose ``Callback`` the callback subclasses, the newer first
-PACKAGES = ("lightning.pytorch", "pytorch_lightning")
 
 
 def _callback_base() -> type:
@@ -39,6 +37,15 @@ if TYPE_CHECKING:
     from lightning import Callback as _Base
 else:
     _Base = _callback_base()
+
+
+@runtime_checkable
+class Guarded(Protocol):
+    """A decision that makes its own guard: the Config ``best_config`` answered (read here without importing it)."""
+
+    def guard(self, model: nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None, *,
+              loss_fn: Callable[[nn.Module, Any], torch.Tensor] | None = None,
+              on_failure: OnFailure = "warn") -> Guard[Any]: ...
 
 
 def _training_step_loss(module: nn.Module, batch_and_index: tuple[Any, int]) -> torch.Tensor:
@@ -62,11 +69,13 @@ class GuardCallback(_Base):
     before Lightning's own launcher started the other processes (each answered alone) is compared across the ranks
     when the fit sets up: one that differs raises :class:`~autotune.RanksError` naming both answers."""
 
-    def __init__(self, config: Config, *, on_failure: OnFailure = "warn") -> None:
+    def __init__(self, config: Decision, *, on_failure: OnFailure = "warn") -> None:
+        if not isinstance(config, Guarded):
+            raise TypeError(f"GuardCallback takes the Config best_config answered, got {type(config).__name__}")
         super().__init__()
         self.config = config
         self.on_failure = on_failure
-        self.guard: Guard[Config] = config.guard(on_failure=on_failure)
+        self.guard: Guard[Any] = config.guard(on_failure=on_failure)
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if trainer.world_size > 1 and self.guard.job is None:
@@ -75,7 +84,7 @@ class GuardCallback(_Base):
             confirm(job, self.config)
             self.guard = Guard(self.config.model_kind, self.config.candidate, self.config.fingerprint_digest,
                                on_failure=self.on_failure, step_ms=self.config.step_ms,
-                               speedup=self.config.speedup_vs_fp32_cpu, job=job, answer=best_config)
+                               speedup=self.config.speedup_vs_fp32_cpu, job=job, answer=self.guard.answer)
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         if not pl_module.automatic_optimization:
@@ -96,4 +105,4 @@ class GuardCallback(_Base):
         self.guard.check()
 
 
-__all__ = ["PACKAGES", "GuardCallback"]
+__all__ = ["GuardCallback"]

@@ -1,3 +1,0 @@
-"""The host side of the process boundary: the spawned worker a calibration runs in (``worker``), its OS
-process and messages (``process``), its early start before the host imports torch (``launch``), and the
-per-OS process handling (``_posix``, ``_windows``)."""
