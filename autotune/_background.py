@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 
 from autotune import _env
 from autotune._answer import decided
-from autotune._cache.store import default_root
+from autotune._cache.documents import default_root
 from autotune._calibrate import Calibrated, CalibrationProgress, in_background, run_calibration
 from autotune._config import Config, config_of
 from autotune._errors import CalibrationCancelled, CalibrationPending

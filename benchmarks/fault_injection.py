@@ -30,7 +30,8 @@ from pathlib import Path
 
 from _common import emit
 
-from autotune._cache.schema import Parsed, parse
+from autotune._cache import schema
+from autotune._cache.disk import load_json
 
 TESTS = str(Path(__file__).parent.parent / "tests")
 LINUX = sys.platform.startswith("linux")
@@ -164,8 +165,11 @@ def _marked(mark: str) -> list[int]:
 def _loads(cache: Path) -> bool:
     """Every results file in ``cache`` reads as a results file, each family valid (nothing is moved aside)."""
     for path in cache.glob("*.json"):
-        parsed = parse(path.read_bytes())
-        if not isinstance(parsed, Parsed) or parsed.invalid:
+        try:
+            document = load_json(path.read_bytes())
+        except (ValueError, RecursionError):
+            return False
+        if not isinstance(document, dict) or schema.judge(document) is not None or schema.families(document)[1]:
             return False
     return True
 

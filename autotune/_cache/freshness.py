@@ -37,7 +37,7 @@ from pydantic import BaseModel
 
 from autotune import _env
 from autotune._cache import disk as _disk
-from autotune._cache.store import default_root
+from autotune._cache.documents import default_root
 from autotune._families import Family
 from autotune._records import (
     FP32_CPU,

@@ -10,7 +10,8 @@ from pathlib import Path
 
 from autotune._cache import demotions as _demotions
 from autotune._cache import exchange as _exchange
-from autotune._cache.store import Store, StoreFile, default_root
+from autotune._cache.documents import default_root
+from autotune._cache.store import Store, StoreFile
 from autotune._fingerprint import Fingerprint
 from autotune._records import FamilyResult
 

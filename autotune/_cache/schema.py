@@ -1,11 +1,11 @@
-"""The content of a results file: parsed from bytes, validated family by family, rendered back whole.
+"""The content of a results file: judged as a whole, validated family by family, rendered back whole.
 
-- A file that is not a results file at all (not JSON, nested thousands deep, wrong types at the top, another
-  schema) is :class:`Unreadable`; one written by a newer schema is :class:`Newer` (never overwritten).
+- A document that is not a results file at all (wrong types at the top, another schema) is judged so (it is moved
+  aside whole, ``documents``); one written by a newer schema is never overwritten.
 - Each family is validated on its own: a family this version cannot read (a value added by a newer version,
   wrong types, NaN where a measured number belongs) is listed with why, and the other families still serve.
-- ``render`` writes back everything as it was read, fields this version does not know included, with one
-  family replaced.
+- ``put`` replaces one family and ``render`` writes back everything as it was read, fields this version does not
+  know included.
 - Nothing read is executed: JSON validated by pydantic, no pickle, no eval; every string in it is made printable
   (``disk.load_json``) before anything can say it.
 """
@@ -15,12 +15,10 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
-from dataclasses import dataclass
 from typing import Any
 
 from pydantic import Field, ValidationError
 
-from autotune._cache import disk as _disk
 from autotune._fingerprint import Fingerprint
 from autotune._records import FamilyResult, Record
 
@@ -36,62 +34,34 @@ class StoreFile(Record):
     note: str = Field(default="", description="free text, e.g. where a recorded fixture's numbers come from")
 
 
-@dataclass(frozen=True)
-class Parsed:
-    """One results file as read: ``document`` is written back as is, unknown fields included."""
-
-    document: dict[str, Any]
-    valid: StoreFile
-    #: family -> why it is set aside
-    invalid: dict[str, str]
-
-
-@dataclass(frozen=True)
-class Unreadable:
-    """Not a results file this version can read at all: why (it is quarantined whole)."""
-
-    reason: str
-
-
-@dataclass(frozen=True)
-class Newer:
-    """Written by a newer schema: left untouched."""
-
-    schema_version: int
-
-
-def parse(raw: bytes) -> Parsed | Unreadable | Newer:
-    """A results file's bytes, judged as a whole and family by family."""
-    try:
-        document = _disk.load_json(raw)
-    except (ValueError, RecursionError) as exc:  # RecursionError: JSON nested thousands deep
-        return Unreadable(f"not JSON: {str(exc)[:120] or type(exc).__name__}")
-    if not isinstance(document, dict):
-        return Unreadable(f"a JSON {type(document).__name__}, not an object")
-    version = document.get("schema_version")
-    if isinstance(version, int) and not isinstance(version, bool) and version > SCHEMA_VERSION:
-        return Newer(version)
-    families = document.get("families")
-    if not isinstance(families, dict):
-        return Unreadable("'families' is not an object")
+def judge(document: dict[str, Any]) -> str | None:
+    """Why ``document`` (a JSON object of no newer schema) is not a results file, e.g. ``"schema 0, expected 1"``;
+    None when it is."""
+    if not isinstance(document.get("families"), dict):
+        return "'families' is not an object"
     try:
         header = StoreFile.model_validate({**document, "families": {}})
     except ValidationError as exc:
-        return Unreadable(_first_error(exc))
+        return _first_error(exc)
     if header.schema_version != SCHEMA_VERSION:
-        return Unreadable(f"schema {header.schema_version}, expected {SCHEMA_VERSION}")
+        return f"schema {header.schema_version}, expected {SCHEMA_VERSION}"
+    return None
+
+
+def families(document: dict[str, Any]) -> tuple[StoreFile, dict[str, str]]:
+    """A results file's families this version can serve, and why each other one is set aside (family -> why)."""
     valid: dict[str, FamilyResult] = {}
     invalid: dict[str, str] = {}
-    for name, record in families.items():
-        result, problem = _validate_family(name, record)
+    for name, record in document["families"].items():
+        result, problem = validate_family(name, record)
         if result is not None:
             valid[name] = result
         else:
             invalid[name] = problem or "invalid"
-    return Parsed(document, header.model_copy(update={"families": valid}), invalid)
+    return StoreFile.model_validate({**document, "families": {}}).model_copy(update={"families": valid}), invalid
 
 
-def _validate_family(name: str, record: object) -> tuple[FamilyResult | None, str | None]:
+def validate_family(name: str, record: object) -> tuple[FamilyResult | None, str | None]:
     """The family's record validated on its own, or why it cannot be used."""
     if not isinstance(record, dict):
         return None, f"a JSON {type(record).__name__}, not an object"
@@ -132,18 +102,34 @@ def _nan_number(result: FamilyResult) -> str | None:
     return next((where for where, value in numbers if value is not None and math.isnan(value)), None)
 
 
-def render(document: dict[str, Any], fingerprint: Fingerprint, result: FamilyResult) -> bytes:
-    """``document`` with ``result`` in its families; every other field is written back as read."""
+def put(document: dict[str, Any], fingerprint: Fingerprint, result: FamilyResult) -> dict[str, Any]:
+    """``document`` (``{}``: a new file) with ``result`` in its families; every other field as read."""
     families = dict(document.get("families") or {})
     families[result.model_kind] = json.loads(result.model_dump_json())  # Infinity as "Infinity": strict JSON
+    return {**document, "fingerprint": document.get("fingerprint") or json.loads(fingerprint.model_dump_json()),
+            "families": families}
+
+
+def holds_newer(document: dict[str, Any], result: FamilyResult) -> bool:
+    """Whether ``document`` holds a measurement of ``result``'s family taken after it."""
+    record: Any = (document.get("families") or {}).get(result.model_kind)
+    try:
+        return dt.datetime.fromisoformat(record["measured_at"]) > dt.datetime.fromisoformat(result.measured_at)
+    except (TypeError, KeyError, ValueError):  # no record, no time in it, or not a time: not newer
+        return False
+
+
+def render(document: dict[str, Any]) -> dict[str, Any]:
+    """``document`` as a results file is written: its fields in their order, then what this version does not know
+    as it was read."""
     rendered = {
         "schema_version": SCHEMA_VERSION,
-        "fingerprint": document.get("fingerprint") or json.loads(fingerprint.model_dump_json()),
-        "families": families,
+        "fingerprint": document.get("fingerprint"),
+        "families": document.get("families") or {},
         "note": document.get("note", ""),
     }
     rendered.update((k, v) for k, v in document.items() if k not in rendered)
-    return _disk.strict_json(rendered)
+    return rendered
 
 
 def _first_error(exc: ValidationError) -> str:
@@ -152,4 +138,4 @@ def _first_error(exc: ValidationError) -> str:
     return f"{where}: {first['msg']}"[:200]
 
 
-__all__ = ["SCHEMA_VERSION", "Newer", "Parsed", "StoreFile", "Unreadable", "parse", "render"]
+__all__ = ["SCHEMA_VERSION", "StoreFile", "families", "holds_newer", "judge", "put", "render", "validate_family"]

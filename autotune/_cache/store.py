@@ -1,17 +1,17 @@
-"""Measurements on disk: one JSON file per fingerprint digest, merged under a lock, read defensively.
+"""Measurements on disk: one JSON file per fingerprint digest, on the cache's document rules (``documents``).
 
-- A write re-reads the file under a file lock, merges, and replaces it atomically (``_disk.write_atomic``), so
-  two processes that calibrate different families never lose each other's results and a crash mid-write never
-  leaves a torn file.
-- Each family is validated on its own (``records``). A family this version cannot read is set aside with a
+- A write re-reads the file under its lock, merges, and replaces it whole, so two processes that calibrate
+  different families never lose each other's results and a crash mid-write never leaves a torn file.
+- Each family is validated on its own (``schema``). A family this version cannot read is set aside with a
   WARNING and measured again, while the other families keep serving; when its new measurement is saved, the old
   record is moved to ``<file>.<family>.corrupt-<utc>``. Everything else in the file, fields this version does
   not know included, is written back as it was read.
-- A file that is not a results file at all (not JSON, truncated, too large, wrong types at the top) is renamed
-  to ``*.corrupt-<utc>`` and its families are measured again. A file written by a newer schema, a file that
-  cannot be read, a symbolic link, or anything but a regular file is never overwritten: results stay in
-  memory for this process. So does a results directory that other users can write.
-- A disk that cannot be written (read-only, full, locked) degrades to an in-memory store for this process.
+- A file that is not a results file at all (not JSON, truncated, too large, wrong types at the top) is moved to
+  ``*.corrupt-<utc>`` when read, and its families are measured again. A file written by a newer schema, one that
+  cannot be read, a symbolic link, anything but a regular file, or one in a directory other users can write is
+  never overwritten.
+- A family that cannot be written (a disk read-only, full, locked) holds for this process and goes with its next
+  write, unless the file holds a newer measurement of it by then.
 - Pruning by last use, and the file-safety rules themselves, live in ``disk``.
 """
 
@@ -23,13 +23,14 @@ import math
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING
 
 from autotune._cache import disk as _disk
+from autotune._cache import schema
 from autotune._cache.disk import KEEP_FILES, KEEP_QUARANTINED, KEEP_USED_DAYS, write_atomic
+from autotune._cache.documents import Document, Documents, warn_once
 from autotune._cache.locks import lock_file
-from autotune._cache.schema import SCHEMA_VERSION, Newer, Parsed, StoreFile, Unreadable, parse, render
-from autotune._env import CACHE_DIR, LOCK_TIMEOUT_S
+from autotune._cache.schema import SCHEMA_VERSION, StoreFile
 from autotune._fingerprint import Fingerprint
 from autotune._records import FamilyResult
 
@@ -40,38 +41,35 @@ log = logging.getLogger("autotune")
 
 #: the last-use marker is rewritten at most this often per process
 _MARK_EVERY_S = 3600.0
+#: what a family that cannot be written does meanwhile
+_HELD = "keeping results in memory for this process"
 
-#: absent: no file (or it was just quarantined), safe to write; kept: a file we must not overwrite
-_Unusable = Literal["absent", "kept"]
+
+class _ResultsFiles(Documents):
+    """The results files: judged and rendered by ``schema``."""
+
+    def judge(self, document: Document) -> str | None:
+        return schema.judge(document)
+
+    def render(self, document: Document) -> Document:
+        return schema.render(document)
 
 
-def default_root() -> Path:
-    """``AUTOTUNE_CACHE_DIR``, else the platform's user cache dir (e.g. ``~/.cache/autotune``)."""
-    configured = CACHE_DIR.get()
-    if configured is not None:
-        return configured
-    import platformdirs
-
-    return Path(platformdirs.user_cache_dir("autotune", appauthor=False))
+FILES = _ResultsFiles("the results file", "its families are measured again when next asked for", SCHEMA_VERSION)
 
 
 class Store:
-    """The results files under ``root``, with an in-memory fallback when the disk cannot be used."""
+    """The results files under ``root``; a family that cannot be written is served from this process's memory."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self._memory: dict[str, StoreFile] = {}
-        #: families whose save did not reach the disk (full, refused): still served next to the file
-        self._unsaved: dict[str, dict[str, FamilyResult]] = {}
-        self._warned: set[str] = set()
-        self._locks: dict[Path, filelock.BaseFileLock] = {}
         self._marked: dict[str, float] = {}
         #: this process's saves and clears: a write that leaves the file's time and size alike, or never reaches
         #: the disk, still changes :meth:`stamp`
         self._writes = 0
 
     def path(self, digest: str) -> Path:
-        return self.root / f"{digest}.json"
+        return FILES.path(digest, self.root)
 
     def stamp(self, digest: str) -> tuple[int, ...]:
         """This process's writes, then the file's (mtime_ns, size): changes whenever what ``load`` returns may have,
@@ -83,119 +81,47 @@ class Store:
         return self._writes, st.st_mtime_ns, st.st_size
 
     def load(self, digest: str) -> StoreFile | None:
-        """The results for ``digest``: from disk, plus what only this process's memory holds, else None."""
-        remembered = self._memory.get(digest)
-        if _disk.directory_problem(self.root) is not None:
-            self._warn_refused()
-            return remembered
-        on_disk = self._read(self.path(digest))
-        if not isinstance(on_disk, Parsed):
-            return remembered
-        self._mark_used(digest)
-        unsaved = {k: v for k, v in self._unsaved.get(digest, {}).items() if k not in on_disk.valid.families}
-        if not unsaved:
-            return on_disk.valid
-        # Families this process could only keep in memory (a write failed) still answer here.
-        return on_disk.valid.model_copy(update={"families": {**on_disk.valid.families, **unsaved}})
+        """The results for ``digest``: from disk, with the families only this process's memory holds, else None."""
+        stored, on_disk = self._stored(digest)
+        if on_disk:
+            self._mark_used(digest)
+        return stored
 
-    # -- reading -------------------------------------------------------------------------------------------
-
-    def _read(self, path: Path) -> Parsed | _Unusable:
-        try:
-            raw, identity = _disk.read_regular(path)
-        except FileNotFoundError:
-            return "absent"
-        except _disk.Refused as exc:
-            self._warn_once(f"read:{path}", "cannot read %s (%s); keeping results in memory for this process",
-                            path, exc)
-            return "kept"
-        except OSError as exc:
-            self._warn_once(f"read:{path}", "cannot read %s (%s); keeping results in memory for this process",
-                            path, _disk.os_reason(exc))
-            return "kept"
-        if raw is None:
-            return self._quarantine(path, identity, f"{identity[2] / 2**20:.0f} MB, larger than any results file")
-        parsed = parse(raw)
-        if isinstance(parsed, Unreadable):
-            return self._quarantine(path, identity, parsed.reason)
-        if isinstance(parsed, Newer):
-            self._warn_once(f"future:{path}", "%s was written by a newer autotune (schema %s > %s); "
-                            "ignoring it and leaving it untouched", path, parsed.schema_version, SCHEMA_VERSION)
-            return "kept"
-        for name, problem in parsed.invalid.items():
-            self._warn_once(f"family:{path}:{name}", "results of %r in %s cannot be used (%s); %r is measured again "
-                            "when next asked for (they are set aside then); the other families are kept", name, path,
-                            problem, name)
-        return parsed
-
-    def _quarantine(self, path: Path, identity: tuple[int, ...], reason: str) -> Parsed | _Unusable:
-        target = path.with_name(f"{path.name}.corrupt-{_disk.utc_stamp()}")
-        try:
-            with self._lock(path):
-                # Another process may have replaced the file since we read it: move only what we judged, and
-                # judge the new one instead (writing over it as if absent would lose that process's results).
-                if _disk.identity(os.lstat(path)) != identity:
-                    return self._read(path)
-                os.replace(path, target)
-        except FileNotFoundError:
-            return "absent"
-        except (OSError, TimeoutError) as move_error:
-            self._warn_once(f"corrupt:{path}", "results file %s is corrupt (%s) and could not be moved aside (%s); "
-                            "its families are measured again when next asked for, their results kept in memory",
-                            path, reason, move_error)
-            return "kept"
-        log.warning("results file %s was corrupt (%s); moved to %s; its families are measured again when next asked "
-                    "for", path, reason, target.name)
-        return "absent"
-
-    # -- writing -------------------------------------------------------------------------------------------
+    def _stored(self, digest: str) -> tuple[StoreFile | None, bool]:
+        document, on_disk = FILES.load(digest, self.root)
+        if document is None:
+            return None, on_disk
+        stored, invalid = schema.families(document)
+        for name, problem in invalid.items():
+            warn_once(f"{self.path(digest)}:{name}", "results of %r in %s cannot be used (%s); %r is measured again "
+                      "when next asked for (they are set aside then); the other families are kept", name,
+                      self.path(digest), problem, name)
+        return stored, on_disk
 
     def save(self, fingerprint: Fingerprint, result: FamilyResult) -> StoreFile:
         """Merge ``result`` into the file for this fingerprint, under the lock; returns what is now stored."""
-        digest = fingerprint.digest
-        path = self.path(digest)
-        remembered = self._memory.get(digest)
-        families = {**(remembered.families if remembered is not None else {}), result.model_kind: result}
-        merged = StoreFile(schema_version=SCHEMA_VERSION, fingerprint=fingerprint, families=families)
-        self._memory[digest] = merged
+        digest, path = fingerprint.digest, self.path(fingerprint.digest)
         self._writes += 1
-        self._unsaved.setdefault(digest, {})[result.model_kind] = result
-        try:
-            if _disk.directory_problem(self.root, create=True) is not None:
-                self._warn_refused()
-                return merged
-            with self._lock(path):
-                current = self._read(path)
-                if current == "kept":
-                    return merged
-                document: dict[str, Any] = {}
-                if isinstance(current, Parsed):
-                    document = current.document
-                    if result.model_kind in current.invalid:
-                        self._set_aside(path, result.model_kind, current)
-                    families = {**self._unsaved[digest], **current.valid.families, result.model_kind: result}
-                    merged = current.valid.model_copy(update={"families": families})
-                _disk.remove_stale_temps(path)
-                write_atomic(path, render(document, fingerprint, result))
-            self._memory[digest] = merged
-            del self._unsaved[digest][result.model_kind]
+
+        def put(document: Document) -> Document:
+            _set_aside(path, result.model_kind, document)
+            return schema.put(document, fingerprint, result)
+
+        def held(document: Document) -> Document:
+            return document if schema.holds_newer(document, result) else schema.put(document, fingerprint, result)
+
+        document = FILES.write(digest, put, _HELD, held=held, root=self.root)
+        if document is not None:
             self._mark_used(digest, now=True)
             _disk.prune(self.root)
-        except (OSError, TimeoutError) as exc:
-            self._warn_once(f"write:{path}", "cannot write %s (%s); keeping results in memory for this process",
-                            path, _disk.os_reason(exc))
-        return merged
-
-    def _set_aside(self, path: Path, family: str, current: Parsed) -> None:
-        """Keep the unreadable record of ``family`` next to the file before its new measurement replaces it."""
-        record = {"family": family, "reason": current.invalid[family], "record": current.document["families"][family]}
-        target = path.with_name(f"{path.name}.{family}.corrupt-{_disk.utc_stamp()}")
-        write_atomic(target, _disk.strict_json(record))
-        log.warning("moved the unusable results of %r to %s", family, target.name)
+        else:
+            document, _ = FILES.load(digest, self.root)
+            assert document is not None, "the family that could not be written holds"
+        return schema.families(document)[0]
 
     def stamps(self) -> tuple[object, ...]:
-        """This process's writes, (name, mtime_ns, size) of every results file, then this process's in-memory
-        digests: changes when any of them does (memo keys)."""
+        """This process's writes, (name, mtime_ns, size) of every results file, then the files with changes only this
+        process's memory holds: changes when any of them does (memo keys)."""
         found = []
         with contextlib.suppress(OSError):
             for entry in os.scandir(self.root):
@@ -203,34 +129,31 @@ class Store:
                     with contextlib.suppress(OSError):
                         st = entry.stat(follow_symlinks=False)
                         found.append((entry.name, st.st_mtime_ns, st.st_size))
-        return (self._writes, *sorted(found), *((d, len(f.families), 0) for d, f in sorted(self._memory.items())))
+        return (self._writes, *sorted(found), *((digest, changes, 0) for digest, changes in FILES.held(self.root)))
 
     def all_files(self) -> list[StoreFile]:
-        """Every readable results file under ``root`` (every machine configuration), then this process's
-        in-memory ones that are not on disk: for export and similar-machine answers."""
-        found: dict[str, StoreFile] = {}
+        """Every readable results file under ``root`` (every machine configuration), with what only this process's
+        memory holds: for export and similar-machine answers."""
+        digests = {digest for digest, _ in FILES.held(self.root)}
         if _disk.directory_problem(self.root) is None:
             with contextlib.suppress(OSError):
-                for path in sorted(self.root.glob("*.json")):
-                    read = self._read(path)
-                    if isinstance(read, Parsed):
-                        found[read.valid.fingerprint.digest] = read.valid
-        for digest, memory in self._memory.items():
-            found.setdefault(digest, memory)
+                digests.update(path.stem for path in self.root.glob("*.json"))
+        found: dict[str, StoreFile] = {}
+        for digest in sorted(digests):
+            stored, _ = self._stored(digest)
+            if stored is not None:
+                found.setdefault(stored.fingerprint.digest, stored)
         return list(found.values())
 
     def clear(self) -> list[Path]:
         """Delete every results file (quarantined ones and last-use markers too); returns what was removed."""
         self._writes += 1
-        self._memory.clear()
-        self._unsaved.clear()
-        removed = []
-        candidates = {*self.root.glob("*.json"), *self.root.glob("*.corrupt-*"), *self.root.glob("*.used")}
-        for path in sorted(candidates):
+        removed = [Path(path) for path in FILES.clear(self.root)]
+        for path in sorted(self.root.glob("*.used")):
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
                 removed.append(path)
-        return removed
+        return sorted(removed)
 
     # -- locks, directory, pruning -------------------------------------------------------------------------
 
@@ -238,10 +161,6 @@ class Store:
         """Why the cache directory cannot be used, with what to do (``_disk.unusable_directory``); None when it
         can. Creates it where missing."""
         return _disk.unusable_directory(self.root)
-
-    def _warn_refused(self) -> None:
-        self._warn_once(f"root:{self.root}", "cannot use the cache directory: %s; results stay in this process's "
-                        "memory and are measured again by the next process", self.problem())
 
     def calibration_lock(self, digest: str, model_kind: str, *,
                          unlocked: str = "calibrating without waiting for other processes"
@@ -253,19 +172,6 @@ class Store:
         """
         return lock_file(self.root, f"{digest}.{model_kind}.calibrating.lock", unlocked)
 
-    def _lock(self, path: Path) -> filelock.BaseFileLock:
-        import filelock
-
-        lock_path = Path(f"{path}.lock")
-        _disk.refuse_link(lock_path)  # filelock opens the path with O_CREAT: a planted link would create its target
-        # One lock object per file, so it is reentrant: a save that finds a corrupt file quarantines it under
-        # the lock it already holds (a second FileLock on the same file would wait for itself until timeout).
-        # Held only for a read-merge-write of one small file; a holder that dies releases it (flock).
-        lock = self._locks.get(path)
-        if lock is None:
-            lock = self._locks[path] = filelock.FileLock(lock_path, timeout=min(LOCK_TIMEOUT_S.get(), 30.0))
-        return lock
-
     def _mark_used(self, digest: str, *, now: bool = False) -> None:
         """Record this use of the file for pruning (at most hourly per process unless ``now``)."""
         at = time.time()
@@ -274,13 +180,20 @@ class Store:
         self._marked[digest] = at
         _disk.mark_used(self.path(digest), at)
 
-    def _warn_once(self, key: str, message: str, *args: object) -> None:
-        if key not in self._warned:
-            self._warned.add(key)
-            log.warning(message, *args)
 
 
-__all__ = [
-    "KEEP_FILES", "KEEP_QUARANTINED", "KEEP_USED_DAYS", "SCHEMA_VERSION", "Store", "StoreFile", "default_root",
-    "write_atomic",
-]
+def _set_aside(path: Path, family: str, document: Document) -> None:
+    """Keep the unreadable record of ``family`` next to the file before its new measurement replaces it."""
+    families = document.get("families") or {}
+    if family not in families:
+        return
+    _, why = schema.validate_family(family, families[family])
+    if why is None:
+        return
+    target = path.with_name(f"{path.name}.{family}.corrupt-{_disk.utc_stamp()}")
+    write_atomic(target, _disk.strict_json({"family": family, "reason": why, "record": families[family]}))
+    log.warning("moved the unusable results of %r to %s", family, target.name)
+
+
+__all__ = ["FILES", "KEEP_FILES", "KEEP_QUARANTINED", "KEEP_USED_DAYS", "SCHEMA_VERSION", "Store", "StoreFile",
+           "write_atomic"]

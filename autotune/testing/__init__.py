@@ -5,7 +5,7 @@ here (:mod:`autotune.testing.truth`) drive the real measurement, search and deci
 from __future__ import annotations
 
 from autotune import _answer, _background, _calibrate, _config, _env, _fingerprint
-from autotune._cache import demotions, exchange, freshness, locks, lookup, sidefiles
+from autotune._cache import demotions, documents, exchange, freshness, locks, lookup
 from autotune._families import reset_registry
 from autotune._guard import model
 from autotune._lab.host import launch
@@ -29,7 +29,7 @@ def reset_state() -> None:
     _env.reset()
     lookup.reset()
     demotions.reset()
-    sidefiles.reset()
+    documents.reset()
     locks.reset()
     freshness.reset()
     exchange.reset()

@@ -41,6 +41,22 @@ def test_a_file_from_a_newer_autotune_is_never_overwritten(files: SideFile, capl
 
 
 @pytest.mark.parametrize("files", KINDS, ids=IDS)
+def test_a_file_that_is_no_such_document_is_moved_aside_when_read(
+    files: SideFile, caplog: pytest.LogCaptureFixture
+) -> None:
+    target = files.path("abc")
+    target.parent.mkdir(parents=True, mode=0o700)
+    torn = f'{{"schema_version": {files.schema_version}, "{files.section}": {{"x": ['.encode()
+    target.write_bytes(torn)
+    with caplog.at_level(logging.WARNING, logger="autotune"):
+        assert files.read("abc") == {}
+    assert not target.exists()
+    [aside] = target.parent.glob(f"{target.name}.corrupt-*")
+    assert aside.read_bytes() == torn
+    assert f"{files.what} {target} was corrupt (not JSON" in caplog.text and files.lost in caplog.text
+
+
+@pytest.mark.parametrize("files", KINDS, ids=IDS)
 def test_keys_written_by_two_writers_are_both_kept_with_what_this_version_does_not_know(files: SideFile) -> None:
     target = files.path("abc")
     target.parent.mkdir(parents=True, mode=0o700)

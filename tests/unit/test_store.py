@@ -239,3 +239,74 @@ def test_a_results_file_written_before_the_second_layout_step_loads_and_answers(
     assert verdict.state == "older_rules" and verdict.answers and not verdict.final
     config = decided(measured, prefer="auto", expected_steps=None, forced_device=None, digest=digest)
     assert config.source == "measured" and config.device == "cpu" and "under older rules" in config.reason
+
+
+def _disk_full(monkeypatch: pytest.MonkeyPatch) -> None:
+    def full(src: str, dst: str) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", full)  # the OS boundary, not the store
+
+
+def test_a_family_that_could_not_be_written_goes_with_the_next_write(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fp = autotune.fingerprint()
+    store.save(fp, _result("cnn"))
+    _disk_full(monkeypatch)
+    store.save(fp, _result("mlp"))
+    monkeypatch.undo()
+    store.save(fp, _result("transformer"))
+    assert set(json.loads(store.path(fp.digest).read_text())["families"]) == {"cnn", "mlp", "transformer"}
+
+
+def test_a_family_that_could_not_be_written_never_replaces_a_newer_measurement_of_it(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fp = autotune.fingerprint()
+    store.save(fp, _result("cnn"))
+    _disk_full(monkeypatch)
+    store.save(fp, _result("mlp"))
+    monkeypatch.undo()
+    newer = _result("mlp").model_copy(update={"measured_at": "2026-12-01T00:00:00+00:00", "wall_s": 2.0})
+    theirs = tmp_path / "theirs.json"  # another process measured mlp afterwards and wrote it
+    document = json.loads(store.path(fp.digest).read_text())
+    document["families"]["mlp"] = json.loads(newer.model_dump_json())
+    theirs.write_text(json.dumps(document))
+    os.replace(theirs, store.path(fp.digest))
+    loaded = store.load(fp.digest)
+    assert loaded is not None and loaded.families["mlp"] == newer
+    store.save(fp, _result("transformer"))
+    stored = Store(store.root).load(fp.digest)
+    assert stored is not None and set(stored.families) == {"cnn", "mlp", "transformer"}
+    assert stored.families["mlp"] == newer
+
+
+def test_what_a_process_could_not_write_and_its_warnings_are_once_per_file_whatever_the_store(
+    store: Store, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    fp = autotune.fingerprint()
+    store.save(fp, _result("cnn"))
+    _disk_full(monkeypatch)
+    with caplog.at_level(logging.WARNING, logger="autotune"):
+        Store(store.root).save(fp, _result("mlp"))
+        Store(store.root).save(fp, _result("transformer"))
+    monkeypatch.undo()
+    assert len([r for r in caplog.records if "No space left" in r.getMessage()]) == 1
+    loaded = Store(store.root).load(fp.digest)
+    assert loaded is not None and set(loaded.families) == {"cnn", "mlp", "transformer"}
+
+
+def test_a_cache_directory_that_is_a_file_cannot_hold_the_lock_and_says_what_to_do(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    squatted = tmp_path / "cache"
+    squatted.write_text("not a directory")
+    fp = autotune.fingerprint()
+    with caplog.at_level(logging.WARNING, logger="autotune"):
+        saved = Store(squatted).save(fp, result := _result())
+        Store(squatted).save(fp, result)
+    locks = [r.getMessage() for r in caplog.records if "cannot use the lock" in r.getMessage()]
+    assert len(locks) == 1 and "is a file, not a directory: move the file away" in locks[0]
+    assert "keeping results in memory" in locks[0]
+    assert saved.families["cnn"] == result and squatted.read_text() == "not a directory"
