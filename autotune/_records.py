@@ -353,45 +353,6 @@ class Agreement(Record):
         "precision without them (against ``own``'s precision without them)"))
 
 
-class Evidence(Record):
-    """What a decision rests on, as data (``--explain`` renders it, ``--json`` carries it): every other candidate
-    against the pick, and what qualifies the answer, e.g. ``Evidence(device_name="Intel Xeon, 2 threads",
-    rivals=[Rival(...), ...], noisy=True)``."""
-
-    device_name: str | None = Field(default=None, description="the picked device as torch names it")
-    rivals: list[Rival] = Field(default_factory=list)
-    prefer: Prefer = "auto"
-    expected_steps: int | None = None
-    forced: str | None = Field(default=None, description="AUTOTUNE_DEVICE, when it chose the device")
-    no_gpu: str | None = Field(default=None, description="why a GPU the user preferred could not answer")
-    default_scale_skipped: int | None = Field(default=None, description=(
-        "fp16: verification steps GradScaler's default init_scale skipped, of ``verified_steps``"))
-    verified_steps: int | None = None
-    noisy: bool = Field(default=False, description="measured while the machine was busy")
-    noisy_because: list[NoiseCause] = Field(default_factory=list, description="why it is noisy")
-    loads: list[MachineLoad] = Field(default_factory=list, description=(
-        "what the operating system saw during each timing window"))
-    control_shift: float | None = Field(default=None, description=(
-        "how far the control workload's level moved during the measurement, e.g. 0.04"))
-    after_noisy: Candidate | None = Field(default=None, description=(
-        "measured again because the result before it was noisy (that result's pick): kept, noisy or not"))
-    older_rules: str | None = Field(default=None, description=(
-        "the autotune version that measured it, when its rules differ from this one's"))
-    origin: str | None = Field(default=None, description="measured on another machine with this fingerprint: where "
-                               "it came from, e.g. 'shipped in results.json'")
-    unmeasured: str | None = Field(default=None, description=(
-        "why no measurement of this machine configuration answers (a fallback), e.g. 'calibration running in "
-        "this process'"))
-    similar: SimilarMachine | None = Field(default=None, description="the record of the same hardware it used")
-    demotions: list[Demotion] = Field(default_factory=list, description=(
-        "what training runs demoted on this machine for this model, which the answer leaves out, oldest first"))
-    unresolved: list[Candidate] = Field(default_factory=list, description=(
-        "rivals whose comparison with the pick was still open when timing stopped (a close call, or a busy "
-        "machine): the pick may be further from the best than the margin allows"))
-    agreement: Agreement | None = Field(default=None, description=(
-        "in a job of many processes: the rank whose measurements chose, and what this machine's own say"))
-
-
 class Replay(Record):
     """What the guard's replay found: copies of the model and optimizer restarted from a state kept on the host and
     trained again on the batches the run saw since, in the run's precision and in the reference (fp32), e.g.
@@ -458,6 +419,44 @@ class Demotion(Record):
         format, an optimizer kernel or a thread count does not change what the precision's range does to training)."""
         return candidate.device == self.candidate.device and candidate.precision == self.candidate.precision
 
+
+class Evidence(Record):
+    """What a decision rests on, as data (``--explain`` renders it, ``--json`` carries it): every other candidate
+    against the pick, and what qualifies the answer, e.g. ``Evidence(device_name="Intel Xeon, 2 threads",
+    rivals=[Rival(...), ...], noisy=True)``."""
+
+    device_name: str | None = Field(default=None, description="the picked device as torch names it")
+    rivals: list[Rival] = Field(default_factory=list)
+    prefer: Prefer = "auto"
+    expected_steps: int | None = None
+    forced: str | None = Field(default=None, description="AUTOTUNE_DEVICE, when it chose the device")
+    no_gpu: str | None = Field(default=None, description="why a GPU the user preferred could not answer")
+    default_scale_skipped: int | None = Field(default=None, description=(
+        "fp16: verification steps GradScaler's default init_scale skipped, of ``verified_steps``"))
+    verified_steps: int | None = None
+    noisy: bool = Field(default=False, description="measured while the machine was busy")
+    noisy_because: list[NoiseCause] = Field(default_factory=list, description="why it is noisy")
+    loads: list[MachineLoad] = Field(default_factory=list, description=(
+        "what the operating system saw during each timing window"))
+    control_shift: float | None = Field(default=None, description=(
+        "how far the control workload's level moved during the measurement, e.g. 0.04"))
+    after_noisy: Candidate | None = Field(default=None, description=(
+        "measured again because the result before it was noisy (that result's pick): kept, noisy or not"))
+    older_rules: str | None = Field(default=None, description=(
+        "the autotune version that measured it, when its rules differ from this one's"))
+    origin: str | None = Field(default=None, description="measured on another machine with this fingerprint: where "
+                               "it came from, e.g. 'shipped in results.json'")
+    unmeasured: str | None = Field(default=None, description=(
+        "why no measurement of this machine configuration answers (a fallback), e.g. 'calibration running in "
+        "this process'"))
+    similar: SimilarMachine | None = Field(default=None, description="the record of the same hardware it used")
+    demotions: list[Demotion] = Field(default_factory=list, description=(
+        "what training runs demoted on this machine for this model, which the answer leaves out, oldest first"))
+    unresolved: list[Candidate] = Field(default_factory=list, description=(
+        "rivals whose comparison with the pick was still open when timing stopped (a close call, or a busy "
+        "machine): the pick may be further from the best than the margin allows"))
+    agreement: Agreement | None = Field(default=None, description=(
+        "in a job of many processes: the rank whose measurements chose, and what this machine's own say"))
 
 __all__ = [
     "FP32_CPU",

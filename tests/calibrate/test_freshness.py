@@ -239,6 +239,15 @@ def test_a_fresh_process_answers_from_the_cache_without_anything_cold(tiny_famil
         assert not cold, f"a warm best_config loaded {cold}"
 
 
+def test_the_record_classes_a_warm_answer_reads_are_built_once_at_import() -> None:
+    # One that names a class defined after it is left unbuilt: the classes holding it build its schema inline, and it
+    # is built again on first use, on the warm path (Evidence naming Demotion did).
+    code = ("import autotune._config, pydantic;"
+            "every = lambda c: [d for s in c.__subclasses__() for d in (s, *every(s))];"
+            "print(*sorted({c.__qualname__ for c in every(pydantic.BaseModel) if not c.__pydantic_complete__}))")
+    assert _run(code) == ""
+
+
 def test_a_remembered_rules_digest_is_used_only_for_the_files_it_was_computed_from() -> None:
     code = "from autotune._cache.freshness import rules_digest; print(rules_digest())"
     digest = rules_digest()
