@@ -133,9 +133,12 @@ def ratio_interval(
 
 
 #: rounds from which slow rounds may be left out of an interval, and how far out (in robust deviations:
-#: 1.4826 x the median absolute deviation, the standard deviation of normal data) a round's log ratio must lie
+#: 1.4826 x the median absolute deviation, the standard deviation of normal data) a round's log ratio must lie,
+#: and at least how much slower than the pair's median (less is noise, where rounds agree closely: never the
+#: machine's, so a tail as small cannot make another candidate's own stalls look like the machine's)
 TRIM_FROM = 10
 TRIM_MADS = 5.0
+TRIM_FLOOR = 0.20
 
 #: each series' rounds a disturbance of the machine slowed, or None where its slow rounds are its own
 Tails = Mapping[K, frozenset[int] | None]
@@ -166,7 +169,7 @@ def machine_tails(series: Mapping[K, Sequence[float]]) -> dict[K, frozenset[int]
         deviation = 1.4826 * statistics.median(abs(x - center) for x in logs)
         mine, any_one = votes.setdefault(a, {}), against_any.setdefault(a, set())
         for i, x in enumerate(logs):
-            slow_here = deviation > 0 and x - center > TRIM_MADS * deviation
+            slow_here = deviation > 0 and x - center > max(TRIM_MADS * deviation, math.log1p(TRIM_FLOOR))
             mine[i] = mine.get(i, True) and slow_here
             if slow_here:
                 any_one.add(i)
@@ -246,7 +249,7 @@ def relative_range(samples: Sequence[float]) -> float:
 
 
 __all__ = [
-    "ALPHA", "ALPHA_PER_LOOK", "LOOKS", "TRIM_FROM", "TRIM_MADS", "Tails", "left_out", "level_shift",
+    "ALPHA", "ALPHA_PER_LOOK", "LOOKS", "TRIM_FLOOR", "TRIM_FROM", "TRIM_MADS", "Tails", "left_out", "level_shift",
     "machine_tails", "median", "pair_left_out", "paired_scores", "ratio_interval", "relative_range", "spread",
     "t_quantile", "t_sf",
 ]
