@@ -181,7 +181,6 @@ class Store:
         _disk.mark_used(self.path(digest), at)
 
 
-
 def _set_aside(path: Path, family: str, document: Document) -> None:
     """Keep the unreadable record of ``family`` next to the file before its new measurement replaces it."""
     families = document.get("families") or {}

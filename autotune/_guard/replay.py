@@ -39,7 +39,7 @@ from torch import nn
 
 from autotune import _batch
 from autotune._apply import fp32 as _fp32
-from autotune._apply.precision import AUTOCAST_DTYPES
+from autotune._apply import precision as _precision
 from autotune._records import FP32_CPU, Candidate, Misbehaviour, Replay
 from autotune._variants import CPU, FP32
 from autotune.backends import backend_for
@@ -347,7 +347,7 @@ class Tape:
             if with_scaler and snapshot.scaler is not None:
                 scaler = torch.amp.GradScaler(device.type)
                 scaler.load_state_dict(snapshot.scaler)
-            dtype = AUTOCAST_DTYPES[on.precision]
+            dtype = _precision.AUTOCAST_DTYPES[on.precision]
             seen: list[_Seen] = []
             beside: list[_Seen] = []
             forked = [device.index or 0] if backend_for(on.device).forks_rng else []
@@ -361,7 +361,7 @@ class Tape:
                     if judging is not None:
                         beside.append(self._judged(model, moved, device, *judging,
                                                    scale=(snapshot.scaler or {}).get("scale", 1.0)))
-                    with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+                    with _precision.autocast(device.type, on.precision):
                         loss = self.loss_fn(model, moved)
                     optimizer.zero_grad(set_to_none=True)
                     value = float(loss.detach().float().sum())
@@ -386,7 +386,7 @@ class Tape:
                 *, scale: float) -> _Seen:
         """``candidate``'s precision on ``model``'s weights and ``batch`` as they are: its loss, and for skipped steps
         whether its gradients at the loss ``scale`` are finite (left cleared)."""
-        with torch.autocast(device.type, dtype=AUTOCAST_DTYPES[candidate.precision]), \
+        with _precision.autocast(device.type, candidate.precision), \
                 torch.set_grad_enabled(seen == "skipped_steps"):
             loss = self.loss_fn(model, batch)
         value = float(loss.detach().float().sum())

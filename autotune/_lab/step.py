@@ -20,6 +20,7 @@ from torch.overrides import TorchFunctionMode
 from autotune import _batch
 from autotune._apply import axes
 from autotune._apply import fp32 as _fp32
+from autotune._apply import precision as _precision
 from autotune._apply.precision import AUTOCAST_DTYPES, DEFAULT_INIT_SCALE
 from autotune._families import Family
 from autotune._records import Candidate
@@ -74,11 +75,9 @@ class TrainStep:
         self.forward = axes.forward(candidate, self.model)
         #: what the workload says about which variants are worth trying
         self.facts = axes.facts(workload)
-        self.dtype = AUTOCAST_DTYPES[candidate.precision]
-        self.init_scale = (init_scale or DEFAULT_INIT_SCALE) if self.dtype is torch.float16 else None
-        self.scaler = torch.amp.GradScaler(
-            backend.device_type, init_scale=self.init_scale or DEFAULT_INIT_SCALE, enabled=self.init_scale is not None
-        )
+        scaled = AUTOCAST_DTYPES[candidate.precision] is torch.float16
+        self.init_scale = (init_scale or DEFAULT_INIT_SCALE) if scaled else None
+        self.scaler = _precision.grad_scaler(backend.device_type, candidate.precision, self.init_scale)
         self.build_s = time.perf_counter() - started
 
     def batch(self) -> Any:
@@ -89,8 +88,7 @@ class TrainStep:
     def _forward_backward(self, *, checked: bool = False) -> Tensor:
         inputs = self.batch()
         # Checked steps compare arithmetic with the CPU reference, whose random stream other devices lack.
-        autocast = torch.autocast(self.backend.device_type, dtype=self.dtype or torch.float32,
-                                  enabled=self.dtype is not None)
+        autocast = _precision.autocast(self.backend.device_type, self.candidate.precision)
         with autocast, (dropout_off() if checked else contextlib.nullcontext()):
             loss = self.loss_fn(self.forward, inputs)
         self.optimizer.zero_grad(set_to_none=True)
