@@ -31,7 +31,8 @@ def main() -> autotune.LoopSummary:
         scaler.update()
         guard.step(loss, scaler)
     guard.check()
-    print(f"rank {cfg.ranks.rank if cfg.ranks else 0}: {cfg.device} {cfg.precision}: {guard.summary()}")
+    # one write with its newline: the ranks share one stdout, and unbuffered print writes the newline apart
+    print(f"rank {cfg.ranks.rank if cfg.ranks else 0}: {cfg.device} {cfg.precision}: {guard.summary()}\n", end="")
     dist.destroy_process_group()
     return guard.summary()
 
